@@ -1,0 +1,1 @@
+"""HTTP layer: parses requests and calls the supervisor and repository; never spawns processes."""

@@ -1,0 +1,25 @@
+"""Typed dependencies: the session and the supervisor come from ``app.state``, set by ``create_app``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session
+
+from service.supervisor import Supervisor
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    factory = request.app.state.session_factory
+    with factory() as session:
+        yield session
+
+
+def get_supervisor(request: Request) -> Supervisor:
+    return request.app.state.supervisor
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+SupervisorDep = Annotated[Supervisor, Depends(get_supervisor)]

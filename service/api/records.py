@@ -1,0 +1,45 @@
+"""Worker-facing route: ranks post their metric records with the per-job token."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header
+
+from service import repository as repo
+from service.api.deps import SessionDep
+from service.api.errors import ApiError
+from service.jobtoken import token_matches
+from service.schemas import IngestResult, RecordBatch
+from service.state import ACTIVE_STATES, JobState
+
+router = APIRouter(prefix="/jobs", tags=["workers"])
+
+
+@router.post("/{job_id}/records", response_model=IngestResult)
+def post_records(
+    job_id: int,
+    batch: RecordBatch,
+    session: SessionDep,
+    authorization: Annotated[str | None, Header()] = None,
+) -> IngestResult:
+    """Store a batch in one transaction; replays of (attempt, rank, epoch, step, name) are ignored.
+
+    Accepted from the job's own token while the job is starting or running, and also after it
+    ended (a rank's last batch may land just after the group exits): nothing reported is lost.
+    """
+    job = repo.get_job(session, job_id)
+    if job is None:
+        raise ApiError(404, "not_found", f"job {job_id} not found")
+    token = (authorization or "").removeprefix("Bearer ").strip()
+    if not token or not token_matches(token, job.token_hash):
+        raise ApiError(403, "forbidden", "a valid job token for this job is required")
+    if JobState(job.state) not in ACTIVE_STATES and job.ended_at is None:
+        raise ApiError(409, "conflict", f"job {job_id} is {job.state}; it takes no records")
+    records = [
+        repo.RecordIn(r.attempt, r.rank, r.epoch, r.step, r.name, r.value, r.time)  # type: ignore[arg-type]
+        for r in batch.records
+    ]
+    added = repo.insert_records(session, job_id, records)
+    session.commit()
+    return IngestResult(accepted=added, duplicates=len(records) - added)

@@ -1,0 +1,55 @@
+"""Turning a finished group into a human reason: first failing rank's exception, else the log tail."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+LOG_TAIL_LINES = 20
+
+
+def _first_rank_error(run_logs: Path) -> str | None:
+    """torchrun writes each failed rank's ``@record`` error file under its log dir."""
+    best: tuple[float, str] | None = None
+    for path in run_logs.glob("**/error.json"):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        message = data.get("message")
+        if isinstance(message, dict):
+            ts = float(message.get("extraInfo", {}).get("timestamp", 0) or 0)
+            text = str(message.get("message", "")).strip()
+        else:
+            ts, text = 0.0, str(message or "").strip()
+        rank = path.parent.name
+        line = text.splitlines()[-1] if text else "unknown error"
+        entry = f"rank {rank} failed: {line}"
+        if best is None or ts < best[0]:
+            best = (ts, entry)
+    return best[1] if best else None
+
+
+def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def describe_exit(exit_code: int, logs_dir: Path, launcher_log: Path) -> str:
+    if exit_code < 0:
+        try:
+            name = signal.Signals(-exit_code).name
+        except ValueError:
+            name = f"signal {-exit_code}"
+        prefix = f"torchrun killed by {name}"
+    else:
+        prefix = f"torchrun exited with code {exit_code}"
+    rank_error = _first_rank_error(logs_dir)
+    if rank_error:
+        return f"{rank_error} ({prefix})"
+    tail = _tail(launcher_log)
+    return f"{prefix}; last output:\n{tail}" if tail else prefix

@@ -1,0 +1,23 @@
+"""Per-job worker tokens: made at launch, handed to ranks by environment, stored only as a hash."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+
+
+def new_token() -> tuple[str, str]:
+    """Return (token, sha256 hex digest); only the digest is ever stored."""
+    token = secrets.token_urlsafe(32)
+    return token, hash_token(token)
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def token_matches(token: str, stored_hash: str | None) -> bool:
+    if not stored_hash:
+        return False
+    return hmac.compare_digest(hash_token(token), stored_hash)

@@ -1,0 +1,81 @@
+"""ORM tables. The schema itself is owned by Alembic (migrations/); a test checks they agree."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(100))
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    spec: Mapped[dict] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime)
+    running_at: Mapped[datetime | None] = mapped_column(DateTime)
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    reason: Mapped[str | None] = mapped_column(Text)
+    pid: Mapped[int | None] = mapped_column(Integer)
+    pid_create_time: Mapped[float | None] = mapped_column(Float)
+    devices: Mapped[str | None] = mapped_column(String(200))
+    token_hash: Mapped[str | None] = mapped_column(String(64))
+
+
+class Allocation(Base):
+    """One row per resource held by a job; the unique key makes double-booking impossible."""
+
+    __tablename__ = "allocations"
+
+    resource: Mapped[str] = mapped_column(String(32), primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+
+
+class MetricRecord(Base):
+    """Append-only; ``seq`` grows with insertion. ``step`` is -1 for per-epoch records."""
+
+    __tablename__ = "metric_records"
+    __table_args__ = (
+        UniqueConstraint("job_id", "attempt", "rank", "epoch", "step", "name", name="uq_metric_natural"),
+        Index("ix_metric_job_seq", "job_id", "seq"),
+        {"sqlite_autoincrement": True},
+    )
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    rank: Mapped[int] = mapped_column(Integer)
+    epoch: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(64))
+    value: Mapped[float | None] = mapped_column(Float)
+    # SQLite turns NaN into NULL, so non-finite values are kept by name: 'NaN', 'Infinity', '-Infinity'.
+    nonfinite: Mapped[str | None] = mapped_column(String(9))
+    time: Mapped[float] = mapped_column(Float)

@@ -1,0 +1,146 @@
+"""All SQL lives here. State changes are compare-and-set: zero rows changed means someone else won."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
+from service.models import Allocation, Job, MetricRecord
+from service.spec import JobSpec
+from service.state import ALLOWED_FROM, TERMINAL_STATES, JobState
+
+EPOCH_STEP = -1  # stored step of a per-epoch record; the API shows it as null
+NONFINITE_NAMES = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+@dataclass(frozen=True)
+class RecordIn:
+    attempt: int
+    rank: int
+    epoch: int | None
+    step: int | None
+    name: str
+    value: float
+    time: float
+
+
+def create_job(session: Session, spec: JobSpec) -> Job:
+    job = Job(
+        name=spec.name,
+        state=JobState.queued.value,
+        spec=spec.model_dump(mode="json"),
+        created_at=utcnow(),
+    )
+    session.add(job)
+    session.flush()
+    return job
+
+
+def get_job(session: Session, job_id: int) -> Job | None:
+    return session.get(Job, job_id)
+
+
+def list_jobs(
+    session: Session, state: JobState | None, name: str | None, limit: int, before_id: int | None
+) -> Sequence[Job]:
+    q = select(Job).order_by(Job.id.desc()).limit(limit)
+    if state is not None:
+        q = q.where(Job.state == state.value)
+    if name is not None:
+        q = q.where(Job.name == name)
+    if before_id is not None:
+        q = q.where(Job.id < before_id)
+    return session.scalars(q).all()
+
+
+def queued_jobs(session: Session) -> Sequence[Job]:
+    return session.scalars(select(Job).where(Job.state == JobState.queued.value).order_by(Job.id)).all()
+
+
+def active_jobs(session: Session) -> Sequence[Job]:
+    states = [JobState.starting.value, JobState.running.value]
+    return session.scalars(select(Job).where(Job.state.in_(states)).order_by(Job.id)).all()
+
+
+def transition(session: Session, job_id: int, to: JobState, **fields: object) -> bool:
+    """Move a job to ``to`` only from a state allowed by ``ALLOWED_FROM``; True if this call won."""
+    allowed = [s.value for s in ALLOWED_FROM[to]]
+    values: dict[str, object] = {"state": to.value, **fields}
+    if to in TERMINAL_STATES:
+        values.setdefault("ended_at", utcnow())
+    result = session.execute(
+        update(Job).where(Job.id == job_id, Job.state.in_(allowed)).values(**values)
+    )
+    return result.rowcount == 1
+
+
+def allocated_resources(session: Session) -> dict[str, int]:
+    return dict(session.execute(select(Allocation.resource, Allocation.job_id)).tuples().all())
+
+
+def allocate(session: Session, job_id: int, resources: Iterable[str]) -> None:
+    session.add_all(Allocation(resource=r, job_id=job_id) for r in resources)
+    session.flush()
+
+
+def release(session: Session, job_id: int) -> None:
+    session.execute(delete(Allocation).where(Allocation.job_id == job_id))
+
+
+def insert_records(session: Session, job_id: int, records: Sequence[RecordIn]) -> int:
+    """Insert a batch in one statement; replays of a natural key are ignored. Returns rows added."""
+    if not records:
+        return 0
+    rows = []
+    for r in records:
+        finite = math.isfinite(r.value)
+        rows.append(
+            {
+                "job_id": job_id,
+                "attempt": r.attempt,
+                "rank": r.rank,
+                "epoch": r.epoch if r.epoch is not None else 0,
+                "step": r.step if r.step is not None else EPOCH_STEP,
+                "name": r.name,
+                "value": r.value if finite else None,
+                "nonfinite": None if finite else NONFINITE_NAMES[repr(r.value)],
+                "time": r.time,
+            }
+        )
+    stmt = sqlite_insert(MetricRecord).values(rows).on_conflict_do_nothing()
+    return session.execute(stmt).rowcount
+
+
+def read_records(
+    session: Session,
+    job_id: int,
+    after: int,
+    limit: int,
+    rank: int | None = None,
+    name: str | None = None,
+) -> Sequence[MetricRecord]:
+    q = (
+        select(MetricRecord)
+        .where(MetricRecord.job_id == job_id, MetricRecord.seq > after)
+        .order_by(MetricRecord.seq)
+        .limit(limit)
+    )
+    if rank is not None:
+        q = q.where(MetricRecord.rank == rank)
+    if name is not None:
+        q = q.where(MetricRecord.name == name)
+    return session.scalars(q).all()
+
+
+def count_records(session: Session, job_id: int) -> int:
+    return session.scalar(select(func.count()).where(MetricRecord.job_id == job_id)) or 0

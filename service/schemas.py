@@ -1,0 +1,127 @@
+"""HTTP shapes (apart from the ORM tables). The job spec itself is ``service.spec.JobSpec``."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from service.models import Job, MetricRecord
+from service.repository import EPOCH_STEP
+from service.spec import JobSpec
+from service.state import JobState
+
+# Non-finite metric values travel as these strings (strict JSON has no NaN/Infinity).
+NonFinite = Literal["NaN", "Infinity", "-Infinity"]
+MetricValue = float | NonFinite
+
+
+class JobRead(BaseModel):
+    id: int
+    name: str
+    state: JobState
+    spec: JobSpec
+    created_at: datetime
+    started_at: datetime | None
+    running_at: datetime | None
+    ended_at: datetime | None
+    exit_code: int | None
+    reason: str | None
+    pid: int | None
+    devices: list[str]
+
+    @classmethod
+    def from_row(cls, job: Job) -> JobRead:
+        return cls(
+            id=job.id,
+            name=job.name,
+            state=JobState(job.state),
+            spec=JobSpec.model_validate(job.spec),
+            created_at=job.created_at,
+            started_at=job.started_at,
+            running_at=job.running_at,
+            ended_at=job.ended_at,
+            exit_code=job.exit_code,
+            reason=job.reason,
+            pid=job.pid,
+            devices=job.devices.split(",") if job.devices else [],
+        )
+
+
+class JobList(BaseModel):
+    items: list[JobRead]
+    next_before: int | None = Field(description="pass as ?before= for the next page; null at the end")
+
+
+class MetricRead(BaseModel):
+    seq: int
+    attempt: int
+    rank: int
+    epoch: int
+    step: int | None
+    name: str
+    value: MetricValue
+    time: float
+
+    @classmethod
+    def from_row(cls, r: MetricRecord) -> MetricRead:
+        return cls(
+            seq=r.seq,
+            attempt=r.attempt,
+            rank=r.rank,
+            epoch=r.epoch,
+            step=None if r.step == EPOCH_STEP else r.step,
+            name=r.name,
+            value=r.nonfinite if r.nonfinite else r.value,  # type: ignore[arg-type]
+            time=r.time,
+        )
+
+
+class MetricsPage(BaseModel):
+    job_id: int
+    state: JobState
+    items: list[MetricRead]
+    next_after: int = Field(description="pass as ?after= next time; unchanged when nothing is new")
+
+
+class RecordPost(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    attempt: int = Field(default=1, ge=1, le=10_000)
+    rank: int = Field(ge=0, le=65_535)
+    epoch: int | None = Field(default=None, ge=0, le=10_000_000)
+    step: int | None = Field(default=None, ge=0, le=2**62)
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:/-]+$")]
+    value: MetricValue
+    time: float = Field(ge=0, le=1e11, allow_inf_nan=False)
+
+    @field_validator("value")
+    @classmethod
+    def _to_float(cls, v: MetricValue) -> float:
+        if isinstance(v, str):
+            return {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[v]
+        return float(v)
+
+
+class RecordBatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    records: list[RecordPost] = Field(max_length=10_000)
+
+
+class IngestResult(BaseModel):
+    accepted: int = Field(description="records stored now")
+    duplicates: int = Field(description="records already stored (replays), ignored")
+
+
+class ErrorDetail(BaseModel):
+    field: str | None
+    message: str
+
+
+class ErrorBody(BaseModel):
+    error: str
+    message: str
+    details: list[ErrorDetail] = []

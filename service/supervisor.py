@@ -1,0 +1,306 @@
+"""The supervisor owns job processes and every state change after submission.
+
+One background thread runs ``tick()``: reap finished groups, mark started ones running, then
+launch queued jobs in order while resources fit (strict head-of-line: a job that does not fit
+blocks those behind it, so a large job is never starved). Routes call ``submit`` and ``cancel``.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+import threading
+from dataclasses import dataclass, field
+
+import psutil
+from sqlalchemy.orm import Session, sessionmaker
+
+from service import repository as repo
+from service.failure import describe_exit
+from service.jobtoken import new_token
+from service.launcher import GroupHandle, LaunchRequest, Launcher, ProcessGroupHandle
+from service.models import Job
+from service.resources import Inventory
+from service.rundir import RunDir
+from service.settings import Settings
+from service.spec import Backend, Device, JobSpec
+from service.state import JobState
+
+logger = logging.getLogger(__name__)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a job runs: the resources it holds and the device/backend that follows."""
+
+    resources: list[str]
+    device: str
+    backend: str
+    gpu_indices: list[int]
+
+
+def place(spec: JobSpec, inventory: Inventory, taken: set[str]) -> Placement | None:
+    """Pick resources for ``spec`` (all at once or none). ``auto`` means GPUs when the host has them."""
+    wants_gpu = spec.device is Device.cuda or (spec.device is Device.auto and bool(inventory.gpus))
+    kind = "gpu" if wants_gpu else "cpu"
+    free = [r for r in inventory.resource_names(kind) if r not in taken]
+    if len(free) < spec.nproc_per_node:
+        return None
+    chosen = free[: spec.nproc_per_node]
+    if kind == "gpu":
+        backend = "gloo" if spec.backend is Backend.gloo else "nccl"
+        return Placement(chosen, "cuda", backend, [int(r.split(":")[1]) for r in chosen])
+    return Placement(chosen, "cpu", "gloo", [])
+
+
+def capacity_error(spec: JobSpec, inventory: Inventory) -> str | None:
+    """Why ``spec`` can never run on this host, or None."""
+    if spec.device is Device.cuda and len(inventory.gpus) < spec.nproc_per_node:
+        return f"nproc_per_node: needs {spec.nproc_per_node} GPUs; this host has {len(inventory.gpus)}"
+    wants_gpu = spec.device is Device.cuda or (spec.device is Device.auto and bool(inventory.gpus))
+    if not wants_gpu and spec.nproc_per_node > inventory.cpu_slots:
+        return (
+            f"nproc_per_node: needs {spec.nproc_per_node} CPU slots; "
+            f"this host has {inventory.cpu_slots}"
+        )
+    if wants_gpu and spec.nproc_per_node > len(inventory.gpus):
+        return f"nproc_per_node: needs {spec.nproc_per_node} GPUs; this host has {len(inventory.gpus)}"
+    return None
+
+
+class CapacityError(Exception):
+    pass
+
+
+@dataclass
+class Supervisor:
+    settings: Settings
+    session_factory: sessionmaker[Session]
+    inventory: Inventory
+    launcher: Launcher
+    api_url: str = ""
+    _handles: dict[int, GroupHandle] = field(default_factory=dict)
+    _stopping: set[int] = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _wake: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    # --- called by routes -------------------------------------------------------------------
+    def submit(self, spec: JobSpec) -> Job:
+        problem = capacity_error(spec, self.inventory)
+        if problem:
+            from service.api.errors import ApiError
+
+            raise ApiError(422, "unschedulable", problem)
+        with self.session_factory() as session:
+            job = repo.create_job(session, spec)
+            session.commit()
+        self._wake.set()
+        return job
+
+    def cancel(self, job_id: int) -> Job:
+        """Cancel: the database decides (CAS), then the group gets SIGTERM → grace → SIGKILL.
+
+        Cancelling a terminal job is a no-op that returns it unchanged.
+        """
+        with self.session_factory() as session:
+            won = repo.transition(session, job_id, JobState.cancelled, reason="cancelled by user")
+            session.commit()
+            job = repo.get_job(session, job_id)
+        if won:
+            logger.info("job %s: cancelled", job_id)
+            self._wake.set()  # the loop stops the group (see _stop_cancelled)
+        return job  # type: ignore[return-value]
+
+    # --- the loop ---------------------------------------------------------------------------
+    def start(self) -> None:
+        self.recover()
+        self._thread = threading.Thread(target=self._run, name="torchyard-supervisor", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the loop. Running groups are left alone (a restart re-adopts them)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception:
+                logger.exception("supervisor tick failed")
+            self._wake.wait(self.settings.poll_interval_s)
+            self._wake.clear()
+
+    def recover(self) -> None:
+        """Before launching anything: adopt live groups, give dead ones a final state."""
+        with self.session_factory() as session:
+            for job in repo.active_jobs(session):
+                if job.pid and _same_process(job.pid, job.pid_create_time):
+                    self._handles[job.id] = ProcessGroupHandle(pid=job.pid)
+                    logger.info("job %s: re-adopted pid %s", job.id, job.pid)
+                    continue
+                repo.transition(
+                    session, job.id, JobState.failed,
+                    reason="the server stopped while the job ran and its process is gone",
+                )
+                repo.release(session, job.id)
+                logger.warning("job %s: process gone after restart; marked failed", job.id)
+            session.commit()
+
+    def tick(self) -> None:
+        self._stop_cancelled()
+        self._reap_finished()
+        self._mark_running()
+        self._launch_queued()
+
+    def _reap_finished(self) -> None:
+        for job_id, handle in list(self._handles.items()):
+            code = handle.poll()
+            if code is None:
+                continue
+            del self._handles[job_id]
+            self._stopping.discard(job_id)
+            run = RunDir.for_job(self.settings.runs_dir, job_id)
+            with self.session_factory() as session:
+                if code == 0:
+                    repo.transition(session, job_id, JobState.succeeded, exit_code=0)
+                else:
+                    reason = describe_exit(code, run.logs_dir, run.launcher_log)
+                    repo.transition(session, job_id, JobState.failed, exit_code=code, reason=reason)
+                job = repo.get_job(session, job_id)
+                if job is not None and job.exit_code is None:
+                    job.exit_code = code
+                repo.release(session, job_id)
+                session.commit()
+            logger.info("job %s: group exited with %s", job_id, code)
+
+    def _mark_running(self) -> None:
+        with self.session_factory() as session:
+            for job in repo.active_jobs(session):
+                if job.state != JobState.starting.value:
+                    continue
+                run = RunDir.for_job(self.settings.runs_dir, job.id)
+                if run.ready_marker(1, 0).exists():
+                    repo.transition(session, job.id, JobState.running, running_at=repo.utcnow())
+            session.commit()
+
+    def _launch_queued(self) -> None:
+        with self.session_factory() as session:
+            queue = repo.queued_jobs(session)
+            if not queue:
+                return
+            taken = set(repo.allocated_resources(session))
+            for job in queue:
+                spec = JobSpec.model_validate(job.spec)
+                placement = place(spec, self.inventory, taken)
+                if placement is None:
+                    break  # strict head-of-line
+                taken.update(placement.resources)
+                self._launch(session, job, spec, placement)
+
+    def _launch(self, session: Session, job: Job, spec: JobSpec, placement: Placement) -> None:
+        token, token_hash = new_token()
+        if not repo.transition(
+            session, job.id, JobState.starting,
+            started_at=repo.utcnow(), devices=",".join(placement.resources), token_hash=token_hash,
+        ):
+            session.rollback()
+            return
+        repo.allocate(session, job.id, placement.resources)
+        session.commit()
+        run = RunDir.for_job(self.settings.runs_dir, job.id)
+        run.prepare()
+        run.spec_file.write_text(spec.model_dump_json(indent=2))
+        req = LaunchRequest(
+            job_id=job.id,
+            python=self.settings.python_executable or sys.executable,
+            nproc_per_node=spec.nproc_per_node,
+            master_port=free_port(),
+            run_dir=run.root,
+            spec_file=run.spec_file,
+            logs_dir=run.logs_dir,
+            env=self._rank_env(job.id, token, run, spec, placement),
+        )
+        try:
+            handle = self.launcher.start(req)
+        except OSError as exc:
+            repo.transition(session, job.id, JobState.failed, reason=f"could not start torchrun: {exc}")
+            repo.release(session, job.id)
+            session.commit()
+            return
+        self._handles[job.id] = handle
+        job_row = repo.get_job(session, job.id)
+        if job_row is not None:
+            job_row.pid = handle.pid
+            job_row.pid_create_time = _create_time(handle.pid)
+        session.commit()
+        logger.info("job %s: launched pid %s on %s", job.id, handle.pid, placement.resources)
+
+    def _rank_env(
+        self, job_id: int, token: str, run: RunDir, spec: JobSpec, placement: Placement
+    ) -> dict[str, str]:
+        cores = self.inventory.cpu_slots
+        # CPU jobs: one thread per slot held; GPU jobs: share the host's cores among the ranks.
+        threads = 1 if placement.device == "cpu" else max(1, cores // spec.nproc_per_node)
+        env = {
+            "TORCHYARD_API_URL": self.api_url,
+            "TORCHYARD_JOB_ID": str(job_id),
+            "TORCHYARD_JOB_TOKEN": token,
+            "TORCHYARD_RUN_DIR": str(run.root),
+            "TORCHYARD_ATTEMPT": "1",
+            "TORCHYARD_DEVICE": placement.device,
+            "TORCHYARD_BACKEND": placement.backend,
+            "TORCHELASTIC_ERROR_FILE": str(run.error_file),
+            "OMP_NUM_THREADS": str(threads),
+            "PYTHONUNBUFFERED": "1",
+        }
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in placement.gpu_indices)
+        return env
+
+    def _stop_cancelled(self) -> None:
+        """Groups whose job was cancelled get SIGTERM → grace → SIGKILL, each in its own thread."""
+        running = [j for j in self._handles if j not in self._stopping]
+        if not running:
+            return
+        with self.session_factory() as session:
+            for job_id in running:
+                job = repo.get_job(session, job_id)
+                if job is not None and job.state == JobState.cancelled.value:
+                    self._stopping.add(job_id)
+                    threading.Thread(
+                        target=self._stop_group, args=(job_id,), daemon=True
+                    ).start()
+
+    def _stop_group(self, job_id: int) -> None:
+        handle = self._handles.get(job_id)
+        if handle is not None:
+            handle.terminate(self.settings.stop_grace_s)
+        self._wake.set()  # the reaper records the exit and frees the resources
+
+
+def _create_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def _same_process(pid: int, create_time: float | None) -> bool:
+    """A pid is ours only if its start time matches too (pids are reused)."""
+    if create_time is None:
+        return False
+    try:
+        return abs(psutil.Process(pid).create_time() - create_time) < 0.01
+    except psutil.Error:
+        return False

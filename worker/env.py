@@ -1,0 +1,103 @@
+"""The worker's view of its environment: the only place that reads ``os.environ``.
+
+Contract: :meth:`WorkerEnv.from_environ` takes a mapping (normally ``os.environ``) and
+returns a frozen :class:`WorkerEnv`. Torchrun variables default to a single-process run
+so the worker also works when started by hand. Malformed numbers raise ``ValueError``
+naming the variable. This module must stay free of torch imports (the reporter uses it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def _int(environ: Mapping[str, str], name: str, default: int | None) -> int | None:
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+
+
+def _float(environ: Mapping[str, str], name: str) -> float | None:
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number, got {raw!r}") from None
+
+
+def _choice(environ: Mapping[str, str], name: str, allowed: tuple[str, ...]) -> str | None:
+    raw = environ.get(name, "").strip().lower()
+    if not raw:
+        return None
+    if raw not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {raw!r}")
+    return raw
+
+
+def _str(environ: Mapping[str, str], name: str) -> str | None:
+    raw = environ.get(name, "").strip()
+    return raw or None
+
+
+@dataclass(frozen=True)
+class WorkerEnv:
+    """Everything a rank learns from its environment.
+
+    ``device``/``backend`` are ``None`` when the supervisor did not resolve them (running
+    outside torchyard); the trainer then picks cuda/nccl if CUDA is available, else
+    cpu/gloo. ``api_url``/``job_id`` being ``None`` puts the reporter in no-op mode.
+
+    Test hooks (for the test suite only): ``TORCHYARD_TEST_FAIL_RANK`` makes that rank raise
+    at the start of epoch 1 after setup; ``TORCHYARD_TEST_EPOCH_SLEEP_S`` sleeps that many
+    seconds at the start of every epoch so a test can cancel a running job.
+    """
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    master_addr: str | None = None
+    master_port: int | None = None
+    api_url: str | None = None
+    job_id: int | None = None
+    job_token: str | None = None
+    run_dir: Path | None = None
+    attempt: int = 1
+    device: str | None = None
+    backend: str | None = None
+    test_fail_rank: int | None = None
+    test_epoch_sleep_s: float | None = None
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> WorkerEnv:
+        """Parse ``environ``; raises ``ValueError`` on malformed values."""
+        run_dir = _str(environ, "TORCHYARD_RUN_DIR")
+        api_url = _str(environ, "TORCHYARD_API_URL")
+        return cls(
+            rank=_int(environ, "RANK", 0) or 0,
+            local_rank=_int(environ, "LOCAL_RANK", 0) or 0,
+            world_size=_int(environ, "WORLD_SIZE", 1) or 1,
+            master_addr=_str(environ, "MASTER_ADDR"),
+            master_port=_int(environ, "MASTER_PORT", None),
+            api_url=api_url.rstrip("/") if api_url else None,
+            job_id=_int(environ, "TORCHYARD_JOB_ID", None),
+            job_token=_str(environ, "TORCHYARD_JOB_TOKEN"),
+            run_dir=Path(run_dir) if run_dir else None,
+            attempt=_int(environ, "TORCHYARD_ATTEMPT", 1) or 1,
+            device=_choice(environ, "TORCHYARD_DEVICE", ("cpu", "cuda")),
+            backend=_choice(environ, "TORCHYARD_BACKEND", ("gloo", "nccl")),
+            test_fail_rank=_int(environ, "TORCHYARD_TEST_FAIL_RANK", None),
+            test_epoch_sleep_s=_float(environ, "TORCHYARD_TEST_EPOCH_SLEEP_S"),
+        )
+
+    @property
+    def reporting_enabled(self) -> bool:
+        """True when there is an API to send records to."""
+        return self.api_url is not None and self.job_id is not None

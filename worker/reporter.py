@@ -1,0 +1,205 @@
+"""Per-rank metric reporting: spool to disk first, then send to the API in the background.
+
+Contract:
+
+* :meth:`Reporter.report` appends one JSON line per metric to
+  ``RUN_DIR/spool/rank-<rank>.jsonl`` (flushed) *before* queueing it for sending, so the
+  spool is the durable record even if the API never hears about it. No ``RUN_DIR`` → no
+  spool.
+* A daemon thread POSTs batches to ``{api}/jobs/{job_id}/records`` with a bearer token.
+  Connection errors, 5xx and 429 are retried with capped exponential backoff; other 4xx
+  drop the batch with a warning. The server dedups on (job, attempt, rank, epoch, step,
+  name), so retries and replays of the spool are safe.
+* Non-finite floats become the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` so the
+  body (and the spool) is strict JSON.
+* :meth:`Reporter.close` waits at most ``timeout_s`` for pending records; training never
+  blocks on the API beyond that.
+* Without ``TORCHYARD_API_URL``/``TORCHYARD_JOB_ID`` the reporter does not send anything
+  (one warning per process) but still spools.
+
+No torch import here: user code may import ``worker`` cheaply.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import queue
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from worker.env import WorkerEnv
+
+log = logging.getLogger(__name__)
+
+Value = int | float | str
+BATCH_MAX = 500
+BACKOFF_START_S = 0.2
+BACKOFF_CAP_S = 5.0
+HTTP_TIMEOUT_S = 10.0
+
+_noop_warned = False
+_noop_warned_lock = threading.Lock()
+
+
+def encode_value(value: Any) -> Value:
+    """Map a metric value onto something strict JSON can carry.
+
+    Bools become ints (JSON has no place for them in ``number-or-string``); non-finite
+    floats become their JavaScript spelling; anything with ``__float__`` (numpy/torch
+    scalars) becomes a float; strings pass through. Other types raise ``TypeError``.
+    """
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int | str):
+        return value
+    if hasattr(value, "__float__"):
+        number = float(value)
+        if math.isnan(number):
+            return "NaN"
+        if math.isinf(number):
+            return "Infinity" if number > 0 else "-Infinity"
+        return number
+    raise TypeError(f"metric value must be a number or string, got {type(value).__name__}")
+
+
+class Reporter:
+    """Reports one rank's records; thread-safe; cheap when there is no API."""
+
+    def __init__(self, env: WorkerEnv) -> None:
+        self._env = env
+        self._lock = threading.Lock()
+        self._closed = False
+        self._spool: Any = None
+        if env.run_dir is not None:
+            spool_path = env.run_dir / "spool" / f"rank-{env.rank}.jsonl"
+            spool_path.parent.mkdir(parents=True, exist_ok=True)
+            self._spool = spool_path.open("a", encoding="utf-8")
+        self.spool_path: Path | None = Path(self._spool.name) if self._spool else None
+
+        self._queue: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._closing = threading.Event()  # no more records; drain and exit
+        self._abort = threading.Event()  # close() timed out; give up now
+        self._thread: threading.Thread | None = None
+        if env.reporting_enabled:
+            self._thread = threading.Thread(
+                target=self._send_loop, name=f"torchyard-reporter-{env.rank}", daemon=True
+            )
+            self._thread.start()
+        else:
+            _warn_noop_once()
+
+    @property
+    def enabled(self) -> bool:
+        """True when records are sent to the API (not just spooled)."""
+        return self._thread is not None
+
+    def report(self, *, epoch: int | None = None, step: int | None = None, **metrics: Any) -> None:
+        """Record each ``name=value`` in ``metrics`` for this rank and attempt.
+
+        Spools synchronously, sends asynchronously. Raises ``RuntimeError`` after close.
+        """
+        now = time.time()
+        records = [
+            {
+                "attempt": self._env.attempt,
+                "rank": self._env.rank,
+                "epoch": epoch,
+                "step": step,
+                "name": name,
+                "value": encode_value(value),
+                "time": now,
+            }
+            for name, value in metrics.items()
+        ]
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("Reporter is closed")
+            if self._spool is not None:
+                for record in records:
+                    self._spool.write(json.dumps(record, allow_nan=False) + "\n")
+                self._spool.flush()
+        if self._thread is not None:
+            for record in records:
+                self._queue.put(record)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Send what is pending for at most ``timeout_s``, then stop. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._closing.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                self._abort.set()
+                log.warning(
+                    "reporter: gave up after %.1fs with ~%d records unsent (they are in the spool)",
+                    timeout_s,
+                    self._queue.qsize(),
+                )
+        with self._lock:
+            if self._spool is not None:
+                self._spool.close()
+                self._spool = None
+
+    def _send_loop(self) -> None:
+        env = self._env
+        url = f"{env.api_url}/jobs/{env.job_id}/records"
+        headers = {"Authorization": f"Bearer {env.job_token}"} if env.job_token else {}
+        with httpx.Client(timeout=HTTP_TIMEOUT_S, headers=headers) as client:
+            while not self._abort.is_set():
+                try:
+                    first = self._queue.get(timeout=0.2)
+                except queue.Empty:
+                    if self._closing.is_set():
+                        return
+                    continue
+                batch = [first]
+                while len(batch) < BATCH_MAX:
+                    try:
+                        batch.append(self._queue.get_nowait())
+                    except queue.Empty:
+                        break
+                self._send_batch(client, url, batch)
+
+    def _send_batch(self, client: httpx.Client, url: str, batch: list[dict[str, Any]]) -> None:
+        delay = BACKOFF_START_S
+        while not self._abort.is_set():
+            try:
+                response = client.post(url, json={"records": batch})
+            except httpx.TransportError as exc:
+                log.info("reporter: %s; retrying in %.1fs", exc, delay)
+            else:
+                code = response.status_code
+                if code < 400:
+                    return
+                if code < 500 and code != 429:
+                    log.warning(
+                        "reporter: API refused %d records (%d: %s); dropped (still in spool)",
+                        len(batch),
+                        code,
+                        response.text[:200],
+                    )
+                    return
+                log.info("reporter: API answered %d; retrying in %.1fs", code, delay)
+            self._abort.wait(delay)
+            delay = min(delay * 2, BACKOFF_CAP_S)
+
+
+def _warn_noop_once() -> None:
+    global _noop_warned
+    with _noop_warned_lock:
+        if _noop_warned:
+            return
+        _noop_warned = True
+    log.warning(
+        "TORCHYARD_API_URL/TORCHYARD_JOB_ID not set: metrics are not sent to torchyard "
+        "(still spooled when TORCHYARD_RUN_DIR is set)"
+    )

@@ -1,0 +1,177 @@
+"""One rank of a DDP training job: ``python -m worker --spec RUN_DIR/spec.json``.
+
+Contract: exits 0 after all epochs; any failure propagates as an exception (non-zero exit,
+written to ``TORCHELASTIC_ERROR_FILE`` by ``@record``). After setup (data loaded, model
+built) the rank writes an empty ``RUN_DIR/attempts/<attempt>/ready-rank-<rank>``.
+
+Records per rank per epoch (epoch numbers start at 1, ``step`` is null):
+
+* ``loss`` – sum of this rank's batch losses / number of its batches (NaN/Inf reported
+  as-is; training continues).
+* ``samples`` – samples this rank trained on (its DistributedSampler shard, which pads
+  so every rank gets ``ceil(N / world_size)``).
+* ``seconds`` – wall time of the training pass (excludes evaluation and test-hook sleep).
+* ``samples_per_s`` – ``samples / seconds``.
+* ``test_accuracy`` – fraction correct on the *full* test split, evaluated by every rank
+  independently (no collective, so it cannot hang; ranks agree since DDP keeps the
+  weights in sync, up to per-rank BatchNorm statistics).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DistributedSampler, TensorDataset
+
+from service.spec import JobSpec, OptimizerName
+from worker import default_reporter
+from worker.datasets import Splits, load_dataset
+from worker.env import WorkerEnv
+from worker.models import build_model
+
+log = logging.getLogger(__name__)
+
+# Generous because a rank-0 download sits behind a barrier; a dead rank is noticed by
+# torchrun long before this fires.
+PG_TIMEOUT = timedelta(minutes=30)
+EVAL_BATCH = 1024
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m worker")
+    parser.add_argument("--spec", type=Path, required=True, help="path to spec.json")
+    return parser.parse_args(argv)
+
+
+@record
+def main(argv: list[str] | None = None) -> None:
+    """Run one rank to completion; raises on any failure."""
+    args = parse_args(argv)
+    env = WorkerEnv.from_environ(os.environ)
+    spec = JobSpec.model_validate_json(args.spec.read_text(encoding="utf-8"))
+    run_dir = env.run_dir or args.spec.parent
+    torch.manual_seed(spec.seed)
+
+    use_cuda = env.device == "cuda" if env.device else torch.cuda.is_available()
+    backend = env.backend or ("nccl" if use_cuda else "gloo")
+    dist.init_process_group(backend, timeout=PG_TIMEOUT)
+    try:
+        _run(spec, env, run_dir, use_cuda)
+    finally:
+        dist.destroy_process_group()
+
+
+def _run(spec: JobSpec, env: WorkerEnv, run_dir: Path, use_cuda: bool) -> None:
+    if use_cuda:
+        device = torch.device(f"cuda:{env.local_rank}")
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+
+    splits = _load_data(spec, env, run_dir)
+    model = build_model(spec.model, splits.input_shape, splits.num_classes).to(device)
+    ddp = DistributedDataParallel(model, device_ids=[env.local_rank]) if use_cuda else DistributedDataParallel(model)
+    optimizer = _build_optimizer(spec, ddp)
+    train_x, train_y = splits.train_x.to(device), splits.train_y.to(device)
+    test = (splits.test_x.to(device), splits.test_y.to(device)) if splits.test_x is not None and splits.test_y is not None else None
+    sampler = DistributedSampler(
+        TensorDataset(splits.train_x), num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=spec.seed
+    )
+    reporter = default_reporter()
+
+    ready = run_dir / "attempts" / str(env.attempt) / f"ready-rank-{env.rank}"
+    ready.parent.mkdir(parents=True, exist_ok=True)
+    ready.touch()
+
+    start_epoch = 1  # a future maybe_resume() returns the epoch after the last checkpoint
+    loss_fn = nn.CrossEntropyLoss()
+    try:
+        for epoch in range(start_epoch, spec.epochs + 1):
+            if epoch == 1 and env.test_fail_rank == env.rank:
+                raise RuntimeError(f"test hook: rank {env.rank} failed")
+            if env.test_epoch_sleep_s:
+                time.sleep(env.test_epoch_sleep_s)
+            sampler.set_epoch(epoch)
+            metrics = _train_epoch(ddp, optimizer, loss_fn, sampler, train_x, train_y, spec.batch_size, device)
+            if test is not None:
+                metrics["test_accuracy"] = _accuracy(model, *test)
+            reporter.report(epoch=epoch, **metrics)
+            # a future save_checkpoint(epoch) slots in here
+    finally:
+        reporter.close(timeout_s=10.0)
+
+
+def _load_data(spec: JobSpec, env: WorkerEnv, run_dir: Path) -> Splits:
+    root = Path(spec.dataset_root) if spec.dataset_root else run_dir / "data"
+    if not spec.download:
+        return load_dataset(spec, root)
+    # One download per node: local rank 0 fetches, the others wait and then read the files.
+    splits = load_dataset(spec, root) if env.local_rank == 0 else None
+    dist.barrier()
+    return splits if splits is not None else load_dataset(spec, root)
+
+
+def _build_optimizer(spec: JobSpec, model: nn.Module) -> torch.optim.Optimizer:
+    params = model.parameters()
+    if spec.optimizer is OptimizerName.sgd:
+        return torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
+    if spec.optimizer is OptimizerName.adam:
+        return torch.optim.Adam(params, lr=spec.lr, weight_decay=spec.weight_decay)
+    return torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay)
+
+
+def _train_epoch(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loss_fn: nn.Module,
+    sampler: DistributedSampler[object],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batch_size: int,
+    device: torch.device,
+) -> dict[str, float]:
+    """One pass over this rank's shard; returns loss/samples/seconds/samples_per_s."""
+    model.train()
+    indices = torch.tensor(list(sampler), dtype=torch.int64, device=device)
+    started = time.perf_counter()
+    # Summed on-device so there is no host sync per batch; .item() below syncs once.
+    loss_sum = torch.zeros((), device=device)
+    batches = 0
+    for begin in range(0, len(indices), batch_size):
+        batch = indices[begin : begin + batch_size]
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x[batch]), y[batch])
+        loss.backward()
+        optimizer.step()
+        loss_sum += loss.detach()
+        batches += 1
+    mean_loss = loss_sum.item() / max(batches, 1)
+    seconds = time.perf_counter() - started
+    samples = len(indices)
+    return {
+        "loss": mean_loss,
+        "samples": samples,
+        "seconds": seconds,
+        "samples_per_s": samples / seconds if seconds > 0 else 0.0,
+    }
+
+
+@torch.no_grad()
+def _accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    """Fraction correct on (x, y); uses the bare module so no DDP collective runs."""
+    model.eval()
+    correct = torch.zeros((), dtype=torch.int64, device=x.device)
+    for begin in range(0, len(x), EVAL_BATCH):
+        logits = model(x[begin : begin + EVAL_BATCH])
+        correct += (logits.argmax(dim=1) == y[begin : begin + EVAL_BATCH]).sum()
+    return correct.item() / max(len(x), 1)
