@@ -69,21 +69,28 @@ class ProcessGroupHandle:
     popen: subprocess.Popen[bytes] | None = None
 
     def poll(self) -> int | None:
+        """The leader's exit code, or None while it runs (an adopted leader's code is unknown: -1)."""
         if self.popen is not None:
             return self.popen.poll()
         return None if psutil.pid_exists(self.pid) else -1
 
     def terminate(self, grace_s: float) -> None:
-        """SIGTERM the group, wait up to ``grace_s``, then SIGKILL it. Safe to call twice."""
-        if not _signal_group(self.pid, signal.SIGTERM):
-            self._reap()
-            return
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline:
-            if self.poll() is not None and not _group_alive(self.pid):
-                break
-            time.sleep(0.05)
+        """SIGTERM the group and every descendant, wait up to ``grace_s``, then SIGKILL what is left.
+
+        torchrun starts each rank in a session of its own, so signalling the leader's process
+        group alone would orphan the ranks; the descendants are collected first. Safe to call twice.
+        """
+        procs = _tree(self.pid)
+        _signal_group(self.pid, signal.SIGTERM)
+        for proc in procs:
+            _signal_proc(proc, signal.SIGTERM)
+        _, alive = psutil.wait_procs(procs, timeout=grace_s)
+        # Ranks may have been spawned after the snapshot; look once more before the hard stop.
+        alive = list({p.pid: p for p in alive + _tree(self.pid)}.values())
         _signal_group(self.pid, signal.SIGKILL)
+        for proc in alive:
+            _signal_proc(proc, signal.SIGKILL)
+        psutil.wait_procs(alive, timeout=5)
         self._reap()
 
     def _reap(self) -> None:
@@ -104,12 +111,24 @@ def _signal_group(pgid: int, sig: signal.Signals) -> bool:
         return False
 
 
-def _group_alive(pgid: int) -> bool:
+def _tree(pid: int) -> list[psutil.Process]:
+    """The leader and all its descendants that are alive now."""
     try:
-        os.killpg(pgid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
+        leader = psutil.Process(pid)
+        return [leader, *leader.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _signal_proc(proc: psutil.Process, sig: signal.Signals) -> None:
+    try:
+        proc.send_signal(sig)
+    except psutil.Error:
+        pass  # already gone
+
+
+def tree_pids(pid: int) -> list[int]:
+    return [p.pid for p in _tree(pid)]
 
 
 class Launcher(Protocol):
@@ -132,7 +151,3 @@ class LocalTorchrunLauncher:
                 start_new_session=True,
             )
         return ProcessGroupHandle(pid=popen.pid, popen=popen)
-
-
-def group_alive(pgid: int) -> bool:
-    return _group_alive(pgid)

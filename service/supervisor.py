@@ -106,10 +106,10 @@ class Supervisor:
         self._wake.set()
         return job
 
-    def cancel(self, job_id: int) -> Job:
+    def cancel(self, job_id: int) -> Job | None:
         """Cancel: the database decides (CAS), then the group gets SIGTERM → grace → SIGKILL.
 
-        Cancelling a terminal job is a no-op that returns it unchanged.
+        Cancelling a terminal job is a no-op that returns it unchanged; None if there is no such job.
         """
         with self.session_factory() as session:
             won = repo.transition(session, job_id, JobState.cancelled, reason="cancelled by user")
@@ -118,7 +118,7 @@ class Supervisor:
         if won:
             logger.info("job %s: cancelled", job_id)
             self._wake.set()  # the loop stops the group (see _stop_cancelled)
-        return job  # type: ignore[return-value]
+        return job
 
     # --- the loop ---------------------------------------------------------------------------
     def start(self) -> None:

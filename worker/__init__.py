@@ -8,7 +8,6 @@ environment and closed at interpreter exit. No torch import here, on purpose.
 from __future__ import annotations
 
 import atexit
-import os
 import threading
 from typing import Any
 
@@ -22,11 +21,11 @@ _default_lock = threading.Lock()
 
 
 def default_reporter() -> Reporter:
-    """The process-wide reporter, built from ``os.environ`` on first call."""
+    """The process-wide reporter, built from the environment (:meth:`WorkerEnv.current`) on first call."""
     global _default
     with _default_lock:
         if _default is None:
-            _default = Reporter(WorkerEnv.from_environ(os.environ))
+            _default = Reporter(WorkerEnv.current())
             atexit.register(_default.close)
         return _default
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-import os
 
+from worker.env import WorkerEnv
 from worker.train import main
 
 if __name__ == "__main__":
     logging.basicConfig(
         level=logging.INFO,
-        format=f"%(asctime)s rank{os.environ.get('RANK', '0')} %(levelname)s %(name)s: %(message)s",
+        format=f"%(asctime)s rank{WorkerEnv.current().rank} %(levelname)s %(name)s: %(message)s",
     )
     main()

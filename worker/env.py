@@ -8,6 +8,7 @@ naming the variable. This module must stay free of torch imports (the reporter u
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,6 +97,11 @@ class WorkerEnv:
             test_fail_rank=_int(environ, "TORCHYARD_TEST_FAIL_RANK", None),
             test_epoch_sleep_s=_float(environ, "TORCHYARD_TEST_EPOCH_SLEEP_S"),
         )
+
+    @classmethod
+    def current(cls) -> WorkerEnv:
+        """``from_environ(os.environ)``: the one place the process environment is read."""
+        return cls.from_environ(os.environ)
 
     @property
     def reporting_enabled(self) -> bool:

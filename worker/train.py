@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -57,7 +56,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     """Run one rank to completion; raises on any failure."""
     args = parse_args(argv)
-    env = WorkerEnv.from_environ(os.environ)
+    env = WorkerEnv.current()
     spec = JobSpec.model_validate_json(args.spec.read_text(encoding="utf-8"))
     run_dir = env.run_dir or args.spec.parent
     torch.manual_seed(spec.seed)

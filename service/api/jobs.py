@@ -51,9 +51,12 @@ def get_job(job_id: int, session: SessionDep) -> JobRead:
 
 
 @router.post("/{job_id}/cancel", response_model=JobRead)
-def cancel_job(job_id: int, session: SessionDep, supervisor: SupervisorDep) -> JobRead:
-    _job_or_404(session, job_id)
-    return JobRead.from_row(supervisor.cancel(job_id))
+def cancel_job(job_id: int, supervisor: SupervisorDep) -> JobRead:
+    """Cancel a queued or running job; cancelling a finished job returns it unchanged (200)."""
+    job = supervisor.cancel(job_id)
+    if job is None:
+        raise ApiError(404, "not_found", f"job {job_id} not found")
+    return JobRead.from_row(job)
 
 
 @router.get("/{job_id}/metrics", response_model=MetricsPage)

@@ -1,0 +1,128 @@
+"""Fixtures: a migrated SQLite app, and a real ``torchyard serve`` on a free port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from service.api.app import create_app
+from service.settings import Settings
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TERMINAL = {"succeeded", "failed", "cancelled"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[TestClient]:
+    """The app on a fresh SQLite file migrated by Alembic; the supervisor loop does not run."""
+    settings = Settings(home=tmp_path / "home", cpu_slots=4, gpus="none")
+    app = create_app(settings, run_supervisor=False)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        yield client
+
+
+@dataclass
+class LiveServer:
+    url: str
+    home: Path
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=10)
+
+    def wait_for(
+        self, job_id: int, states: set[str], timeout_s: float = 120,
+        allowed: set[str] | None = None,
+    ) -> dict:
+        """Poll until the job is in ``states``; fail at once on a state outside ``allowed``."""
+        allowed = (allowed or {"queued", "starting", "running"}) | states
+        deadline = time.monotonic() + timeout_s
+        with self.client() as c:
+            while True:
+                assert self.proc.poll() is None, f"server died:\n{self.log.read_text()[-3000:]}"
+                job = c.get(f"/jobs/{job_id}").json()
+                if job["state"] in states:
+                    return job
+                assert job["state"] in allowed, f"unexpected state {job['state']}: {job['reason']}"
+                assert time.monotonic() < deadline, f"timed out waiting for {states}: {job}"
+                time.sleep(0.2)
+
+
+def _start_server(home: Path, extra_env: dict[str, str]) -> LiveServer:
+    port = free_port()
+    env = {
+        **os.environ,
+        "TORCHYARD_HOME": str(home),
+        "TORCHYARD_PORT": str(port),
+        "TORCHYARD_GPUS": "none",
+        "TORCHYARD_CPU_SLOTS": "4",
+        "TORCHYARD_STOP_GRACE_S": "3",
+        "OMP_NUM_THREADS": "1",
+        **extra_env,
+    }
+    home.mkdir(parents=True, exist_ok=True)
+    log = home / "server.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service", "serve"],
+        env=env, cwd=REPO_ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        assert proc.poll() is None, f"server exited:\n{log.read_text()}"
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "server did not answer in 30 s"
+        time.sleep(0.1)
+    return LiveServer(url=url, home=home, proc=proc, log=log)
+
+
+def _stop_server(server: LiveServer) -> None:
+    if server.proc.poll() is None:
+        server.proc.send_signal(signal.SIGTERM)
+        try:
+            server.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            server.proc.kill()
+            server.proc.wait()
+
+
+@pytest.fixture
+def live_server_factory(tmp_path: Path) -> Iterator[Callable[..., LiveServer]]:
+    started: list[LiveServer] = []
+
+    def start(**extra_env: str) -> LiveServer:
+        server = _start_server(tmp_path / f"home{len(started)}", extra_env)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        _stop_server(server)
+
+
+@pytest.fixture
+def live_server(live_server_factory: Callable[..., LiveServer]) -> LiveServer:
+    return live_server_factory()
