@@ -2,7 +2,6 @@
 
 from alembic import context
 
-
 from service.db import make_engine
 from service.models import Base
 

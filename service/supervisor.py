@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service import repository as repo
 from service.failure import describe_exit
 from service.jobtoken import new_token
-from service.launcher import GroupHandle, LaunchRequest, Launcher, ProcessGroupHandle
+from service.launcher import GroupHandle, Launcher, LaunchRequest, ProcessGroupHandle
 from service.models import Job
 from service.resources import Inventory
 from service.rundir import RunDir

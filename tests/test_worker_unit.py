@@ -47,7 +47,8 @@ def test_digits_shapes_and_fixed_split(tmp_path: Path) -> None:
 def test_synthetic_matches_model_input(tmp_path: Path) -> None:
     small = load_dataset(JobSpec(dataset=DatasetName.synthetic, synthetic_samples=100), tmp_path)
     big = load_dataset(
-        JobSpec(dataset=DatasetName.synthetic, model=ModelName.resnet18, synthetic_samples=100), tmp_path
+        JobSpec(dataset=DatasetName.synthetic, model=ModelName.resnet18, synthetic_samples=100),
+        tmp_path,
     )
     assert small.input_shape == (1, 8, 8) and big.input_shape == (3, 32, 32)
     again = load_dataset(JobSpec(dataset=DatasetName.synthetic, synthetic_samples=100), tmp_path)
@@ -70,7 +71,9 @@ def test_encode_value_strict_json() -> None:
 
 
 def test_reporter_spools_without_api(tmp_path: Path) -> None:
-    env = WorkerEnv.from_environ({"RANK": "1", "TORCHYARD_RUN_DIR": str(tmp_path), "TORCHYARD_ATTEMPT": "2"})
+    env = WorkerEnv.from_environ(
+        {"RANK": "1", "TORCHYARD_RUN_DIR": str(tmp_path), "TORCHYARD_ATTEMPT": "2"}
+    )
     reporter = Reporter(env)
     assert not reporter.enabled
     reporter.report(epoch=1, loss=float("nan"), samples=10)
@@ -93,7 +96,11 @@ def test_reporter_noop_without_run_dir() -> None:
 def test_reporter_close_is_bounded_when_api_unreachable(tmp_path: Path) -> None:
     # Port 9 on localhost: connection refused → retries; close() must still return promptly.
     env = WorkerEnv.from_environ(
-        {"TORCHYARD_API_URL": "http://127.0.0.1:9", "TORCHYARD_JOB_ID": "1", "TORCHYARD_RUN_DIR": str(tmp_path)}
+        {
+            "TORCHYARD_API_URL": "http://127.0.0.1:9",
+            "TORCHYARD_JOB_ID": "1",
+            "TORCHYARD_RUN_DIR": str(tmp_path),
+        }
     )
     reporter = Reporter(env)
     assert reporter.enabled
@@ -113,11 +120,11 @@ def _free_port() -> int:
 
 
 def test_real_two_rank_run(tmp_path: Path) -> None:
-    spec = JobSpec(name="t", dataset=DatasetName.synthetic, epochs=2, batch_size=32, synthetic_samples=256)
+    spec = JobSpec(
+        name="t", dataset=DatasetName.synthetic, epochs=2, batch_size=32, synthetic_samples=256
+    )
     (tmp_path / "spec.json").write_text(spec.model_dump_json())
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith("TORCHYARD_")
-    } | {
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHYARD_")} | {
         "OMP_NUM_THREADS": "1",
         "TORCHYARD_DEVICE": "cpu",
         "TORCHYARD_BACKEND": "gloo",
@@ -129,14 +136,62 @@ def test_real_two_rank_run(tmp_path: Path) -> None:
         "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
         "-m", "worker", "--spec", str(tmp_path / "spec.json"),
     ]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        cmd, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=180
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     for rank in (0, 1):
         assert (tmp_path / "attempts" / "1" / f"ready-rank-{rank}").exists()
-        records = [json.loads(line) for line in (tmp_path / "spool" / f"rank-{rank}.jsonl").read_text().splitlines()]
+        records = [
+            json.loads(line)
+            for line in (tmp_path / "spool" / f"rank-{rank}.jsonl").read_text().splitlines()
+        ]
         losses = {r["epoch"]: r["value"] for r in records if r["name"] == "loss"}
         assert set(losses) == {1, 2}
         assert all(r["rank"] == rank for r in records)
         names = {r["name"] for r in records}
         assert names == {"loss", "samples", "seconds", "samples_per_s", "test_accuracy"}
-        assert {r["value"] for r in records if r["name"] == "samples"} == {103}  # ceil(204 / 2)
+        assert {r["value"] for r in records if r["name"] == "samples"} == {
+            103
+        }  # ceil((256 - 51 test) / 2)
+
+
+def test_reporter_sends_with_bearer_and_retries_5xx(tmp_path: Path) -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    received: list[tuple[str, str, dict[str, object]]] = []
+    answers = [503, 200]  # first attempt fails, the retry must succeed
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            received.append((self.path, self.headers["Authorization"], body))
+            self.send_response(answers.pop(0) if answers else 200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        env = WorkerEnv.from_environ(
+            {
+                "TORCHYARD_API_URL": f"http://127.0.0.1:{server.server_address[1]}/",
+                "TORCHYARD_JOB_ID": "7",
+                "TORCHYARD_JOB_TOKEN": "secret",
+                "TORCHYARD_RUN_DIR": str(tmp_path),
+            }
+        )
+        reporter = Reporter(env)
+        reporter.report(epoch=2, loss=float("inf"))
+        reporter.close(timeout_s=5)
+    finally:
+        server.shutdown()
+    assert len(received) == 2 and received[0] == received[1]
+    path, auth, body = received[1]
+    assert path == "/jobs/7/records" and auth == "Bearer secret"
+    (record,) = body["records"]  # type: ignore[misc]
+    assert record["value"] == "Infinity" and record["epoch"] == 2 and record["step"] is None

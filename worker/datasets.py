@@ -54,7 +54,9 @@ def load_dataset(spec: JobSpec, root: Path) -> Splits:
     return _torchvision(spec.dataset, root, spec.download)
 
 
-def _normalize(train_x: torch.Tensor, test_x: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _normalize(
+    train_x: torch.Tensor, test_x: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     # Per-channel statistics of the training split only, so no test information leaks.
     mean = train_x.mean(dim=(0, 2, 3), keepdim=True)
     std = train_x.std(dim=(0, 2, 3), keepdim=True).clamp_min(1e-6)
@@ -101,7 +103,9 @@ def _torchvision(name: DatasetName, root: Path, download: bool) -> Splits:
         train = cls(str(root), train=True, download=download)
         test = cls(str(root), train=False, download=download)
     except Exception as exc:  # torchvision raises RuntimeError, OSError, URLError...
-        hint = "put the files there or set download: true" if not download else "check network access"
+        hint = (
+            "put the files there or set download: true" if not download else "check network access"
+        )
         raise DatasetUnavailable(
             f"{name.value} not found under {root} (download: {str(download).lower()}); {hint}: {exc}"
         ) from exc

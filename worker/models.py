@@ -14,7 +14,9 @@ from service.spec import ModelName
 MLP_HIDDEN = 128
 
 
-def build_model(name: ModelName | str, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+def build_model(
+    name: ModelName | str, input_shape: tuple[int, int, int], num_classes: int
+) -> nn.Module:
     """Build ``name`` for inputs of ``input_shape`` (C, H, W); raises ``ValueError`` if unknown."""
     name = ModelName(name)
     channels = input_shape[0]

@@ -79,12 +79,24 @@ def _run(spec: JobSpec, env: WorkerEnv, run_dir: Path, use_cuda: bool) -> None:
 
     splits = _load_data(spec, env, run_dir)
     model = build_model(spec.model, splits.input_shape, splits.num_classes).to(device)
-    ddp = DistributedDataParallel(model, device_ids=[env.local_rank]) if use_cuda else DistributedDataParallel(model)
+    ddp = (
+        DistributedDataParallel(model, device_ids=[env.local_rank])
+        if use_cuda
+        else DistributedDataParallel(model)
+    )
     optimizer = _build_optimizer(spec, ddp)
     train_x, train_y = splits.train_x.to(device), splits.train_y.to(device)
-    test = (splits.test_x.to(device), splits.test_y.to(device)) if splits.test_x is not None and splits.test_y is not None else None
+    test = (
+        (splits.test_x.to(device), splits.test_y.to(device))
+        if splits.test_x is not None and splits.test_y is not None
+        else None
+    )
     sampler = DistributedSampler(
-        TensorDataset(splits.train_x), num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=spec.seed
+        TensorDataset(splits.train_x),
+        num_replicas=env.world_size,
+        rank=env.rank,
+        shuffle=True,
+        seed=spec.seed,
     )
     reporter = default_reporter()
 
@@ -101,7 +113,9 @@ def _run(spec: JobSpec, env: WorkerEnv, run_dir: Path, use_cuda: bool) -> None:
             if env.test_epoch_sleep_s:
                 time.sleep(env.test_epoch_sleep_s)
             sampler.set_epoch(epoch)
-            metrics = _train_epoch(ddp, optimizer, loss_fn, sampler, train_x, train_y, spec.batch_size, device)
+            metrics = _train_epoch(
+                ddp, optimizer, loss_fn, sampler, train_x, train_y, spec.batch_size, device
+            )
             if test is not None:
                 metrics["test_accuracy"] = _accuracy(model, *test)
             reporter.report(epoch=epoch, **metrics)
@@ -123,7 +137,9 @@ def _load_data(spec: JobSpec, env: WorkerEnv, run_dir: Path) -> Splits:
 def _build_optimizer(spec: JobSpec, model: nn.Module) -> torch.optim.Optimizer:
     params = model.parameters()
     if spec.optimizer is OptimizerName.sgd:
-        return torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
+        return torch.optim.SGD(
+            params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay
+        )
     if spec.optimizer is OptimizerName.adam:
         return torch.optim.Adam(params, lr=spec.lr, weight_decay=spec.weight_decay)
     return torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay)
