@@ -52,6 +52,10 @@ def build_command(req: LaunchRequest) -> list[str]:
     ]
 
 
+# poll() of a group adopted after a server restart: it is not our child, so its code is lost.
+UNKNOWN_EXIT = -1000
+
+
 class GroupHandle(Protocol):
     pid: int
 
@@ -68,10 +72,10 @@ class ProcessGroupHandle:
     popen: subprocess.Popen[bytes] | None = None
 
     def poll(self) -> int | None:
-        """The leader's exit code, or None while it runs (an adopted leader's code is unknown: -1)."""
+        """The leader's exit code (negative: killed by that signal), None while it runs."""
         if self.popen is not None:
             return self.popen.poll()
-        return None if psutil.pid_exists(self.pid) else -1
+        return None if _alive(self.pid) else UNKNOWN_EXIT
 
     def terminate(self, grace_s: float) -> None:
         """SIGTERM the group and every descendant, wait up to ``grace_s``, then SIGKILL what is left.
@@ -107,6 +111,13 @@ def _signal_group(pgid: int, sig: signal.Signals) -> bool:
     except ProcessLookupError:
         return False  # already gone
     except PermissionError:
+        return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
         return False
 
 

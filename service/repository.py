@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from sqlalchemy import delete, func, select, update
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
@@ -117,7 +118,10 @@ def insert_records(session: Session, job_id: int, records: Sequence[RecordIn]) -
                 "time": r.time,
             }
         )
-    stmt = sqlite_insert(MetricRecord).values(rows).on_conflict_do_nothing()
+    # ON CONFLICT DO NOTHING exists in both SQLite and PostgreSQL; pick the matching dialect.
+    dialect = session.get_bind().dialect.name
+    insert = postgresql_insert if dialect == "postgresql" else sqlite_insert
+    stmt = insert(MetricRecord).values(rows).on_conflict_do_nothing()
     return session.execute(stmt).rowcount
 
 

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service import repository as repo
 from service.failure import describe_exit
 from service.jobtoken import new_token
-from service.launcher import GroupHandle, Launcher, LaunchRequest, ProcessGroupHandle
+from service.launcher import UNKNOWN_EXIT, GroupHandle, Launcher, LaunchRequest, ProcessGroupHandle
 from service.models import Job
 from service.resources import Inventory
 from service.rundir import RunDir
@@ -175,11 +175,14 @@ class Supervisor:
             with self.session_factory() as session:
                 if code == 0:
                     repo.transition(session, job_id, JobState.succeeded, exit_code=0)
+                elif code == UNKNOWN_EXIT:
+                    reason = "the group ended while the server was down; its exit status is unknown"
+                    repo.transition(session, job_id, JobState.failed, reason=reason)
                 else:
                     reason = describe_exit(code, run.logs_dir, run.launcher_log)
                     repo.transition(session, job_id, JobState.failed, exit_code=code, reason=reason)
                 job = repo.get_job(session, job_id)
-                if job is not None and job.exit_code is None:
+                if job is not None and job.exit_code is None and code != UNKNOWN_EXIT:
                     job.exit_code = code
                 repo.release(session, job_id)
                 session.commit()
