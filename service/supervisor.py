@@ -46,10 +46,13 @@ class Placement:
     gpu_indices: list[int]
 
 
+def _wants_gpu(spec: JobSpec, inventory: Inventory) -> bool:
+    return spec.device is Device.cuda or (spec.device is Device.auto and bool(inventory.gpus))
+
+
 def place(spec: JobSpec, inventory: Inventory, taken: set[str]) -> Placement | None:
     """Pick resources for ``spec`` (all at once or none). ``auto`` means GPUs when the host has them."""
-    wants_gpu = spec.device is Device.cuda or (spec.device is Device.auto and bool(inventory.gpus))
-    kind = "gpu" if wants_gpu else "cpu"
+    kind = "gpu" if _wants_gpu(spec, inventory) else "cpu"
     free = [r for r in inventory.resource_names(kind) if r not in taken]
     if len(free) < spec.nproc_per_node:
         return None
@@ -60,23 +63,18 @@ def place(spec: JobSpec, inventory: Inventory, taken: set[str]) -> Placement | N
     return Placement(chosen, "cpu", "gloo", [])
 
 
-def capacity_error(spec: JobSpec, inventory: Inventory) -> str | None:
-    """Why ``spec`` can never run on this host, or None."""
-    if spec.device is Device.cuda and len(inventory.gpus) < spec.nproc_per_node:
-        return f"nproc_per_node: needs {spec.nproc_per_node} GPUs; this host has {len(inventory.gpus)}"
-    wants_gpu = spec.device is Device.cuda or (spec.device is Device.auto and bool(inventory.gpus))
-    if not wants_gpu and spec.nproc_per_node > inventory.cpu_slots:
-        return (
-            f"nproc_per_node: needs {spec.nproc_per_node} CPU slots; "
-            f"this host has {inventory.cpu_slots}"
-        )
-    if wants_gpu and spec.nproc_per_node > len(inventory.gpus):
-        return f"nproc_per_node: needs {spec.nproc_per_node} GPUs; this host has {len(inventory.gpus)}"
-    return None
-
-
 class CapacityError(Exception):
-    pass
+    """The job asks for more than this host has; it could never run here."""
+
+
+def check_capacity(spec: JobSpec, inventory: Inventory) -> None:
+    wants_gpu = _wants_gpu(spec, inventory)
+    have = len(inventory.gpus) if wants_gpu else inventory.cpu_slots
+    unit = "GPUs" if wants_gpu else "CPU slots"
+    if spec.nproc_per_node > have:
+        raise CapacityError(
+            f"nproc_per_node: needs {spec.nproc_per_node} {unit}; this host has {have}"
+        )
 
 
 @dataclass
@@ -95,11 +93,8 @@ class Supervisor:
 
     # --- called by routes -------------------------------------------------------------------
     def submit(self, spec: JobSpec) -> Job:
-        problem = capacity_error(spec, self.inventory)
-        if problem:
-            from service.api.errors import ApiError
-
-            raise ApiError(422, "unschedulable", problem)
+        """Store a queued job; raises ``CapacityError`` if it can never fit this host."""
+        check_capacity(spec, self.inventory)
         with self.session_factory() as session:
             job = repo.create_job(session, spec)
             session.commit()

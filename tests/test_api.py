@@ -154,3 +154,15 @@ def test_bad_records_are_422(api: TestClient) -> None:
         rec = {"rank": 0, "epoch": 1, "name": "loss", "value": 1.0, "time": 1.0, **bad}
         r = api.post(f"/jobs/{job_id}/records", json={"records": [rec]}, headers=auth)
         assert r.status_code == 422, (bad, r.text)
+
+
+def test_cuda_job_on_a_host_without_gpus_is_unschedulable(api: TestClient) -> None:
+    r = api.post("/jobs", json={**DIGITS, "device": "cuda"})
+    assert r.status_code == 422
+    assert r.json()["message"] == "nproc_per_node: needs 2 GPUs; this host has 0"
+
+
+def test_bad_metric_queries_are_422(api: TestClient) -> None:
+    job_id = api.post("/jobs", json=DIGITS).json()["id"]
+    for query in ("after=-1", "limit=0", "limit=100001", "rank=-2", "after=abc"):
+        assert api.get(f"/jobs/{job_id}/metrics?{query}").status_code == 422, query

@@ -12,6 +12,7 @@ from service.api.errors import ApiError
 from service.schemas import JobList, JobRead, MetricRead, MetricsPage
 from service.spec import JobSpec
 from service.state import JobState
+from service.supervisor import CapacityError
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 METRICS_PAGE_DEFAULT = 1000
@@ -27,7 +28,10 @@ def _job_or_404(session: SessionDep, job_id: int):  # type: ignore[no-untyped-de
 
 @router.post("", status_code=201, response_model=JobRead)
 def submit_job(spec: JobSpec, response: Response, supervisor: SupervisorDep) -> JobRead:
-    job = supervisor.submit(spec)
+    try:
+        job = supervisor.submit(spec)
+    except CapacityError as exc:
+        raise ApiError(422, "unschedulable", str(exc)) from exc
     response.headers["Location"] = f"/jobs/{job.id}"
     return JobRead.from_row(job)
 
