@@ -9,11 +9,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 import psutil
+
+from service.rundir import RunDir
 
 
 @dataclass(frozen=True)
@@ -142,13 +145,35 @@ def tree_pids(pid: int) -> list[int]:
 
 
 class Launcher(Protocol):
-    def start(self, req: LaunchRequest) -> GroupHandle: ...
+    def start_shim(self, run: RunDir, env: dict[str, str]) -> GroupHandle: ...
+
+
+def build_shim_command(python: str, run: RunDir) -> list[str]:
+    return [python, "-m", "service.shim", str(run.root)]
 
 
 class LocalTorchrunLauncher:
-    """Runs torchrun on this host, in its own session (process group), output to a log file."""
+    """Runs torchrun on this host, output to a log file.
 
-    def start(self, req: LaunchRequest) -> ProcessGroupHandle:
+    The supervisor starts the job's shim (``start_shim``) in a session of its own; the shim
+    then runs each attempt's torchrun in its group (``start``).
+    """
+
+    def start_shim(self, run: RunDir, env: dict[str, str]) -> ProcessGroupHandle:
+        with open(run.root / "shim.log", "ab") as log:
+            popen = subprocess.Popen(
+                build_shim_command(sys.executable, run),
+                cwd=run.root,
+                env={**os.environ, **env},
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return ProcessGroupHandle(pid=popen.pid, popen=popen)
+
+    def start(self, req: LaunchRequest, *, new_session: bool = True) -> ProcessGroupHandle:
+        """Start torchrun; ``new_session=False`` keeps it in the caller's group (the shim's)."""
         env = {**os.environ, **req.env}
         with open(req.run_dir / "torchrun.log", "ab") as log:
             popen = subprocess.Popen(
@@ -158,6 +183,6 @@ class LocalTorchrunLauncher:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,
+                start_new_session=new_session,
             )
         return ProcessGroupHandle(pid=popen.pid, popen=popen)

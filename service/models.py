@@ -47,6 +47,8 @@ class Job(Base):
     pid_create_time: Mapped[float | None] = mapped_column(Float)
     devices: Mapped[str | None] = mapped_column(String(200))
     token_hash: Mapped[str | None] = mapped_column(String(64))
+    # Attempt records as the job's shim wrote them (see service.shim); [] before launch.
+    attempts: Mapped[list | None] = mapped_column(JSON)
 
 
 class Allocation(Base):

@@ -85,6 +85,10 @@ def transition(session: Session, job_id: int, to: JobState, **fields: object) ->
     return result.rowcount == 1
 
 
+def set_attempts(session: Session, job_id: int, attempts: list[dict]) -> None:
+    session.execute(update(Job).where(Job.id == job_id).values(attempts=attempts))
+
+
 def allocated_resources(session: Session) -> dict[str, int]:
     return dict(session.execute(select(Allocation.resource, Allocation.job_id)).tuples().all())
 

@@ -31,7 +31,25 @@ class RunDir:
         """TORCHELASTIC_ERROR_FILE: the first failing rank's exception, written by ``@record``."""
         return self.root / "error.json"
 
+    @property
+    def launch_file(self) -> Path:
+        """The shim's configuration (no secrets)."""
+        return self.root / "launch.json"
+
+    @property
+    def exit_file(self) -> Path:
+        """The job's outcome, written once by the shim."""
+        return self.root / "exit.json"
+
+    @property
+    def spool_dir(self) -> Path:
+        return self.root / "spool"
+
+    def attempt_file(self, attempt: int) -> Path:
+        return self.root / "attempts" / f"{attempt}.json"
+
     def ready_marker(self, attempt: int, rank: int) -> Path:
+        """Written by a rank after set-up, then touched as its heartbeat."""
         return self.root / "attempts" / str(attempt) / f"ready-rank-{rank}"
 
     def rank_logs(self) -> dict[int, Path]:
@@ -44,5 +62,5 @@ class RunDir:
     def prepare(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         self.logs_dir.mkdir(exist_ok=True)
-        for stale in (self.error_file,):
+        for stale in (self.error_file, self.exit_file):
             stale.unlink(missing_ok=True)

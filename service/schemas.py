@@ -18,6 +18,17 @@ NonFinite = Literal["NaN", "Infinity", "-Infinity"]
 MetricValue = float | NonFinite
 
 
+class AttemptRead(BaseModel):
+    """One run of the worker group. ``startup_failure``: it failed before every rank was ready."""
+
+    number: int
+    started_at: float
+    ended_at: float | None
+    exit_code: int | None
+    reason: str | None
+    startup_failure: bool | None
+
+
 class JobRead(BaseModel):
     id: int
     name: str
@@ -31,6 +42,7 @@ class JobRead(BaseModel):
     reason: str | None
     pid: int | None
     devices: list[str]
+    attempts: list[AttemptRead]
 
     @classmethod
     def from_row(cls, job: Job) -> JobRead:
@@ -47,6 +59,7 @@ class JobRead(BaseModel):
             reason=job.reason,
             pid=job.pid,
             devices=job.devices.split(",") if job.devices else [],
+            attempts=[AttemptRead.model_validate(a) for a in job.attempts or []],
         )
 
 

@@ -73,6 +73,27 @@ class JobSpec(BaseModel):
     )
     download: bool = False
     synthetic_samples: int = Field(default=2048, ge=16, le=10_000_000)
+    checkpoint_every: int = Field(
+        default=1,
+        ge=0,
+        le=100_000,
+        description="epochs between checkpoints, plus one after the last epoch; 0 = never",
+    )
+    keep_checkpoints: int = Field(
+        default=2, ge=1, le=100, description="newest checkpoints kept in RUN_DIR/checkpoints"
+    )
+    max_restarts: int = Field(
+        default=0, ge=0, le=100,
+        description="group restarts from the last checkpoint after a rank fails mid-training",
+    )
+    max_runtime_s: float | None = Field(
+        default=None, gt=0, le=30 * 86400, allow_inf_nan=False,
+        description="wall-clock limit for the whole job; the job fails with 'deadline exceeded'",
+    )
+    heartbeat_timeout_s: float | None = Field(
+        default=600, gt=0, le=86400, allow_inf_nan=False,
+        description="a rank with no training progress for this long fails the attempt; null = off",
+    )
 
     @model_validator(mode="after")
     def _check_combinations(self) -> JobSpec:

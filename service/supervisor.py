@@ -8,7 +8,6 @@ blocks those behind it, so a large job is never starved). Routes call ``submit``
 from __future__ import annotations
 
 import logging
-import socket
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -17,23 +16,19 @@ import psutil
 from sqlalchemy.orm import Session, sessionmaker
 
 from service import repository as repo
-from service.failure import describe_exit
 from service.jobtoken import new_token
-from service.launcher import UNKNOWN_EXIT, GroupHandle, Launcher, LaunchRequest, ProcessGroupHandle
+from service.launcher import UNKNOWN_EXIT, GroupHandle, Launcher, ProcessGroupHandle
 from service.models import Job
 from service.resources import Inventory
 from service.rundir import RunDir
+from service.runfiles import read_attempts, read_json
 from service.settings import Settings
+from service.shim import ShimConfig
 from service.spec import Backend, Device, JobSpec
+from service.spool import read_spool
 from service.state import JobState
 
 logger = logging.getLogger(__name__)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass(frozen=True)
@@ -139,19 +134,16 @@ class Supervisor:
 
     def recover(self) -> None:
         """Before launching anything: adopt live groups, give dead ones a final state."""
+        dead: list[int] = []
         with self.session_factory() as session:
             for job in repo.active_jobs(session):
                 if job.pid and _same_process(job.pid, job.pid_create_time):
                     self._handles[job.id] = ProcessGroupHandle(pid=job.pid)
                     logger.info("job %s: re-adopted pid %s", job.id, job.pid)
                     continue
-                repo.transition(
-                    session, job.id, JobState.failed,
-                    reason="the server stopped while the job ran and its process is gone",
-                )
-                repo.release(session, job.id)
-                logger.warning("job %s: process gone after restart; marked failed", job.id)
-            session.commit()
+                dead.append(job.id)
+        for job_id in dead:
+            self._finish(job_id, UNKNOWN_EXIT)
 
     def tick(self) -> None:
         self._stop_cancelled()
@@ -166,30 +158,47 @@ class Supervisor:
                 continue
             del self._handles[job_id]
             self._stopping.discard(job_id)
-            run = RunDir.for_job(self.settings.runs_dir, job_id)
-            with self.session_factory() as session:
-                if code == 0:
-                    repo.transition(session, job_id, JobState.succeeded, exit_code=0)
-                elif code == UNKNOWN_EXIT:
-                    reason = "the group ended while the server was down; its exit status is unknown"
-                    repo.transition(session, job_id, JobState.failed, reason=reason)
-                else:
-                    reason = describe_exit(code, run.logs_dir, run.launcher_log)
-                    repo.transition(session, job_id, JobState.failed, exit_code=code, reason=reason)
+            self._finish(job_id, code)
+
+    def _finish(self, job_id: int, shim_code: int) -> None:
+        """Record the shim's outcome, re-ingest the spools, free the resources."""
+        run = RunDir.for_job(self.settings.runs_dir, job_id)
+        outcome = read_json(run.exit_file)
+        with self.session_factory() as session:
+            added = repo.insert_records(session, job_id, read_spool(run.spool_dir))
+            repo.set_attempts(session, job_id, read_attempts(run))
+            if outcome is None:
+                reason = (
+                    "the job's shim ended without an outcome"
+                    if shim_code != UNKNOWN_EXIT
+                    else "the job ended while the server was down and left no outcome"
+                )
+                repo.transition(session, job_id, JobState.failed, reason=reason)
+            else:
+                state = JobState(outcome["state"])
+                fields = {"exit_code": outcome.get("exit_code"), "reason": outcome.get("reason")}
+                if state is JobState.cancelled:
+                    fields["reason"] = fields["reason"] or "cancelled"
+                repo.transition(session, job_id, state, **fields)
                 job = repo.get_job(session, job_id)
-                if job is not None and job.exit_code is None and code != UNKNOWN_EXIT:
-                    job.exit_code = code
-                repo.release(session, job_id)
-                session.commit()
-            logger.info("job %s: group exited with %s", job_id, code)
+                if job is not None and job.exit_code is None:
+                    job.exit_code = outcome.get("exit_code")
+            repo.release(session, job_id)
+            session.commit()
+        logger.info("job %s: ended (%s); %d spooled records recovered", job_id,
+                    (outcome or {}).get("state", "no outcome"), added)
 
     def _mark_running(self) -> None:
+        """Sync attempts from the run dir; starting → running once rank 0 of an attempt is ready."""
         with self.session_factory() as session:
             for job in repo.active_jobs(session):
-                if job.state != JobState.starting.value:
-                    continue
                 run = RunDir.for_job(self.settings.runs_dir, job.id)
-                if run.ready_marker(1, 0).exists():
+                attempts = read_attempts(run)
+                if attempts != (job.attempts or []):
+                    repo.set_attempts(session, job.id, attempts)
+                if job.state != JobState.starting.value or not attempts:
+                    continue
+                if run.ready_marker(attempts[-1]["number"], 0).exists():
                     repo.transition(session, job.id, JobState.running, running_at=repo.utcnow())
             session.commit()
 
@@ -220,20 +229,20 @@ class Supervisor:
         run = RunDir.for_job(self.settings.runs_dir, job.id)
         run.prepare()
         run.spec_file.write_text(spec.model_dump_json(indent=2))
-        req = LaunchRequest(
+        ShimConfig(
             job_id=job.id,
             python=self.settings.python_executable or sys.executable,
             nproc_per_node=spec.nproc_per_node,
-            master_port=free_port(),
-            run_dir=run.root,
-            spec_file=run.spec_file,
-            logs_dir=run.logs_dir,
-            env=self._rank_env(job.id, token, run, spec, placement),
-        )
+            max_restarts=spec.max_restarts,
+            max_runtime_s=spec.max_runtime_s,
+            heartbeat_timeout_s=spec.heartbeat_timeout_s,
+            stop_grace_s=self.settings.stop_grace_s,
+        ).write(run)
+        env = self._rank_env(job.id, token, run, spec, placement)
         try:
-            handle = self.launcher.start(req)
+            handle = self.launcher.start_shim(run, env)
         except OSError as exc:
-            repo.transition(session, job.id, JobState.failed, reason=f"could not start torchrun: {exc}")
+            repo.transition(session, job.id, JobState.failed, reason=f"could not start: {exc}")
             repo.release(session, job.id)
             session.commit()
             return
@@ -256,7 +265,6 @@ class Supervisor:
             "TORCHYARD_JOB_ID": str(job_id),
             "TORCHYARD_JOB_TOKEN": token,
             "TORCHYARD_RUN_DIR": str(run.root),
-            "TORCHYARD_ATTEMPT": "1",
             "TORCHYARD_DEVICE": placement.device,
             "TORCHYARD_BACKEND": placement.backend,
             "TORCHELASTIC_ERROR_FILE": str(run.error_file),

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Response
 from service import repository as repo
 from service.api.deps import SessionDep, SupervisorDep
 from service.api.errors import ApiError
-from service.schemas import JobList, JobRead, MetricRead, MetricsPage
+from service.schemas import AttemptRead, JobList, JobRead, MetricRead, MetricsPage
 from service.spec import JobSpec
 from service.state import JobState
 from service.supervisor import CapacityError
@@ -52,6 +52,12 @@ def list_jobs(
 @router.get("/{job_id}", response_model=JobRead)
 def get_job(job_id: int, session: SessionDep) -> JobRead:
     return JobRead.from_row(_job_or_404(session, job_id))
+
+
+@router.get("/{job_id}/attempts", response_model=list[AttemptRead])
+def get_attempts(job_id: int, session: SessionDep) -> list[AttemptRead]:
+    """Every attempt of the job: number, start/end (Unix s), exit code, failure reason."""
+    return JobRead.from_row(_job_or_404(session, job_id)).attempts
 
 
 @router.post("/{job_id}/cancel", response_model=JobRead)
