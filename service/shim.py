@@ -29,6 +29,7 @@ from service.rundir import RunDir
 from service.socketport import free_port
 
 POLL_S = 0.2
+DEADLINE_REASON = "deadline exceeded"
 
 
 @dataclass(frozen=True)
@@ -92,10 +93,10 @@ class Shim:
         ready = all(
             self.run.ready_marker(number, r).exists() for r in range(self.config.nproc_per_node)
         )
-        if code == 0:
+        if forced_reason is not None:
+            reason = forced_reason  # torchrun may exit 0 on SIGTERM; the stop still failed it
+        elif code == 0:
             reason = None
-        elif forced_reason is not None:
-            reason = forced_reason
         else:
             reason = describe_exit(code, logs, self.run.launcher_log)
         record.update(ended_at=time.time(), exit_code=code, reason=reason,
@@ -108,7 +109,7 @@ class Shim:
             return "cancelled"
         cfg = self.config
         if cfg.max_runtime_s is not None and time.time() - self.started > cfg.max_runtime_s:
-            return "deadline exceeded"
+            return DEADLINE_REASON
         if cfg.heartbeat_timeout_s is not None:
             now = time.time()
             for rank in range(cfg.nproc_per_node):
@@ -128,10 +129,10 @@ class Shim:
             if self.cancelled:
                 outcome = {"state": "cancelled", "exit_code": code, "reason": "cancelled by user"}
                 break
-            if code == 0:
+            if code == 0 and reason is None:
                 outcome = {"state": "succeeded", "exit_code": 0, "reason": None}
                 break
-            last = startup or number > self.config.max_restarts or reason == "deadline exceeded"
+            last = startup or number > self.config.max_restarts or reason == DEADLINE_REASON
             if last:
                 if startup:
                     reason = f"start-up failure (not retried): {reason}"

@@ -82,16 +82,30 @@ class JobSpec(BaseModel):
     keep_checkpoints: int = Field(
         default=2, ge=1, le=100, description="newest checkpoints kept in RUN_DIR/checkpoints"
     )
+    resume_from: int | None = Field(
+        default=None,
+        ge=1,
+        le=2**62,
+        description="id of an earlier job whose latest checkpoint this job starts from",
+    )
     max_restarts: int = Field(
-        default=0, ge=0, le=100,
+        default=0,
+        ge=0,
+        le=100,
         description="group restarts from the last checkpoint after a rank fails mid-training",
     )
     max_runtime_s: float | None = Field(
-        default=None, gt=0, le=30 * 86400, allow_inf_nan=False,
+        default=None,
+        gt=0,
+        le=30 * 86400,
+        allow_inf_nan=False,
         description="wall-clock limit for the whole job; the job fails with 'deadline exceeded'",
     )
     heartbeat_timeout_s: float | None = Field(
-        default=600, gt=0, le=86400, allow_inf_nan=False,
+        default=600,
+        gt=0,
+        le=86400,
+        allow_inf_nan=False,
         description="a rank with no training progress for this long fails the attempt; null = off",
     )
 

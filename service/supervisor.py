@@ -58,8 +58,12 @@ def place(spec: JobSpec, inventory: Inventory, taken: set[str]) -> Placement | N
     return Placement(chosen, "cpu", "gloo", [])
 
 
-class CapacityError(Exception):
-    """The job asks for more than this host has; it could never run here."""
+class SubmitRejected(Exception):
+    """A spec that is valid on its own but cannot be accepted here (``kind`` says why)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 def check_capacity(spec: JobSpec, inventory: Inventory) -> None:
@@ -67,8 +71,8 @@ def check_capacity(spec: JobSpec, inventory: Inventory) -> None:
     have = len(inventory.gpus) if wants_gpu else inventory.cpu_slots
     unit = "GPUs" if wants_gpu else "CPU slots"
     if spec.nproc_per_node > have:
-        raise CapacityError(
-            f"nproc_per_node: needs {spec.nproc_per_node} {unit}; this host has {have}"
+        raise SubmitRejected(
+            "unschedulable", f"nproc_per_node: needs {spec.nproc_per_node} {unit}; this host has {have}"
         )
 
 
@@ -88,9 +92,11 @@ class Supervisor:
 
     # --- called by routes -------------------------------------------------------------------
     def submit(self, spec: JobSpec) -> Job:
-        """Store a queued job; raises ``CapacityError`` if it can never fit this host."""
+        """Store a queued job; raises ``SubmitRejected`` (never fits this host, bad reference)."""
         check_capacity(spec, self.inventory)
         with self.session_factory() as session:
+            if spec.resume_from is not None and repo.get_job(session, spec.resume_from) is None:
+                raise SubmitRejected("invalid_request", f"resume_from: job {spec.resume_from} not found")
             job = repo.create_job(session, spec)
             session.commit()
         self._wake.set()
@@ -271,6 +277,9 @@ class Supervisor:
             "OMP_NUM_THREADS": str(threads),
             "PYTHONUNBUFFERED": "1",
         }
+        if spec.resume_from is not None:
+            source = RunDir.for_job(self.settings.runs_dir, spec.resume_from)
+            env["TORCHYARD_RESUME_DIR"] = str(source.root / "checkpoints")
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in placement.gpu_indices)
         return env
 

@@ -41,6 +41,7 @@ def api(tmp_path: Path) -> Iterator[TestClient]:
 @dataclass
 class LiveServer:
     url: str
+    port: int
     home: Path
     proc: subprocess.Popen[bytes]
     log: Path
@@ -66,8 +67,8 @@ class LiveServer:
                 time.sleep(0.2)
 
 
-def _start_server(home: Path, extra_env: dict[str, str]) -> LiveServer:
-    port = free_port()
+def _start_server(home: Path, extra_env: dict[str, str], port: int | None = None) -> LiveServer:
+    port = port or free_port()
     env = {
         **os.environ,
         "TORCHYARD_HOME": str(home),
@@ -79,7 +80,7 @@ def _start_server(home: Path, extra_env: dict[str, str]) -> LiveServer:
         **extra_env,
     }
     home.mkdir(parents=True, exist_ok=True)
-    log = home / "server.log"
+    log = home / f"server-{time.time_ns()}.log"
     proc = subprocess.Popen(
         [sys.executable, "-m", "service", "serve"],
         env=env, cwd=REPO_ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT,
@@ -96,7 +97,7 @@ def _start_server(home: Path, extra_env: dict[str, str]) -> LiveServer:
             pass
         assert time.monotonic() < deadline, "server did not answer in 30 s"
         time.sleep(0.1)
-    return LiveServer(url=url, home=home, proc=proc, log=log)
+    return LiveServer(url=url, port=port, home=home, proc=proc, log=log)
 
 
 def _stop_server(server: LiveServer) -> None:
@@ -113,8 +114,10 @@ def _stop_server(server: LiveServer) -> None:
 def live_server_factory(tmp_path: Path) -> Iterator[Callable[..., LiveServer]]:
     started: list[LiveServer] = []
 
-    def start(**extra_env: str) -> LiveServer:
-        server = _start_server(tmp_path / f"home{len(started)}", extra_env)
+    def start(_home: Path | None = None, _port: int | None = None, **extra_env: str) -> LiveServer:
+        """A new server; pass ``_home`` and ``_port`` of an old one to restart it in place."""
+        home = _home or tmp_path / f"home{len(started)}"
+        server = _start_server(home, extra_env, _port)
         started.append(server)
         return server
 

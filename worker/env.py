@@ -71,6 +71,7 @@ class WorkerEnv:
     job_token: str | None = None
     run_dir: Path | None = None
     attempt: int = 1
+    resume_dir: Path | None = None  # TORCHYARD_RESUME_DIR: checkpoints of the job named by resume_from
     device: str | None = None
     backend: str | None = None
     test_fail_rank: int | None = None
@@ -92,6 +93,7 @@ class WorkerEnv:
             job_token=_str(environ, "TORCHYARD_JOB_TOKEN"),
             run_dir=Path(run_dir) if run_dir else None,
             attempt=_int(environ, "TORCHYARD_ATTEMPT", 1) or 1,
+            resume_dir=Path(p) if (p := _str(environ, "TORCHYARD_RESUME_DIR")) else None,
             device=_choice(environ, "TORCHYARD_DEVICE", ("cpu", "cuda")),
             backend=_choice(environ, "TORCHYARD_BACKEND", ("gloo", "nccl")),
             test_fail_rank=_int(environ, "TORCHYARD_TEST_FAIL_RANK", None),

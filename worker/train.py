@@ -15,12 +15,25 @@ Records per rank per epoch (epoch numbers start at 1, ``step`` is null):
 * ``test_accuracy`` – fraction correct on the *full* test split, evaluated by every rank
   independently (no collective, so it cannot hang; ranks agree since DDP keeps the
   weights in sync, up to per-rank BatchNorm statistics).
+
+Checkpoints (``RUN_DIR/checkpoints``, see :mod:`worker.checkpoint`): rank 0 saves after epoch
+``e`` when ``e % checkpoint_every == 0`` or ``e`` is the last epoch (never when
+``checkpoint_every`` is 0): the unwrapped model's and the optimizer's state, the epoch, and
+the torch (CPU, and CUDA when used) and ``random`` RNG states. On start every rank loads
+the newest readable checkpoint (all ranks are on one host and read the same file, so no
+collective is needed) and continues at its epoch + 1; the sampler is seeded from
+``spec.seed`` and ``set_epoch(e)`` per epoch, so a resumed run reproduces the uninterrupted
+run's shuffles and RNG draws. A resuming rank reports ``resumed_from_epoch`` (value: the
+checkpoint's epoch; ``epoch``: the first epoch it trains). A checkpoint at or past
+``spec.epochs`` means there is nothing left to train: the rank reports nothing and exits 0.
+The RNG states are rank 0's; every rank seeds identically, so they are the same on all.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import random
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -34,8 +47,10 @@ from torch.utils.data import DistributedSampler, TensorDataset
 
 from service.spec import JobSpec, OptimizerName
 from worker import default_reporter
+from worker.checkpoint import load_latest, save_checkpoint
 from worker.datasets import Splits, load_dataset
 from worker.env import WorkerEnv
+from worker.heartbeat import Heartbeat
 from worker.models import build_model
 
 log = logging.getLogger(__name__)
@@ -63,7 +78,13 @@ def main(argv: list[str] | None = None) -> None:
 
     use_cuda = env.device == "cuda" if env.device else torch.cuda.is_available()
     backend = env.backend or ("nccl" if use_cuda else "gloo")
-    dist.init_process_group(backend, timeout=PG_TIMEOUT)
+    # A collective stuck past the heartbeat timeout raises instead of hanging forever.
+    timeout = (
+        timedelta(seconds=max(spec.heartbeat_timeout_s * 2, 60))
+        if spec.heartbeat_timeout_s is not None
+        else PG_TIMEOUT
+    )
+    dist.init_process_group(backend, timeout=timeout)
     try:
         _run(spec, env, run_dir, use_cuda)
     finally:
@@ -100,13 +121,19 @@ def _run(spec: JobSpec, env: WorkerEnv, run_dir: Path, use_cuda: bool) -> None:
     )
     reporter = default_reporter()
 
-    ready = run_dir / "attempts" / str(env.attempt) / f"ready-rank-{env.rank}"
-    ready.parent.mkdir(parents=True, exist_ok=True)
-    ready.touch()
+    heartbeat = Heartbeat(run_dir / "attempts" / str(env.attempt) / f"ready-rank-{env.rank}")
 
-    start_epoch = 1  # a future maybe_resume() returns the epoch after the last checkpoint
+    checkpoint_dir = run_dir / "checkpoints"
+    # Our own checkpoints first (a restarted attempt); else the resume_from job's, if any.
+    resumed_from = None
+    for directory in (checkpoint_dir, env.resume_dir):
+        if directory is not None and resumed_from is None:
+            resumed_from = _maybe_resume(directory, model, optimizer, device if use_cuda else None)
+    start_epoch = 1 if resumed_from is None else resumed_from + 1
     loss_fn = nn.CrossEntropyLoss()
     try:
+        if resumed_from is not None and start_epoch <= spec.epochs:
+            reporter.report(epoch=start_epoch, resumed_from_epoch=resumed_from)
         for epoch in range(start_epoch, spec.epochs + 1):
             if epoch == 1 and env.test_fail_rank == env.rank:
                 raise RuntimeError(f"test hook: rank {env.rank} failed")
@@ -114,14 +141,62 @@ def _run(spec: JobSpec, env: WorkerEnv, run_dir: Path, use_cuda: bool) -> None:
                 time.sleep(env.test_epoch_sleep_s)
             sampler.set_epoch(epoch)
             metrics = _train_epoch(
-                ddp, optimizer, loss_fn, sampler, train_x, train_y, spec.batch_size, device
+                ddp, optimizer, loss_fn, sampler, train_x, train_y, spec.batch_size, device,
+                heartbeat,
             )
             if test is not None:
                 metrics["test_accuracy"] = _accuracy(model, *test)
             reporter.report(epoch=epoch, **metrics)
-            # a future save_checkpoint(epoch) slots in here
+            if env.rank == 0 and _checkpoint_due(spec, epoch):
+                save_checkpoint(
+                    checkpoint_dir,
+                    epoch,
+                    _checkpoint_state(model, optimizer, device if use_cuda else None),
+                    keep=spec.keep_checkpoints,
+                )
     finally:
         reporter.close(timeout_s=10.0)
+
+
+def _checkpoint_due(spec: JobSpec, epoch: int) -> bool:
+    every = spec.checkpoint_every
+    return every > 0 and (epoch % every == 0 or epoch == spec.epochs)
+
+
+def _checkpoint_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, cuda_device: torch.device | None
+) -> dict[str, object]:
+    """What a resume needs besides the epoch (added by ``save_checkpoint``)."""
+    state: dict[str, object] = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "torch_rng": torch.get_rng_state(),
+        "python_rng": random.getstate(),
+    }
+    if cuda_device is not None:
+        state["cuda_rng"] = torch.cuda.get_rng_state(cuda_device)
+    return state
+
+
+def _maybe_resume(
+    directory: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    cuda_device: torch.device | None,
+) -> int | None:
+    """Load the newest checkpoint into model/optimizer/RNGs; its epoch, or None if none."""
+    state = load_latest(directory)
+    if state is None:
+        return None
+    model.load_state_dict(state["model"])  # in place, so the DDP wrapper sees it
+    optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["torch_rng"])
+    random.setstate(state["python_rng"])
+    if cuda_device is not None and state.get("cuda_rng") is not None:
+        torch.cuda.set_rng_state(state["cuda_rng"], cuda_device)
+    epoch = int(state["epoch"])
+    log.info("resumed from the checkpoint of epoch %d in %s", epoch, directory)
+    return epoch
 
 
 def _load_data(spec: JobSpec, env: WorkerEnv, run_dir: Path) -> Splits:
@@ -154,6 +229,7 @@ def _train_epoch(
     y: torch.Tensor,
     batch_size: int,
     device: torch.device,
+    heartbeat: Heartbeat,
 ) -> dict[str, float]:
     """One pass over this rank's shard; returns loss/samples/seconds/samples_per_s."""
     model.train()
@@ -170,6 +246,7 @@ def _train_epoch(
         optimizer.step()
         loss_sum += loss.detach()
         batches += 1
+        heartbeat.beat()
     mean_loss = loss_sum.item() / max(batches, 1)
     seconds = time.perf_counter() - started
     samples = len(indices)

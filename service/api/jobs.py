@@ -12,7 +12,7 @@ from service.api.errors import ApiError
 from service.schemas import AttemptRead, JobList, JobRead, MetricRead, MetricsPage
 from service.spec import JobSpec
 from service.state import JobState
-from service.supervisor import CapacityError
+from service.supervisor import SubmitRejected
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 METRICS_PAGE_DEFAULT = 1000
@@ -30,8 +30,8 @@ def _job_or_404(session: SessionDep, job_id: int):  # type: ignore[no-untyped-de
 def submit_job(spec: JobSpec, response: Response, supervisor: SupervisorDep) -> JobRead:
     try:
         job = supervisor.submit(spec)
-    except CapacityError as exc:
-        raise ApiError(422, "unschedulable", str(exc)) from exc
+    except SubmitRejected as exc:
+        raise ApiError(422, exc.kind, str(exc)) from exc
     response.headers["Location"] = f"/jobs/{job.id}"
     return JobRead.from_row(job)
 

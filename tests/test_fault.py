@@ -1,0 +1,181 @@
+"""Fault tolerance with real processes and real signals: dying ranks, a dying server, hangs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import Counter
+
+import httpx
+import psutil
+
+from tests.conftest import LiveServer
+
+
+def _rank_pids(shim_pid: int) -> dict[int, int]:
+    """rank → pid, from the shim's descendants' environment."""
+    found = {}
+    for proc in psutil.Process(shim_pid).children(recursive=True):
+        try:
+            if "worker" in proc.cmdline() and "RANK" in proc.environ():
+                found[int(proc.environ()["RANK"])] = proc.pid
+        except psutil.Error:
+            continue
+    return found
+
+
+def _records(server: LiveServer, job_id: int) -> list[dict]:
+    items, after = [], 0
+    with server.client() as c:
+        while page := c.get(f"/jobs/{job_id}/metrics", params={"after": after}).json()["items"]:
+            items += page
+            after = page[-1]["seq"]
+    return items
+
+
+def _wait_records(server: LiveServer, job_id: int, pred, timeout_s: float = 90) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not pred(_records(server, job_id)):
+        assert time.monotonic() < deadline, "records did not arrive"
+        time.sleep(0.3)
+
+
+def _no_duplicates(items: list[dict]) -> None:
+    keys = Counter((i["attempt"], i["rank"], i["epoch"], i["step"], i["name"]) for i in items)
+    assert max(keys.values()) == 1
+
+
+def _assert_gone(pids: list[int]) -> None:
+    deadline = time.monotonic() + 15
+    for pid in pids:
+        while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, f"pid {pid} survived"
+            time.sleep(0.1)
+
+
+def test_sigkill_one_rank_restarts_from_checkpoint(live_server_factory) -> None:  # type: ignore[no-untyped-def]
+    server = live_server_factory(TORCHYARD_TEST_EPOCH_SLEEP_S="0.7")
+    spec = {"dataset": "synthetic", "epochs": 6, "nproc_per_node": 2, "max_restarts": 1}
+    with server.client() as c:
+        job_id = c.post("/jobs", json=spec).json()["id"]
+    job = server.wait_for(job_id, {"running"})
+    _wait_records(server, job_id, lambda rs: sum(r["name"] == "loss" for r in rs) >= 4)
+    os.kill(_rank_pids(job["pid"])[1], signal.SIGKILL)
+
+    job = server.wait_for(job_id, {"succeeded"}, timeout_s=120)
+    assert [a["number"] for a in job["attempts"]] == [1, 2]
+    assert job["attempts"][0]["exit_code"] != 0 and job["attempts"][1]["exit_code"] == 0
+    items = _records(server, job_id)
+    _no_duplicates(items)
+    resumed = {i["rank"]: i["value"] for i in items
+               if i["attempt"] == 2 and i["name"] == "resumed_from_epoch"}
+    assert set(resumed) == {0, 1} and resumed[0] == resumed[1] >= 2, resumed
+    start = int(resumed[0])
+    final = {(i["rank"], i["epoch"]) for i in items if i["attempt"] == 2 and i["name"] == "loss"}
+    assert final == {(r, e) for r in (0, 1) for e in range(start + 1, 7)}
+
+
+def test_server_sigkill_and_restart_keeps_job_and_every_record(live_server_factory) -> None:  # type: ignore[no-untyped-def]
+    server = live_server_factory(TORCHYARD_TEST_EPOCH_SLEEP_S="0.5")
+    with server.client() as c:
+        job_id = c.post("/jobs", json={"dataset": "synthetic", "epochs": 8,
+                                       "nproc_per_node": 2}).json()["id"]
+    job = server.wait_for(job_id, {"running"})
+    _wait_records(server, job_id, lambda rs: any(r["name"] == "loss" for r in rs))
+    server.proc.send_signal(signal.SIGKILL)
+    server.proc.wait()
+    time.sleep(2)
+    assert psutil.pid_exists(job["pid"]), "the job died with the server"
+
+    again = live_server_factory(server.home, server.port, TORCHYARD_TEST_EPOCH_SLEEP_S="0.5")
+    job = again.wait_for(job_id, {"succeeded"}, timeout_s=120)
+    items = _records(again, job_id)
+    _no_duplicates(items)
+    losses = {(i["rank"], i["epoch"]) for i in items if i["name"] == "loss"}
+    assert losses == {(r, e) for r in (0, 1) for e in range(1, 9)}
+    assert len(items) == len({(i["rank"], i["epoch"], i["name"]) for i in items})
+
+
+def test_server_down_for_the_end_of_a_job(live_server_factory) -> None:  # type: ignore[no-untyped-def]
+    server = live_server_factory(TORCHYARD_TEST_EPOCH_SLEEP_S="0.3")
+    with server.client() as c:
+        job_id = c.post("/jobs", json={"dataset": "synthetic", "epochs": 6,
+                                       "nproc_per_node": 2}).json()["id"]
+    job = server.wait_for(job_id, {"running"})
+    server.proc.send_signal(signal.SIGKILL)
+    server.proc.wait()
+    exit_file = server.home / "runs" / str(job_id) / "exit.json"
+    deadline = time.monotonic() + 120
+    while not exit_file.exists():
+        assert time.monotonic() < deadline, "job did not finish while the server was down"
+        time.sleep(0.3)
+    _assert_gone([job["pid"]])
+
+    again = live_server_factory(server.home, server.port)
+    job = again.wait_for(job_id, {"succeeded"}, timeout_s=30)
+    assert job["exit_code"] == 0
+    items = _records(again, job_id)
+    _no_duplicates(items)
+    losses = {(i["rank"], i["epoch"]) for i in items if i["name"] == "loss"}
+    assert losses == {(r, e) for r in (0, 1) for e in range(1, 7)}
+
+
+def test_hung_rank_fails_with_progress_reason(live_server_factory) -> None:  # type: ignore[no-untyped-def]
+    server = live_server_factory(TORCHYARD_TEST_EPOCH_SLEEP_S="120")
+    spec = {"dataset": "synthetic", "epochs": 2, "nproc_per_node": 2, "heartbeat_timeout_s": 3,
+            "max_restarts": 0}
+    with server.client() as c:
+        job_id = c.post("/jobs", json=spec).json()["id"]
+    job = server.wait_for(job_id, {"running"})
+    ranks = list(_rank_pids(job["pid"]).values())
+    job = server.wait_for(job_id, {"failed"}, timeout_s=60)
+    assert "made no progress for 3 s" in job["reason"], job["reason"]
+    _assert_gone([job["pid"], *ranks])
+
+
+def test_deadline_fails_the_job(live_server_factory) -> None:  # type: ignore[no-untyped-def]
+    server = live_server_factory(TORCHYARD_TEST_EPOCH_SLEEP_S="1")
+    spec = {"dataset": "synthetic", "epochs": 100, "nproc_per_node": 1, "max_runtime_s": 4,
+            "max_restarts": 3}
+    with server.client() as c:
+        job_id = c.post("/jobs", json=spec).json()["id"]
+    job = server.wait_for(job_id, {"failed"}, timeout_s=60)
+    assert job["reason"] == "deadline exceeded" and len(job["attempts"]) == 1
+
+
+def test_startup_failure_is_not_retried(live_server: LiveServer, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    spec = {"dataset": "mnist", "dataset_root": str(tmp_path / "nothing"), "nproc_per_node": 2,
+            "max_restarts": 3}
+    with live_server.client() as c:
+        job_id = c.post("/jobs", json=spec).json()["id"]
+    job = live_server.wait_for(job_id, {"failed"})
+    assert len(job["attempts"]) == 1 and job["attempts"][0]["startup_failure"] is True
+    assert job["reason"].startswith("start-up failure (not retried)")
+
+
+def test_exhausted_restarts_fail_with_last_reason(live_server_factory) -> None:  # type: ignore[no-untyped-def]
+    server = live_server_factory(TORCHYARD_TEST_FAIL_RANK="1")
+    spec = {"dataset": "synthetic", "epochs": 2, "nproc_per_node": 2, "max_restarts": 1}
+    with server.client() as c:
+        job_id = c.post("/jobs", json=spec).json()["id"]
+    job = server.wait_for(job_id, {"failed"})
+    assert [a["number"] for a in job["attempts"]] == [1, 2]
+    assert "rank 1" in job["reason"] and job["reason"] == job["attempts"][-1]["reason"]
+    with httpx.Client(base_url=server.url) as c:
+        assert len(c.get(f"/jobs/{job_id}/attempts").json()) == 2
+
+
+def test_new_job_starts_from_an_earlier_jobs_checkpoint(live_server: LiveServer) -> None:
+    with live_server.client() as c:
+        first = c.post("/jobs", json={"dataset": "synthetic", "epochs": 3,
+                                      "nproc_per_node": 2}).json()["id"]
+        live_server.wait_for(first, {"succeeded"})
+        assert c.post("/jobs", json={"resume_from": 9999}).status_code == 422
+        second = c.post("/jobs", json={"dataset": "synthetic", "epochs": 5, "nproc_per_node": 2,
+                                       "resume_from": first}).json()["id"]
+        live_server.wait_for(second, {"succeeded"})
+    items = _records(live_server, second)
+    resumed = {i["rank"]: i["value"] for i in items if i["name"] == "resumed_from_epoch"}
+    assert resumed == {0: 3, 1: 3}
+    assert {i["epoch"] for i in items if i["name"] == "loss"} == {4, 5}
