@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 from pathlib import Path
 
@@ -37,6 +38,21 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     except OSError:
         return ""
     return "\n".join(text.strip().splitlines()[-lines:])
+
+
+# torchrun's failure summary: "rank      : 1 (local_rank: 1)" then "exitcode  : -9 (pid: ...)".
+_SUMMARY_RANK = re.compile(
+    r"^\s*rank\s*:\s*(\d+)\s*\(local_rank.*\n\s*exitcode\s*:\s*(-?\d+)", re.MULTILINE
+)
+
+
+def failed_rank_exit_codes(torchrun_log: Path) -> dict[int, int]:
+    """Ranks torchrun reported as failed in this attempt's log, with their exit codes."""
+    try:
+        text = torchrun_log.read_text(errors="replace")
+    except OSError:
+        return {}
+    return {int(rank): int(code) for rank, code in _SUMMARY_RANK.findall(text)}
 
 
 def describe_exit(exit_code: int, logs_dir: Path, launcher_log: Path) -> str:

@@ -175,7 +175,7 @@ class LocalTorchrunLauncher:
     def start(self, req: LaunchRequest, *, new_session: bool = True) -> ProcessGroupHandle:
         """Start torchrun; ``new_session=False`` keeps it in the caller's group (the shim's)."""
         env = {**os.environ, **req.env}
-        with open(req.run_dir / "torchrun.log", "ab") as log:
+        with open(req.logs_dir / "torchrun.log", "ab") as log:
             popen = subprocess.Popen(
                 build_command(req),
                 cwd=req.run_dir,

@@ -23,10 +23,6 @@ class RunDir:
         return self.root / "logs"
 
     @property
-    def launcher_log(self) -> Path:
-        return self.root / "torchrun.log"
-
-    @property
     def error_file(self) -> Path:
         """TORCHELASTIC_ERROR_FILE: the first failing rank's exception, written by ``@record``."""
         return self.root / "error.json"

@@ -25,6 +25,10 @@ class AttemptRead(BaseModel):
     started_at: float
     ended_at: float | None
     exit_code: int | None
+    rank_exit_codes: dict[str, int] = Field(
+        default_factory=dict,
+        description="rank → exit code, as torchrun reported them (a rank it stopped: -15)",
+    )
     reason: str | None
     startup_failure: bool | None
 

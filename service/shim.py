@@ -5,7 +5,8 @@ The shim runs attempts (torchrun with ``--max-restarts=0``), restarts the group 
 failure up to ``max_restarts`` (never after a start-up failure: a failure before every rank wrote
 its ready marker), enforces ``max_runtime_s`` and ``heartbeat_timeout_s``, and writes:
 
-* ``attempts/<n>.json`` — number, started_at, ended_at, exit_code, reason, startup_failure;
+* ``attempts/<n>.json`` — number, started_at, ended_at, exit_code, rank_exit_codes (per rank,
+  as torchrun's failure summary gives them; all 0 on success), reason, startup_failure;
 * ``exit.json`` — the job's outcome: state (succeeded|failed|cancelled), exit_code, reason.
 
 Input: ``RUN_DIR/launch.json`` (see ``ShimConfig``) and the rank environment in its own
@@ -23,7 +24,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from service.failure import describe_exit
+from service.failure import describe_exit, failed_rank_exit_codes
 from service.launcher import LaunchRequest, LocalTorchrunLauncher
 from service.rundir import RunDir
 from service.socketport import free_port
@@ -73,12 +74,23 @@ class Shim:
         logs.mkdir(parents=True, exist_ok=True)
         env = {"TORCHYARD_ATTEMPT": str(number)}
         req = LaunchRequest(
-            job_id=self.config.job_id, python=self.config.python,
-            nproc_per_node=self.config.nproc_per_node, master_port=free_port(),
-            run_dir=self.run.root, spec_file=self.run.spec_file, logs_dir=logs, env=env,
+            job_id=self.config.job_id,
+            python=self.config.python,
+            nproc_per_node=self.config.nproc_per_node,
+            master_port=free_port(),
+            run_dir=self.run.root,
+            spec_file=self.run.spec_file,
+            logs_dir=logs,
+            env=env,
         )
-        record = {"number": number, "started_at": time.time(), "ended_at": None,
-                  "exit_code": None, "reason": None, "startup_failure": None}
+        record = {
+            "number": number,
+            "started_at": time.time(),
+            "ended_at": None,
+            "exit_code": None,
+            "reason": None,
+            "startup_failure": None,
+        }
         _write_json(self.run.attempt_file(number), record)
         handle = LocalTorchrunLauncher().start(req, new_session=False)
         forced_reason: str | None = None
@@ -98,9 +110,20 @@ class Shim:
         elif code == 0:
             reason = None
         else:
-            reason = describe_exit(code, logs, self.run.launcher_log)
-        record.update(ended_at=time.time(), exit_code=code, reason=reason,
-                      startup_failure=(code != 0 and not ready and forced_reason is None))
+            reason = describe_exit(code, logs, logs / "torchrun.log")
+        if code == 0:
+            rank_codes = {str(r): 0 for r in range(self.config.nproc_per_node)}
+        else:
+            rank_codes = {
+                str(r): c for r, c in failed_rank_exit_codes(logs / "torchrun.log").items()
+            }
+        record.update(
+            ended_at=time.time(),
+            exit_code=code,
+            reason=reason,
+            rank_exit_codes=rank_codes,
+            startup_failure=(code != 0 and not ready and forced_reason is None),
+        )
         _write_json(self.run.attempt_file(number), record)
         return code, reason, bool(record["startup_failure"])
 

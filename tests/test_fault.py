@@ -66,6 +66,9 @@ def test_sigkill_one_rank_restarts_from_checkpoint(live_server_factory) -> None:
     job = server.wait_for(job_id, {"succeeded"}, timeout_s=120)
     assert [a["number"] for a in job["attempts"]] == [1, 2]
     assert job["attempts"][0]["exit_code"] != 0 and job["attempts"][1]["exit_code"] == 0
+    codes = job["attempts"][0]["rank_exit_codes"]
+    assert codes["1"] == -signal.SIGKILL and codes.get("0", -signal.SIGTERM) != 0, codes
+    assert job["attempts"][1]["rank_exit_codes"] == {"0": 0, "1": 0}
     items = _records(server, job_id)
     _no_duplicates(items)
     resumed = {i["rank"]: i["value"] for i in items
