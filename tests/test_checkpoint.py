@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -85,9 +86,21 @@ def _torchrun(run_dir: Path, spec: JobSpec) -> None:
         "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
         "-m", "worker", "--spec", str(run_dir / "spec.json"),
     ]  # fmt: skip
-    proc = subprocess.run(
-        cmd, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=180
-    )
+    # torch's gloo/TCPStore very rarely aborts a rank natively ("terminate called without an
+    # active exception", then SIGSEGV) on this 2-core box. That is not what this test is about,
+    # so on such a crash the run dir is restored to its state before the run and it runs once more.
+    before = run_dir.with_name(run_dir.name + ".before")
+    shutil.rmtree(before, ignore_errors=True)
+    shutil.copytree(run_dir, before)
+    for try_number in (1, 2):
+        proc = subprocess.run(
+            cmd, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=180
+        )
+        native_crash = "(SIGSEGV)" in proc.stderr or "(SIGABRT)" in proc.stderr
+        if proc.returncode == 0 or not native_crash or try_number == 2:
+            break
+        shutil.rmtree(run_dir)
+        shutil.copytree(before, run_dir)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
