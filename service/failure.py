@@ -12,18 +12,20 @@ LOG_TAIL_LINES = 20
 
 def _first_rank_error(run_logs: Path) -> str | None:
     """torchrun writes each failed rank's ``@record`` error file under its log dir."""
-    best: tuple[float, str] | None = None
+    best: tuple[int, str] | None = None
     for path in run_logs.glob("**/error.json"):
         try:
             data = json.loads(path.read_text())
+            ts = path.stat().st_mtime_ns
         except (OSError, ValueError):
             continue
         message = data.get("message")
         if isinstance(message, dict):
-            ts = float(message.get("extraInfo", {}).get("timestamp", 0) or 0)
             text = str(message.get("message", "")).strip()
         else:
-            ts, text = 0.0, str(message or "").strip()
+            text = str(message or "").strip()
+        # Ordered by the file's mtime, not the recorded timestamp: that one has whole seconds,
+        # and the peers of a failed rank fail within the same second ("Connection closed").
         rank = path.parent.name
         line = text.splitlines()[-1] if text else "unknown error"
         entry = f"rank {rank} failed: {line}"
