@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +11,7 @@ import torch
 from pydantic import ValidationError
 
 from service.spec import DatasetName, JobSpec, OptimizerName
-from tests.test_worker_unit import REPO, _free_port
+from tests.test_worker_unit import run_worker_group
 from worker.checkpoint import checkpoint_name, list_checkpoints, load_latest, save_checkpoint
 
 
@@ -71,39 +67,6 @@ def test_spec_bounds() -> None:
             JobSpec(**bad)
 
 
-def _torchrun(run_dir: Path, spec: JobSpec) -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "spec.json").write_text(spec.model_dump_json())
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHYARD_")} | {
-        "OMP_NUM_THREADS": "1",
-        "TORCHYARD_DEVICE": "cpu",
-        "TORCHYARD_BACKEND": "gloo",
-        "TORCHYARD_RUN_DIR": str(run_dir),
-        "PYTHONPATH": str(REPO),
-    }
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-        "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
-        "-m", "worker", "--spec", str(run_dir / "spec.json"),
-    ]  # fmt: skip
-    # torch's gloo/TCPStore very rarely aborts a rank natively ("terminate called without an
-    # active exception", then SIGSEGV) on this 2-core box. That is not what this test is about,
-    # so on such a crash the run dir is restored to its state before the run and it runs once more.
-    before = run_dir.with_name(run_dir.name + ".before")
-    shutil.rmtree(before, ignore_errors=True)
-    shutil.copytree(run_dir, before)
-    for try_number in (1, 2):
-        proc = subprocess.run(
-            cmd, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=180
-        )
-        native_crash = "(SIGSEGV)" in proc.stderr or "(SIGABRT)" in proc.stderr
-        if proc.returncode == 0 or not native_crash or try_number == 2:
-            break
-        shutil.rmtree(run_dir)
-        shutil.copytree(before, run_dir)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-
-
 def _spool(run_dir: Path, rank: int) -> list[dict[str, Any]]:
     path = run_dir / "spool" / f"rank-{rank}.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()]
@@ -116,13 +79,13 @@ def test_real_two_rank_resume_is_exact(tmp_path: Path) -> None:
         synthetic_samples=256, optimizer=OptimizerName.adam, lr=0.01, seed=3,
     )  # fmt: skip
     run = tmp_path / "run"
-    _torchrun(run, spec)
+    run_worker_group(run, spec)
     files = list_checkpoints(run / "checkpoints")
     assert len(files) == spec.keep_checkpoints
     assert [e for e, _ in files] == [2, 3]
     before = {rank: len(_spool(run, rank)) for rank in (0, 1)}
 
-    _torchrun(run, spec.model_copy(update={"epochs": 5}))
+    run_worker_group(run, spec.model_copy(update={"epochs": 5}))
     assert [e for e, _ in list_checkpoints(run / "checkpoints")] == [4, 5]
     resumed: dict[int, dict[int, float]] = {}
     for rank in (0, 1):
@@ -133,7 +96,7 @@ def test_real_two_rank_resume_is_exact(tmp_path: Path) -> None:
         resumed[rank] = {r["epoch"]: r["value"] for r in new if r["name"] == "loss"}
 
     straight = tmp_path / "straight"
-    _torchrun(straight, spec.model_copy(update={"epochs": 5}))
+    run_worker_group(straight, spec.model_copy(update={"epochs": 5}))
     for rank in (0, 1):
         losses = {r["epoch"]: r["value"] for r in _spool(straight, rank) if r["name"] == "loss"}
         assert not any(r["name"] == "resumed_from_epoch" for r in _spool(straight, rank))
@@ -144,6 +107,6 @@ def test_real_two_rank_resume_is_exact(tmp_path: Path) -> None:
 
     # Nothing left to train: exits 0, trains and reports nothing more.
     lines = {rank: len(_spool(run, rank)) for rank in (0, 1)}
-    _torchrun(run, spec.model_copy(update={"epochs": 4}))
+    run_worker_group(run, spec.model_copy(update={"epochs": 4}))
     assert all(len(_spool(run, rank)) == lines[rank] for rank in (0, 1))
     assert [e for e, _ in list_checkpoints(run / "checkpoints")] == [4, 5]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -119,27 +120,45 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def test_real_two_rank_run(tmp_path: Path) -> None:
-    spec = JobSpec(
-        name="t", dataset=DatasetName.synthetic, epochs=2, batch_size=32, synthetic_samples=256
-    )
-    (tmp_path / "spec.json").write_text(spec.model_dump_json())
+def run_worker_group(run_dir: Path, spec: JobSpec) -> None:
+    """Run ``spec`` as a plain 2-rank torchrun group on CPU/gloo in ``run_dir`` (no API)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "spec.json").write_text(spec.model_dump_json())
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHYARD_")} | {
         "OMP_NUM_THREADS": "1",
         "TORCHYARD_DEVICE": "cpu",
         "TORCHYARD_BACKEND": "gloo",
-        "TORCHYARD_RUN_DIR": str(tmp_path),
+        "TORCHYARD_RUN_DIR": str(run_dir),
         "PYTHONPATH": str(REPO),
     }
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
         "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
-        "-m", "worker", "--spec", str(tmp_path / "spec.json"),
+        "-m", "worker", "--spec", str(run_dir / "spec.json"),
     ]  # fmt: skip
-    proc = subprocess.run(
-        cmd, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=180
-    )
+    # torch's gloo/TCPStore very rarely aborts a rank natively ("terminate called without an
+    # active exception", then SIGSEGV) on this 2-core box. That is not what this test is about,
+    # so on such a crash the run dir is restored to its state before the run and it runs once more.
+    before = run_dir.with_name(run_dir.name + ".before")
+    shutil.rmtree(before, ignore_errors=True)
+    shutil.copytree(run_dir, before)
+    for try_number in (1, 2):
+        proc = subprocess.run(
+            cmd, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=180
+        )
+        native_crash = "(SIGSEGV)" in proc.stderr or "(SIGABRT)" in proc.stderr
+        if proc.returncode == 0 or not native_crash or try_number == 2:
+            break
+        shutil.rmtree(run_dir)
+        shutil.copytree(before, run_dir)
     assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def test_real_two_rank_run(tmp_path: Path) -> None:
+    spec = JobSpec(
+        name="t", dataset=DatasetName.synthetic, epochs=2, batch_size=32, synthetic_samples=256
+    )
+    run_worker_group(tmp_path, spec)
     for rank in (0, 1):
         assert (tmp_path / "attempts" / "1" / f"ready-rank-{rank}").exists()
         records = [
