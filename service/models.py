@@ -36,11 +36,16 @@ class Job(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(100))
     state: Mapped[str] = mapped_column(String(16), index=True)
+    # Copied out of the spec so the queue can be ordered by an index (state, priority, id).
+    priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Idempotency-Key of the POST that created the job; a repeated key returns this job.
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True)
     spec: Mapped[dict] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime)
     started_at: Mapped[datetime | None] = mapped_column(DateTime)
     running_at: Mapped[datetime | None] = mapped_column(DateTime)
     ended_at: Mapped[datetime | None] = mapped_column(DateTime)
+    first_metric_at: Mapped[datetime | None] = mapped_column(DateTime)
     exit_code: Mapped[int | None] = mapped_column(Integer)
     reason: Mapped[str | None] = mapped_column(Text)
     pid: Mapped[int | None] = mapped_column(Integer)
@@ -49,6 +54,22 @@ class Job(Base):
     token_hash: Mapped[str | None] = mapped_column(String(64))
     # Attempt records as the job's shim wrote them (see service.shim); [] before launch.
     attempts: Mapped[list | None] = mapped_column(JSON)
+
+
+Index("ix_jobs_queue", Job.state, Job.priority, Job.id)
+
+
+class JobLabel(Base):
+    """One row per user label, so ``?label=key=value`` is an indexed lookup."""
+
+    __tablename__ = "job_labels"
+    __table_args__ = (Index("ix_job_labels_key_value", "key", "value"),)
+
+    job_id: Mapped[int] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    key: Mapped[str] = mapped_column(String(63), primary_key=True)
+    value: Mapped[str] = mapped_column(String(200))
 
 
 class Allocation(Base):

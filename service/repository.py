@@ -12,7 +12,7 @@ from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from service.models import Allocation, Job, MetricRecord
+from service.models import Allocation, Job, JobLabel, MetricRecord
 from service.spec import JobSpec
 from service.state import ALLOWED_FROM, TERMINAL_STATES, JobState
 
@@ -35,14 +35,18 @@ class RecordIn:
     time: float
 
 
-def create_job(session: Session, spec: JobSpec) -> Job:
+def create_job(session: Session, spec: JobSpec, idempotency_key: str | None = None) -> Job:
     job = Job(
         name=spec.name,
         state=JobState.queued.value,
+        priority=spec.priority,
+        idempotency_key=idempotency_key,
         spec=spec.model_dump(mode="json"),
         created_at=utcnow(),
     )
     session.add(job)
+    session.flush()
+    session.add_all(JobLabel(job_id=job.id, key=k, value=v) for k, v in spec.labels.items())
     session.flush()
     return job
 

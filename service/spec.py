@@ -47,6 +47,13 @@ JobName = Annotated[
     str, StringConstraints(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 ]
 
+LabelKey = Annotated[
+    str, StringConstraints(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
+]
+LabelValue = Annotated[str, StringConstraints(max_length=200, pattern=r"^[^\x00-\x1f]*$")]
+PRIORITY_MIN, PRIORITY_MAX = -1000, 1000
+LABELS_MAX = 32
+
 TORCHVISION_DATASETS = {DatasetName.mnist, DatasetName.fashion_mnist, DatasetName.cifar10}
 
 
@@ -56,6 +63,17 @@ class JobSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", use_enum_values=False)
 
     name: JobName = "job"
+    priority: int = Field(
+        default=0,
+        ge=PRIORITY_MIN,
+        le=PRIORITY_MAX,
+        description="higher runs first; equal priorities run in submission order",
+    )
+    labels: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict,
+        max_length=LABELS_MAX,
+        description="free-form key → value tags; GET /jobs?label=key=value filters on them",
+    )
     model: ModelName = ModelName.mlp
     dataset: DatasetName = DatasetName.digits
     epochs: int = Field(default=5, ge=1, le=100_000)
