@@ -36,7 +36,7 @@ class AttemptRead(BaseModel):
 
 class JobRead(BaseModel):
     """A job. Phase times (UTC): ``created_at`` queued, ``started_at`` launched (resources
-    given, shim started), ``running_at`` every rank set up (rendezvous done), ``first_metric_at``
+    given, shim started), ``running_at`` rendezvous done and rank 0 set up, ``first_metric_at``
     the earliest reported record, ``ended_at`` terminal."""
 
     id: int
