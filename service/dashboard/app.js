@@ -236,6 +236,11 @@
     return typeof v === "number" ? v : null;  // "NaN"/"Infinity" are gaps in the line
   }
 
+  function span(s) {
+    const xs = s.mean.x;
+    return xs.length ? xs[xs.length - 1] - xs[0] : 0;
+  }
+
   function drawChart(el, noteEl, s) {
     const multiAttempt = s.attempts.length > 1;
     const traces = s.lines.map((line) => ({
@@ -258,7 +263,8 @@
     const layout = {
       uirevision: `${s.job_id}:${s.name}:${s.level}`,  // keep the user's zoom across updates
       margin: {l: 60, r: 20, t: 30, b: 45},
-      xaxis: {title: {text: s.level}},
+      // Whole epochs on the axis while there are few of them (no "epoch 1.5" ticks).
+      xaxis: {title: {text: s.level}, dtick: span(s) <= 12 ? 1 : undefined},
       yaxis: {title: {text: s.name}},
       legend: {orientation: "h", y: -0.2},
       shapes: restarts.map((a) => ({type: "line", xref: "x", yref: "paper", x0: a.first_x,
