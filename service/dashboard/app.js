@@ -286,8 +286,10 @@
     }
     const nonfinite = s.lines.filter((l) => l.y.some((v) => typeof v !== "number"));
     if (nonfinite.length) {
-      notes.push("Non-finite values (gaps): " +
-                 nonfinite.map((l) => `rank ${l.rank} attempt ${l.attempt}`).join(", ") + ".");
+      notes.push("Non-finite values (gaps in the line): " + nonfinite.map((l) => {
+        const i = l.y.findIndex((v) => typeof v !== "number");
+        return `rank ${l.rank} attempt ${l.attempt}: ${l.y[i]} at ${s.level} ${l.x[i]}`;
+      }).join("; ") + ".");
     }
     if (!s.lines.length) notes.push(`No "${s.name}" records yet.`);
     noteEl.textContent = notes.join(" ");
