@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from service import __version__
-from service.api import errors, jobs, records, resources
+from service.api import dashboard, errors, jobs, records, resources, series
 from service.db import make_engine, make_session_factory, upgrade
 from service.launcher import Launcher, LocalTorchrunLauncher
 from service.resources import make_inventory
@@ -51,6 +51,8 @@ def create_app(
     app.include_router(jobs.router)
     app.include_router(records.router)
     app.include_router(resources.router)
+    app.include_router(series.router)
+    app.include_router(dashboard.router)
 
     @app.get("/healthz", tags=["meta"])
     def healthz() -> dict[str, str]:
