@@ -31,7 +31,7 @@ def submit_job(spec: JobSpec, response: Response, supervisor: SupervisorDep) -> 
     try:
         job = supervisor.submit(spec)
     except SubmitRejected as exc:
-        raise ApiError(422, exc.kind, str(exc)) from exc
+        raise ApiError(exc.status, exc.kind, str(exc)) from exc
     response.headers["Location"] = f"/jobs/{job.id}"
     return JobRead.from_row(job)
 
