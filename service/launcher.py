@@ -28,13 +28,18 @@ class LaunchRequest:
     nproc_per_node: int
     master_port: int
     run_dir: Path
-    spec_file: Path
     logs_dir: Path
+    program: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
 
 
 def build_command(req: LaunchRequest) -> list[str]:
-    """The torchrun argv for a single-node group with static rendezvous on a free port."""
+    """The torchrun argv for a single-node group with static rendezvous on a free port.
+
+    ``req.program`` is what each rank runs, after torchrun's options: ``("-m", "worker",
+    "--spec", SPEC)`` for the built-in trainer, ``(SCRIPT, *args)`` or ``("-m", MODULE, *args)``
+    for a script job (see ``service.scriptpath``). An argv list, never a shell string.
+    """
     return [
         req.python,
         "-m",
@@ -48,10 +53,7 @@ def build_command(req: LaunchRequest) -> list[str]:
         "--redirects=3",
         "--tee=3",
         "--monitor-interval=0.2",
-        "-m",
-        "worker",
-        "--spec",
-        str(req.spec_file),
+        *req.program,
     ]
 
 

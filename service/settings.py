@@ -5,8 +5,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def split_dirs(value: str | None) -> list[str]:
+    """``'a:b,c'`` → ``['a', 'b', 'c']`` (os.pathsep or comma; blanks dropped)."""
+    if not value:
+        return []
+    return [p.strip() for p in value.replace(",", os.pathsep).split(os.pathsep) if p.strip()]
 
 
 class Settings(BaseSettings):
@@ -27,6 +34,27 @@ class Settings(BaseSettings):
     stop_grace_s: float = Field(default=10.0, ge=0, le=600)
     metrics_page_max: int = Field(default=10_000, ge=1)
     python_executable: str | None = Field(default=None, description="python that runs torchrun")
+    script_dirs: str | None = Field(
+        default=None,
+        description="directories script jobs may run from, separated by ':' (os.pathsep) or ','; "
+        "unset = script jobs disabled",
+    )
+
+    @field_validator("script_dirs")
+    @classmethod
+    def _script_dirs_exist(cls, value: str | None) -> str | None:
+        for part in split_dirs(value):
+            path = Path(part).resolve()
+            if not path.is_dir():
+                raise ValueError(f"TORCHYARD_SCRIPT_DIRS: {part!r} is not a directory")
+            if path == Path(path.anchor):
+                raise ValueError("TORCHYARD_SCRIPT_DIRS: the filesystem root is not allowed")
+        return value
+
+    @property
+    def script_dir_list(self) -> list[Path]:
+        """The resolved script directories, in order; empty = script jobs disabled."""
+        return [Path(part).resolve() for part in split_dirs(self.script_dirs)]
 
     @property
     def runs_dir(self) -> Path:
