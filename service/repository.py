@@ -55,6 +55,11 @@ def get_job(session: Session, job_id: int) -> Job | None:
     return session.get(Job, job_id)
 
 
+def job_id_for_token_hash(session: Session, token_hash: str) -> int | None:
+    """The job whose worker token hashes to ``token_hash`` (a digest, so equality is safe)."""
+    return session.scalar(select(Job.id).where(Job.token_hash == token_hash).limit(1))
+
+
 def list_jobs(
     session: Session, state: JobState | None, name: str | None, limit: int, before_id: int | None
 ) -> Sequence[Job]:

@@ -16,6 +16,7 @@ import psutil
 from sqlalchemy.orm import Session, sessionmaker
 
 from service import repository as repo
+from service.admission import admit
 from service.jobtoken import new_token
 from service.launcher import UNKNOWN_EXIT, GroupHandle, Launcher, ProcessGroupHandle
 from service.models import Job
@@ -93,6 +94,7 @@ class Supervisor:
     # --- called by routes -------------------------------------------------------------------
     def submit(self, spec: JobSpec) -> Job:
         """Store a queued job; raises ``SubmitRejected`` (never fits this host, bad reference)."""
+        spec = admit(spec, self.settings)  # 403 script jobs without tokens; 422 paths outside roots
         check_capacity(spec, self.inventory)
         with self.session_factory() as session:
             if spec.resume_from is not None and repo.get_job(session, spec.resume_from) is None:
