@@ -13,7 +13,9 @@ outside the configured roots). It never touches the filesystem beyond resolving 
 
 from __future__ import annotations
 
-from service.pathguard import confine
+from pydantic import ValidationError
+
+from service.pathguard import PathRefused, confine
 from service.settings import Settings
 from service.spec import JobSpec
 
@@ -34,8 +36,14 @@ def require_tokens_for_scripts(spec: JobSpec, settings: Settings) -> None:
 def confine_dataset_root(spec: JobSpec, settings: Settings) -> JobSpec:
     if spec.dataset_root is None:
         return spec
-    resolved = confine(spec.dataset_root, settings.data_roots, "dataset_root")
-    return spec.model_copy(update={"dataset_root": str(resolved)})
+    try:
+        resolved = confine(spec.dataset_root, settings.data_roots, "dataset_root")
+    except (OSError, RuntimeError) as exc:  # e.g. a name too long for the filesystem
+        raise PathRefused("dataset_root", f"cannot be resolved ({exc.strerror or exc})") from None
+    try:  # validated again: the resolved path must still satisfy the spec (e.g. its length)
+        return JobSpec.model_validate({**spec.model_dump(), "dataset_root": str(resolved)})
+    except ValidationError as exc:
+        raise PathRefused("dataset_root", exc.errors()[0]["msg"]) from None
 
 
 def admit(spec: JobSpec, settings: Settings) -> JobSpec:

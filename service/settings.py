@@ -60,7 +60,7 @@ class Settings(BaseSettings):
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="comma list of origins allowed by CORS; none by default"
     )
-    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, le=1024**3)
+    max_body_bytes: int = Field(default=1024 * 1024, ge=1024, le=1024**3)
     data_dirs: Annotated[list[Path], NoDecode] = Field(
         default_factory=list, description="comma list of roots for dataset_root; default HOME/data"
     )

@@ -6,7 +6,8 @@ Contract (README "Security"):
 * **Worker routes** (``POST /jobs/{id}/records``, ``POST /jobs/{id}/heartbeat``): only that job's
   own token, while the job is starting or running and for ``worker_token_grace_s`` after it
   ended (a rank's last batch may land just after the group exits; the spool is re-ingested at the
-  end anyway). Anything else there is 403, API tokens included: metrics come only from the ranks.
+  end anyway). No token is 401; any other token is 403, API tokens included: metrics come only
+  from the job's ranks.
 * **Everything else**, including routes and mounts added later (``/metrics``, ``/events``...):
   with API tokens configured, ``Authorization: Bearer <API token>``. No token or an unknown one is
   401 with ``WWW-Authenticate: Bearer``; a job token is 403. Without API tokens the API is open to
@@ -114,6 +115,10 @@ class AuthMiddleware:
             return
         token = bearer_token(scope.get("headers", []))
         job_id = worker_job_id(scope.get("method", "GET"), scope["path"])
+        if job_id is not None and token is None:
+            await _deny(scope, send, 401, "unauthorized",
+                        f"this route needs 'Authorization: Bearer <job {job_id} token>'", REALM)
+            return
         if job_id is not None:
             refusal = await run_in_threadpool(self._worker_refusal, job_id, token)
             if refusal:
@@ -142,7 +147,7 @@ class AuthMiddleware:
     def _worker_refusal(self, job_id: int, token: str | None) -> str | None:
         """Why ``token`` may not post for ``job_id`` now; None when it may."""
         generic = f"a valid job token for job {job_id} is required"
-        if token is None or job_id > JOB_ID_MAX:
+        if token is None or job_id > JOB_ID_MAX:  # (no token: answered 401 before this)
             return generic
         with self.session_factory() as session:
             job = repo.get_job(session, job_id)

@@ -7,6 +7,7 @@ logged (without request headers, so no token reaches the log) and answered with 
 from __future__ import annotations
 
 import logging
+import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -60,6 +61,20 @@ ERROR_RESPONSES: dict[int | str, dict] = {
 }
 
 
+def _allowed_methods(app: FastAPI, path: str) -> list[str]:
+    """Every method the schema documents for ``path``.
+
+    Starlette's 405 names only the first route whose path matched, but ``GET /jobs`` and
+    ``POST /jobs`` are separate routes; ``Allow`` must list both.
+    """
+    methods: set[str] = set()
+    for template, operations in app.openapi().get("paths", {}).items():
+        pattern = re.sub(r"\\\{[^/]*?\\\}", "[^/]+", re.escape(template))
+        if re.fullmatch(pattern, path):
+            methods.update(m.upper() for m in operations)
+    return sorted(methods)
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_req: Request, exc: ApiError) -> JSONResponse:
@@ -91,9 +106,12 @@ def install(app: FastAPI) -> None:
         )
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(req: Request, exc: StarletteHTTPException) -> JSONResponse:
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405 and (allowed := _allowed_methods(req.app, req.url.path)):
+            headers["Allow"] = ", ".join(allowed)
         return JSONResponse(
-            error_body("http_error", str(exc.detail)), status_code=exc.status_code, headers=exc.headers
+            error_body("http_error", str(exc.detail)), status_code=exc.status_code, headers=headers
         )
 
     @app.exception_handler(Exception)
