@@ -17,7 +17,9 @@ from service.state import JobState
 NonFinite = Literal["NaN", "Infinity", "-Infinity"]
 MetricValue = float | NonFinite
 # The database keeps naive UTC; the wire says so (RFC 3339 needs an offset: "...Z").
-UtcDatetime = Annotated[datetime, AfterValidator(lambda d: d if d.tzinfo else d.replace(tzinfo=UTC))]
+UtcDatetime = Annotated[
+    datetime, AfterValidator(lambda d: d if d.tzinfo else d.replace(tzinfo=UTC))
+]
 
 
 class AttemptRead(BaseModel):
