@@ -67,8 +67,11 @@ def _report_count(request: pytest.FixtureRequest) -> Iterator[None]:
     reporter = request.config.pluginmanager.getplugin("terminalreporter")
     line = (f"fuzz: {sum(CASES.values())} cases, {sum(REQUESTS.values())} requests over "
             f"{len(CASES)} operations: {dict(CASES)}")
-    if reporter is not None:
-        reporter.write_line(line)
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    if reporter is not None and capture is not None:
+        with capture.global_and_fixture_disabled():  # shown even without -s
+            reporter.ensure_newline()
+            reporter.write_line(line)
 
 
 def _bearer(token: str) -> dict[str, str]:
