@@ -17,6 +17,7 @@ from typing import Protocol
 import psutil
 
 from service.rundir import RunDir
+from service.settings import environ_for_children
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,7 @@ class LocalTorchrunLauncher:
             popen = subprocess.Popen(
                 build_shim_command(sys.executable, run),
                 cwd=run.root,
-                env={**os.environ, **env},
+                env={**environ_for_children(os.environ), **env},
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -176,7 +177,7 @@ class LocalTorchrunLauncher:
 
     def start(self, req: LaunchRequest, *, new_session: bool = True) -> ProcessGroupHandle:
         """Start torchrun; ``new_session=False`` keeps it in the caller's group (the shim's)."""
-        env = {**os.environ, **req.env}
+        env = {**environ_for_children(os.environ), **req.env}
         with open(req.logs_dir / "torchrun.log", "ab") as log:
             popen = subprocess.Popen(
                 build_command(req),

@@ -57,6 +57,9 @@ def get_job(session: Session, job_id: int) -> Job | None:
 
 def job_by_idempotency_key(session: Session, key: str) -> Job | None:
     return session.scalar(select(Job).where(Job.idempotency_key == key))
+def job_id_for_token_hash(session: Session, token_hash: str) -> int | None:
+    """The job whose worker token hashes to ``token_hash`` (a digest, so equality is safe)."""
+    return session.scalar(select(Job.id).where(Job.token_hash == token_hash).limit(1))
 
 
 def list_jobs(

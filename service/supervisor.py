@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service import repository as repo
 from service import scheduler
+from service.admission import admit
 from service.jobtoken import new_token
 from service.launcher import UNKNOWN_EXIT, GroupHandle, Launcher, ProcessGroupHandle
 from service.models import Job
@@ -111,6 +112,7 @@ class Supervisor:
         ``SubmitRejected("idempotency_conflict")``. Also raises ``SubmitRejected`` for a job that
         can never fit this host or names a job that does not exist.
         """
+        spec = admit(spec, self.settings)  # 403 script jobs without tokens; 422 paths outside roots
         if idempotency_key is not None:
             existing = self._job_for_key(idempotency_key, spec)
             if existing is not None:

@@ -77,6 +77,7 @@ def _start_server(home: Path, extra_env: dict[str, str], port: int | None = None
         "TORCHYARD_CPU_SLOTS": "4",
         "TORCHYARD_STOP_GRACE_S": "3",
         "OMP_NUM_THREADS": "1",
+        "TORCHYARD_DATA_DIRS": str(home.parent),  # tests name dataset roots under tmp_path
         **extra_env,
     }
     home.mkdir(parents=True, exist_ok=True)
