@@ -87,6 +87,11 @@ schema = schemathesis.pytest.from_fixture("api_schema")
 def test_every_operation(case: schemathesis.Case, fuzz_app: tuple[FastAPI, int, str]) -> None:
     _app, job_id, job_token = fuzz_app
     op = f"{case.operation.method.upper()} {case.operation.path}"
+    if case.operation.path.endswith("/wait"):
+        # A long poll on a job that never ends lasts its whole timeout: keep valid ones at 0.
+        timeout = (case.query or {}).get("timeout")
+        if timeout is None or (isinstance(timeout, int | float) and 0 < timeout <= 300):
+            case.query = {**(case.query or {}), "timeout": 0}
     # No token: 401 everywhere but /healthz. With the API token: the real answers.
     case.call_and_validate(excluded_checks=EXCLUDED)
     case.call_and_validate(excluded_checks=EXCLUDED, headers=_bearer(API_TOKEN))

@@ -66,10 +66,17 @@ def script_dir(tmp_path: Path) -> Path:
     return scripts
 
 
+# Script jobs run arbitrary code, so the server only takes them with API tokens configured.
+API_TOKEN = "script-tests-api-token-0123456789"
+AUTH = {"Authorization": f"Bearer {API_TOKEN}"}
+
+
 @pytest.fixture
 def script_api(tmp_path: Path, script_dir: Path) -> Iterator[TestClient]:
-    settings = Settings(home=tmp_path / "home", cpu_slots=4, gpus="none", script_dirs=str(script_dir))
-    with TestClient(create_app(settings, run_supervisor=False), raise_server_exceptions=False) as c:
+    settings = Settings(home=tmp_path / "home", cpu_slots=4, gpus="none",
+                        script_dirs=str(script_dir), api_tokens=[API_TOKEN])
+    app = create_app(settings, run_supervisor=False)
+    with TestClient(app, raise_server_exceptions=False, headers=AUTH) as c:
         yield c
 
 
@@ -146,12 +153,15 @@ def test_paths_outside_the_script_dirs_are_422_and_nothing_is_stored(
     assert not any((tmp_path / "home" / "runs").iterdir())
 
 
-def test_script_jobs_disabled_without_script_dirs_is_403(api: TestClient) -> None:
-    r = api.post("/jobs", json={"entrypoint": "train.py"})
-    assert r.status_code == 403
-    assert r.json()["error"] == "scripts_disabled"
-    assert "TORCHYARD_SCRIPT_DIRS" in r.json()["message"]
-    assert _jobs(api) == []
+def test_script_jobs_disabled_without_script_dirs_is_403(tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path / "home", cpu_slots=4, gpus="none", api_tokens=[API_TOKEN])
+    app = create_app(settings, run_supervisor=False)
+    with TestClient(app, raise_server_exceptions=False, headers=AUTH) as api:
+        r = api.post("/jobs", json={"entrypoint": "train.py"})
+        assert r.status_code == 403
+        assert r.json()["error"] == "scripts_disabled"
+        assert "TORCHYARD_SCRIPT_DIRS" in r.json()["message"]
+        assert _jobs(api) == []
 
 
 # --- the rank program (pure) ------------------------------------------------------------------
@@ -267,7 +277,7 @@ def test_parity_plain_torchrun_vs_torchyard_and_sdk_noop_outside(
     # Outside torchyard the SDK is a no-op: one warning per rank process, and the run finished.
     assert plain.stderr.count("metrics are not sent to torchyard") == 2, plain.stderr[-3000:]
 
-    server = live_server_factory(TORCHYARD_SCRIPT_DIRS=str(script_dir))
+    server = live_server_factory(TORCHYARD_SCRIPT_DIRS=str(script_dir), TORCHYARD_API_TOKENS=API_TOKEN)
     job_id = _submit(server, {"entrypoint": "minimal_ddp.py", "args": args, "nproc_per_node": 2})
     job = server.wait_for(job_id, {"succeeded"})
     assert job["running_at"] is not None, "the first report marked the ranks ready"
@@ -284,7 +294,7 @@ def test_mnist_example_reports_every_rank_and_resumes_from_its_checkpoint(
 ) -> None:
     data = tmp_path / "data"
     write_tiny_mnist(data, train=64, test=32)
-    server = live_server_factory(TORCHYARD_SCRIPT_DIRS=str(script_dir))
+    server = live_server_factory(TORCHYARD_SCRIPT_DIRS=str(script_dir), TORCHYARD_API_TOKENS=API_TOKEN)
     base = ["--data-root", str(data), "--batch-size", "16"]
     first = _submit(server, {"entrypoint": "mnist_ddp.py", "nproc_per_node": 2,
                              "args": [*base, "--epochs", "2"]})
@@ -308,7 +318,7 @@ def test_mnist_example_reports_every_rank_and_resumes_from_its_checkpoint(
 def test_script_raising_on_rank_1_fails_naming_rank_and_exception(
     live_server_factory: Callable[..., LiveServer], script_dir: Path
 ) -> None:
-    server = live_server_factory(TORCHYARD_SCRIPT_DIRS=str(script_dir))
+    server = live_server_factory(TORCHYARD_SCRIPT_DIRS=str(script_dir), TORCHYARD_API_TOKENS=API_TOKEN)
     job_id = _submit(server, {"entrypoint": "-m failing.main", "nproc_per_node": 2})
     job = server.wait_for(job_id, {"failed"})
     assert "rank 1" in job["reason"] and "ValueError: boom on rank 1" in job["reason"], job["reason"]
