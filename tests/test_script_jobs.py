@@ -11,7 +11,6 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -323,6 +322,6 @@ def test_script_raising_on_rank_1_fails_naming_rank_and_exception(
     job = server.wait_for(job_id, {"failed"})
     assert "rank 1" in job["reason"] and "ValueError: boom on rank 1" in job["reason"], job["reason"]
     assert job["exit_code"] not in (None, 0)
-    with httpx.Client(base_url=server.url) as c:
+    with server.client() as c:
         attempts = c.get(f"/jobs/{job_id}/attempts").json()
     assert len(attempts) == 1
