@@ -8,7 +8,9 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from service import __version__
-from service.api import errors, jobs, records
+from service.api import errors, events, jobs, logs, records, summary
+from service.api.prometheus import RequestTimer, Telemetry
+from service.api.prometheus import router as prometheus_router
 from service.db import make_engine, make_session_factory, upgrade
 from service.launcher import Launcher, LocalTorchrunLauncher
 from service.resources import make_inventory
@@ -48,8 +50,14 @@ def create_app(
     app.state.session_factory = session_factory
     app.state.supervisor = supervisor
     errors.install(app)
+    app.state.telemetry = Telemetry(session_factory, supervisor.inventory)
+    app.add_middleware(RequestTimer, telemetry=app.state.telemetry)
     app.include_router(jobs.router)
     app.include_router(records.router)
+    app.include_router(summary.router)
+    app.include_router(logs.router)
+    app.include_router(events.router)
+    app.include_router(prometheus_router)
 
     @app.get("/healthz", tags=["meta"])
     def healthz() -> dict[str, str]:

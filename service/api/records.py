@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header
+from fastapi import APIRouter, Header, Request
 
 from service import repository as repo
 from service.api.deps import SessionDep
@@ -21,6 +21,7 @@ def post_records(
     job_id: int,
     batch: RecordBatch,
     session: SessionDep,
+    request: Request,
     authorization: Annotated[str | None, Header()] = None,
 ) -> IngestResult:
     """Store a batch in one transaction; replays of (attempt, rank, epoch, step, name) are ignored.
@@ -42,4 +43,5 @@ def post_records(
     ]
     added = repo.insert_records(session, job_id, records)
     session.commit()
+    request.app.state.telemetry.records_ingested.inc(added)
     return IngestResult(accepted=added, duplicates=len(records) - added)
