@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from service import __version__
-from service.api import errors, events, jobs, logs, records, summary
+from service.api import errors, events, jobs, logs, records, resources, summary
 from service.api.prometheus import RequestTimer, Telemetry
 from service.api.prometheus import router as prometheus_router
 from service.db import make_engine, make_session_factory, upgrade
@@ -54,6 +54,7 @@ def create_app(
     app.add_middleware(RequestTimer, telemetry=app.state.telemetry)
     app.include_router(jobs.router)
     app.include_router(records.router)
+    app.include_router(resources.router)
     app.include_router(summary.router)
     app.include_router(logs.router)
     app.include_router(events.router)

@@ -42,6 +42,8 @@ def post_records(
         for r in batch.records
     ]
     added = repo.insert_records(session, job_id, records)
+    if added:
+        repo.mark_first_metric(session, job_id, records)
     session.commit()
     request.app.state.telemetry.records_ingested.inc(added)
     return IngestResult(accepted=added, duplicates=len(records) - added)
