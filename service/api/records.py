@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
 from service import repository as repo
 from service.api.auth import WorkerJobDep
@@ -14,7 +14,9 @@ router = APIRouter(prefix="/jobs", tags=["workers"])
 
 
 @router.post("/{job_id}/records", response_model=IngestResult)
-def post_records(job_id: WorkerJobDep, batch: RecordBatch, session: SessionDep) -> IngestResult:
+def post_records(
+    job_id: WorkerJobDep, batch: RecordBatch, session: SessionDep, request: Request
+) -> IngestResult:
     """Store a batch in one transaction; replays of (attempt, rank, epoch, step, name) are ignored.
 
     Only the job's own token (``Authorization: Bearer``), while the job is starting or running
@@ -31,4 +33,5 @@ def post_records(job_id: WorkerJobDep, batch: RecordBatch, session: SessionDep) 
     if added:
         repo.mark_first_metric(session, job_id, records)
     session.commit()
+    request.app.state.telemetry.records_ingested.inc(added)
     return IngestResult(accepted=added, duplicates=len(records) - added)
