@@ -106,8 +106,15 @@ def release(session: Session, job_id: int) -> None:
     session.execute(delete(Allocation).where(Allocation.job_id == job_id))
 
 
+_SQLITE_INSERT_RECORD = (
+    "INSERT INTO metric_records (job_id, attempt, rank, epoch, step, name, value, nonfinite, time)"
+    " VALUES (:job_id, :attempt, :rank, :epoch, :step, :name, :value, :nonfinite, :time)"
+    " ON CONFLICT DO NOTHING"
+)
+
+
 def insert_records(session: Session, job_id: int, records: Sequence[RecordIn]) -> int:
-    """Insert a batch in one statement; replays of a natural key are ignored. Returns rows added."""
+    """Insert a batch in one executemany; replays of a natural key are ignored. Returns rows added."""
     if not records:
         return 0
     rows = []
@@ -126,11 +133,17 @@ def insert_records(session: Session, job_id: int, records: Sequence[RecordIn]) -
                 "time": r.time,
             }
         )
-    # ON CONFLICT DO NOTHING exists in both SQLite and PostgreSQL; pick the matching dialect.
+    # One statement run with a parameter list (executemany). A multi-row VALUES clause would be
+    # compiled anew for every batch: ~0.3 s per 1000 rows (docs/benchmarks.md, "ingestion").
     dialect = session.get_bind().dialect.name
+    if dialect == "sqlite":
+        # The driver directly: SQLAlchemy's per-row parameter processing costs as much as
+        # SQLite's own insert work here.
+        return session.connection().exec_driver_sql(_SQLITE_INSERT_RECORD, rows).rowcount
+    # ON CONFLICT DO NOTHING exists in both SQLite and PostgreSQL; pick the matching dialect.
     insert = postgresql_insert if dialect == "postgresql" else sqlite_insert
-    stmt = insert(MetricRecord).values(rows).on_conflict_do_nothing()
-    return session.execute(stmt).rowcount
+    stmt = insert(MetricRecord.__table__).on_conflict_do_nothing()
+    return session.connection().execute(stmt, rows).rowcount
 
 
 def read_records(

@@ -23,6 +23,7 @@ def create_app(
     """The app. Migrations run and the supervisor starts (after recovery) when it starts up."""
     engine = make_engine(settings.resolved_database_url)
     session_factory = make_session_factory(engine)
+    read_engine = make_engine(settings.resolved_database_url, readonly=True)
     supervisor = Supervisor(
         settings=settings,
         session_factory=session_factory,
@@ -42,10 +43,12 @@ def create_app(
         finally:
             supervisor.stop()
             engine.dispose()
+            read_engine.dispose()
 
     app = FastAPI(title="torchyard", version=__version__, lifespan=lifespan)
     app.state.settings = settings
     app.state.session_factory = session_factory
+    app.state.read_session_factory = make_session_factory(read_engine)
     app.state.supervisor = supervisor
     errors.install(app)
     app.include_router(jobs.router)

@@ -10,9 +10,18 @@ from sqlalchemy.orm import Session
 
 from service.supervisor import Supervisor
 
+READ_METHODS = frozenset({"GET", "HEAD"})
+
 
 def get_session(request: Request) -> Iterator[Session]:
-    factory = request.app.state.session_factory
+    """A writer session; for GET/HEAD a read-only one (GET routes never write).
+
+    Reads on the read-only engine never queue behind metric writes (see ``service.db``).
+    """
+    state = request.app.state
+    factory = state.session_factory
+    if request.method in READ_METHODS:
+        factory = getattr(state, "read_session_factory", factory)
     with factory() as session:
         yield session
 
