@@ -55,21 +55,38 @@ def get_job(session: Session, job_id: int) -> Job | None:
     return session.get(Job, job_id)
 
 
+def job_by_idempotency_key(session: Session, key: str) -> Job | None:
+    return session.scalar(select(Job).where(Job.idempotency_key == key))
+
+
 def list_jobs(
-    session: Session, state: JobState | None, name: str | None, limit: int, before_id: int | None
+    session: Session,
+    state: JobState | None,
+    name: str | None,
+    limit: int,
+    before_id: int | None,
+    labels: Sequence[tuple[str, str | None]] = (),
 ) -> Sequence[Job]:
+    """Newest first. ``labels``: (key, value) pairs that must all match; value None = has key."""
     q = select(Job).order_by(Job.id.desc()).limit(limit)
     if state is not None:
         q = q.where(Job.state == state.value)
     if name is not None:
         q = q.where(Job.name == name)
+    for key, value in labels:
+        match = select(JobLabel.job_id).where(JobLabel.key == key)
+        if value is not None:
+            match = match.where(JobLabel.value == value)
+        q = q.where(Job.id.in_(match))
     if before_id is not None:
         q = q.where(Job.id < before_id)
     return session.scalars(q).all()
 
 
-def queued_jobs(session: Session) -> Sequence[Job]:
-    return session.scalars(select(Job).where(Job.state == JobState.queued.value).order_by(Job.id)).all()
+def queued_for_scheduling(session: Session) -> Sequence[tuple[int, int, dict]]:
+    """(id, priority, spec) of every queued job; only the columns a scheduling pass needs."""
+    q = select(Job.id, Job.priority, Job.spec).where(Job.state == JobState.queued.value)
+    return session.execute(q).tuples().all()
 
 
 def active_jobs(session: Session) -> Sequence[Job]:
@@ -144,6 +161,23 @@ def insert_records(session: Session, job_id: int, records: Sequence[RecordIn]) -
     insert = postgresql_insert if dialect == "postgresql" else sqlite_insert
     stmt = insert(MetricRecord.__table__).on_conflict_do_nothing()
     return session.connection().execute(stmt, rows).rowcount
+
+
+def mark_first_metric(session: Session, job_id: int, records: Sequence[RecordIn]) -> None:
+    """Set the job's ``first_metric_at`` from the earliest rank time in ``records``, once.
+
+    Later batches change nothing, except one holding an earlier record (a spool replayed
+    after the API was down), which moves it back.
+    """
+    if not records:
+        return
+    first = datetime.fromtimestamp(min(r.time for r in records), UTC).replace(tzinfo=None)
+    session.execute(
+        update(Job)
+        .where(Job.id == job_id)
+        .where((Job.first_metric_at.is_(None)) | (Job.first_metric_at > first))
+        .values(first_metric_at=first)
+    )
 
 
 def read_records(

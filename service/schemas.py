@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from service.models import Job, MetricRecord
 from service.repository import EPOCH_STEP
+from service.scheduler import Waiting
 from service.spec import JobSpec
 from service.state import JobState
 
@@ -34,6 +35,10 @@ class AttemptRead(BaseModel):
 
 
 class JobRead(BaseModel):
+    """A job. Phase times (UTC): ``created_at`` queued, ``started_at`` launched (resources
+    given, shim started), ``running_at`` rendezvous done and rank 0 set up, ``first_metric_at``
+    the earliest reported record, ``ended_at`` terminal."""
+
     id: int
     name: str
     state: JobState
@@ -41,7 +46,14 @@ class JobRead(BaseModel):
     created_at: datetime
     started_at: datetime | None
     running_at: datetime | None
+    first_metric_at: datetime | None
     ended_at: datetime | None
+    queue_position: int | None = Field(
+        default=None, description="queued jobs: 1-based place in the queue order (priority, FIFO)"
+    )
+    waiting_reason: str | None = Field(
+        default=None, description="queued jobs: why it has not started, e.g. 'needs 2 GPUs; 1 free'"
+    )
     exit_code: int | None
     reason: str | None
     pid: int | None
@@ -49,7 +61,9 @@ class JobRead(BaseModel):
     attempts: list[AttemptRead]
 
     @classmethod
-    def from_row(cls, job: Job) -> JobRead:
+    def from_row(cls, job: Job, waiting: Waiting | None = None) -> JobRead:
+        """``waiting``: the scheduler's view of a queued job (ignored once it left the queue)."""
+        queued = job.state == JobState.queued.value and waiting is not None
         return cls(
             id=job.id,
             name=job.name,
@@ -58,7 +72,10 @@ class JobRead(BaseModel):
             created_at=job.created_at,
             started_at=job.started_at,
             running_at=job.running_at,
+            first_metric_at=job.first_metric_at,
             ended_at=job.ended_at,
+            queue_position=waiting.position if queued and waiting else None,
+            waiting_reason=waiting.reason if queued and waiting else None,
             exit_code=job.exit_code,
             reason=job.reason,
             pid=job.pid,
@@ -70,6 +87,24 @@ class JobRead(BaseModel):
 class JobList(BaseModel):
     items: list[JobRead]
     next_before: int | None = Field(description="pass as ?before= for the next page; null at the end")
+
+
+class ResourceRead(BaseModel):
+    name: str = Field(description="'gpu:<index>' or 'cpu:<slot>'")
+    kind: Literal["gpu", "cpu"]
+    job_id: int | None = Field(description="the job holding it; null when free")
+
+
+class ResourceTotals(BaseModel):
+    total: int
+    allocated: int
+    free: int
+
+
+class ResourcesRead(BaseModel):
+    gpu: ResourceTotals
+    cpu: ResourceTotals
+    items: list[ResourceRead]
 
 
 class MetricRead(BaseModel):

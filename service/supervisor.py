@@ -1,21 +1,27 @@
 """The supervisor owns job processes and every state change after submission.
 
-One background thread runs ``tick()``: reap finished groups, mark started ones running, then
-launch queued jobs in order while resources fit (strict head-of-line: a job that does not fit
-blocks those behind it, so a large job is never starved). Routes call ``submit`` and ``cancel``.
+One background thread runs ``tick()``: stop cancelled groups, reap finished ones, mark started
+ones running, then run a scheduling pass (``service.scheduler``: priority, FIFO, gang
+allocation, backfill behind a reservation). It is the only code that allocates resources, so two
+jobs never share one. Routes call ``submit``, ``cancel``, ``queue_status`` and ``resources``.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
+from datetime import UTC
 
 import psutil
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from service import repository as repo
+from service import scheduler
 from service.jobtoken import new_token
 from service.launcher import UNKNOWN_EXIT, GroupHandle, Launcher, ProcessGroupHandle
 from service.models import Job
@@ -30,6 +36,9 @@ from service.state import JobState
 
 logger = logging.getLogger(__name__)
 
+# A scheduling pass runs when the queue or free resources change, and at least this often.
+REPLAN_S = 2.0
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -41,21 +50,18 @@ class Placement:
     gpu_indices: list[int]
 
 
-def _wants_gpu(spec: JobSpec, inventory: Inventory) -> bool:
-    return spec.device is Device.cuda or (spec.device is Device.auto and bool(inventory.gpus))
+def resource_kind(device: str, inventory: Inventory) -> str:
+    """``cuda`` → GPUs; ``auto`` → GPUs when the host has them; else CPU slots."""
+    wants_gpu = device == Device.cuda.value or (device == Device.auto.value and bool(inventory.gpus))
+    return scheduler.GPU if wants_gpu else scheduler.CPU
 
 
-def place(spec: JobSpec, inventory: Inventory, taken: set[str]) -> Placement | None:
-    """Pick resources for ``spec`` (all at once or none). ``auto`` means GPUs when the host has them."""
-    kind = "gpu" if _wants_gpu(spec, inventory) else "cpu"
-    free = [r for r in inventory.resource_names(kind) if r not in taken]
-    if len(free) < spec.nproc_per_node:
-        return None
-    chosen = free[: spec.nproc_per_node]
-    if kind == "gpu":
+def placement_for(spec: JobSpec, resources: list[str]) -> Placement:
+    """The device and backend that follow from the resources a job was given."""
+    if resources and resources[0].startswith("gpu:"):
         backend = "gloo" if spec.backend is Backend.gloo else "nccl"
-        return Placement(chosen, "cuda", backend, [int(r.split(":")[1]) for r in chosen])
-    return Placement(chosen, "cpu", "gloo", [])
+        return Placement(resources, "cuda", backend, [int(r.split(":")[1]) for r in resources])
+    return Placement(resources, "cpu", "gloo", [])
 
 
 class SubmitRejected(Exception):
@@ -67,7 +73,7 @@ class SubmitRejected(Exception):
 
 
 def check_capacity(spec: JobSpec, inventory: Inventory) -> None:
-    wants_gpu = _wants_gpu(spec, inventory)
+    wants_gpu = resource_kind(spec.device.value, inventory) == scheduler.GPU
     have = len(inventory.gpus) if wants_gpu else inventory.cpu_slots
     unit = "GPUs" if wants_gpu else "CPU slots"
     if spec.nproc_per_node > have:
@@ -88,19 +94,63 @@ class Supervisor:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
     _wake: threading.Event = field(default_factory=threading.Event)
+    # Last scheduling pass: queued job id → position and reason. Replaced whole, never mutated,
+    # so routes can read it from other threads.
+    _waiting: dict[int, scheduler.Waiting] = field(default_factory=dict)
+    _queue_dirty: bool = True
+    _last_plan: float = 0.0
     _thread: threading.Thread | None = None
 
     # --- called by routes -------------------------------------------------------------------
-    def submit(self, spec: JobSpec) -> Job:
-        """Store a queued job; raises ``SubmitRejected`` (never fits this host, bad reference)."""
+    def submit(self, spec: JobSpec, idempotency_key: str | None = None) -> tuple[Job, bool]:
+        """Store a queued job; returns (job, created).
+
+        A repeated ``idempotency_key`` returns the job first stored with it (``created`` False),
+        so a retried request never launches twice; the same key with a different spec raises
+        ``SubmitRejected("idempotency_conflict")``. Also raises ``SubmitRejected`` for a job that
+        can never fit this host or names a job that does not exist.
+        """
+        if idempotency_key is not None:
+            existing = self._job_for_key(idempotency_key, spec)
+            if existing is not None:
+                return existing, False
         check_capacity(spec, self.inventory)
         with self.session_factory() as session:
             if spec.resume_from is not None and repo.get_job(session, spec.resume_from) is None:
                 raise SubmitRejected("invalid_request", f"resume_from: job {spec.resume_from} not found")
-            job = repo.create_job(session, spec)
-            session.commit()
-        self._wake.set()
+            try:
+                job = repo.create_job(session, spec, idempotency_key)
+                session.commit()
+            except IntegrityError:
+                # Another request with the same key won the race between lookup and insert.
+                session.rollback()
+                existing = self._job_for_key(idempotency_key or "", spec)
+                if existing is None:
+                    raise
+                return existing, False
+        self._queue_changed()
+        return job, True
+
+    def _job_for_key(self, key: str, spec: JobSpec) -> Job | None:
+        with self.session_factory() as session:
+            job = repo.job_by_idempotency_key(session, key)
+        if job is not None and job.spec != spec.model_dump(mode="json"):
+            raise SubmitRejected(
+                "idempotency_conflict",
+                f"Idempotency-Key: already used for job {job.id} with a different spec",
+            )
         return job
+
+    def queue_status(self, job_id: int) -> scheduler.Waiting | None:
+        """Queue position and why a queued job waits, as of the last scheduling pass."""
+        return self._waiting.get(job_id)
+
+    def resources(self) -> tuple[dict[str, list[str]], dict[str, int]]:
+        """(kind → every resource name of the host, resource → job holding it)."""
+        with self.session_factory() as session:
+            held = repo.allocated_resources(session)
+        kinds = {kind: self.inventory.resource_names(kind) for kind in (scheduler.GPU, scheduler.CPU)}
+        return kinds, held
 
     def cancel(self, job_id: int) -> Job | None:
         """Cancel: the database decides (CAS), then the group gets SIGTERM → grace → SIGKILL.
@@ -113,7 +163,7 @@ class Supervisor:
             job = repo.get_job(session, job_id)
         if won:
             logger.info("job %s: cancelled", job_id)
-            self._wake.set()  # the loop stops the group (see _stop_cancelled)
+            self._queue_changed()  # the loop stops the group (see _stop_cancelled)
         return job
 
     # --- the loop ---------------------------------------------------------------------------
@@ -171,7 +221,10 @@ class Supervisor:
         run = RunDir.for_job(self.settings.runs_dir, job_id)
         outcome = read_json(run.exit_file)
         with self.session_factory() as session:
-            added = repo.insert_records(session, job_id, read_spool(run.spool_dir))
+            spooled = read_spool(run.spool_dir)
+            added = repo.insert_records(session, job_id, spooled)
+            if added:
+                repo.mark_first_metric(session, job_id, spooled)
             repo.set_attempts(session, job_id, read_attempts(run))
             if outcome is None:
                 reason = (
@@ -191,6 +244,7 @@ class Supervisor:
                     job.exit_code = outcome.get("exit_code")
             repo.release(session, job_id)
             session.commit()
+        self._queue_changed()
         logger.info("job %s: ended (%s); %d spooled records recovered", job_id,
                     (outcome or {}).get("state", "no outcome"), added)
 
@@ -208,19 +262,66 @@ class Supervisor:
                     repo.transition(session, job.id, JobState.running, running_at=repo.utcnow())
             session.commit()
 
+    def _queue_changed(self) -> None:
+        self._queue_dirty = True
+        self._wake.set()
+
     def _launch_queued(self) -> None:
+        """One scheduling pass (see ``service.scheduler``), when the queue or the free resources
+        changed, or every ``REPLAN_S`` so waiting reasons stay fresh."""
+        now = time.time()
+        if not self._queue_dirty and now - self._last_plan < REPLAN_S:
+            return
+        self._queue_dirty, self._last_plan = False, now
         with self.session_factory() as session:
-            queue = repo.queued_jobs(session)
+            queue = [
+                scheduler.QueuedJob(
+                    id=job_id,
+                    priority=priority,
+                    kind=resource_kind(spec["device"], self.inventory),
+                    count=spec["nproc_per_node"],
+                    max_runtime_s=spec.get("max_runtime_s"),
+                )
+                for job_id, priority, spec in repo.queued_for_scheduling(session)
+            ]
             if not queue:
+                self._waiting = {}
                 return
-            taken = set(repo.allocated_resources(session))
-            for job in queue:
+            held = repo.allocated_resources(session)
+            running = self._running_jobs(session, held)
+            free = {
+                kind: [r for r in self.inventory.resource_names(kind) if r not in held]
+                for kind in (scheduler.GPU, scheduler.CPU)
+            }
+            decision = scheduler.plan(queue, free, running, now)
+            for launch in decision.launches:
+                job = repo.get_job(session, launch.job_id)
+                if job is None:
+                    continue
                 spec = JobSpec.model_validate(job.spec)
-                placement = place(spec, self.inventory, taken)
-                if placement is None:
-                    break  # strict head-of-line
-                taken.update(placement.resources)
-                self._launch(session, job, spec, placement)
+                self._launch(session, job, spec, placement_for(spec, launch.resources))
+        self._waiting = decision.waiting
+
+    def _running_jobs(
+        self, session: Session, held: dict[str, int]
+    ) -> list[scheduler.RunningJob]:
+        """Jobs holding resources, with the time by which their deadline ends them."""
+        by_job: dict[int, list[str]] = {}
+        for resource, job_id in held.items():
+            by_job.setdefault(job_id, []).append(resource)
+        running = []
+        for job_id, resources in by_job.items():
+            job = repo.get_job(session, job_id)
+            limit = (job.spec or {}).get("max_runtime_s") if job is not None else None
+            started = job.started_at if job is not None else None
+            ends_by = (
+                started.replace(tzinfo=UTC).timestamp() + limit
+                if limit is not None and started is not None
+                else math.inf
+            )
+            kind = scheduler.GPU if resources[0].startswith("gpu:") else scheduler.CPU
+            running.append(scheduler.RunningJob(job_id, kind, len(resources), ends_by))
+        return running
 
     def _launch(self, session: Session, job: Job, spec: JobSpec, placement: Placement) -> None:
         token, token_hash = new_token()
@@ -251,6 +352,7 @@ class Supervisor:
             repo.transition(session, job.id, JobState.failed, reason=f"could not start: {exc}")
             repo.release(session, job.id)
             session.commit()
+            self._queue_dirty = True
             return
         self._handles[job.id] = handle
         job_row = repo.get_job(session, job.id)

@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from service import __version__
-from service.api import errors, jobs, records
+from service.api import errors, jobs, records, resources
 from service.db import make_engine, make_session_factory, upgrade
 from service.launcher import Launcher, LocalTorchrunLauncher
 from service.resources import make_inventory
@@ -53,6 +53,7 @@ def create_app(
     errors.install(app)
     app.include_router(jobs.router)
     app.include_router(records.router)
+    app.include_router(resources.router)
 
     @app.get("/healthz", tags=["meta"])
     def healthz() -> dict[str, str]:

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import Depends, Request
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from service.supervisor import Supervisor
 
@@ -26,9 +26,15 @@ def get_session(request: Request) -> Iterator[Session]:
         yield session
 
 
+def get_session_factory(request: Request) -> sessionmaker[Session]:
+    """For routes that must not hold one session for their whole life (long polls, streams)."""
+    return request.app.state.session_factory
+
+
 def get_supervisor(request: Request) -> Supervisor:
     return request.app.state.supervisor
 
 
 SessionDep = Annotated[Session, Depends(get_session)]
+SessionFactoryDep = Annotated[sessionmaker[Session], Depends(get_session_factory)]
 SupervisorDep = Annotated[Supervisor, Depends(get_supervisor)]

@@ -1,22 +1,31 @@
-"""Job routes: submit, read, list, cancel, and read metrics with a cursor."""
+"""Job routes: submit, read, list, wait, cancel, and read metrics with a cursor."""
 
 from __future__ import annotations
 
+import asyncio
+import re
+import time
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Header, Query, Response
+from starlette.concurrency import run_in_threadpool
 
 from service import repository as repo
-from service.api.deps import SessionDep, SupervisorDep
+from service.api.deps import SessionDep, SessionFactoryDep, SupervisorDep
 from service.api.errors import ApiError
 from service.schemas import AttemptRead, JobList, JobRead, MetricRead, MetricsPage
 from service.spec import JobSpec
-from service.state import JobState
+from service.state import TERMINAL_STATES, JobState
 from service.supervisor import SubmitRejected
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 METRICS_PAGE_DEFAULT = 1000
 METRICS_PAGE_MAX = 10_000
+WAIT_DEFAULT_S = 30.0
+WAIT_MAX_S = 300.0
+WAIT_POLL_S = 0.25
+LABEL_FILTER = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}(=[^\x00-\x1f]{0,200})?$"
+IDEMPOTENCY_KEY = r"^[\x21-\x7e]{1,200}$"
 
 
 def _job_or_404(session: SessionDep, job_id: int):  # type: ignore[no-untyped-def]
@@ -26,32 +35,97 @@ def _job_or_404(session: SessionDep, job_id: int):  # type: ignore[no-untyped-de
     return job
 
 
-@router.post("", status_code=201, response_model=JobRead)
-def submit_job(spec: JobSpec, response: Response, supervisor: SupervisorDep) -> JobRead:
+@router.post(
+    "",
+    status_code=201,
+    response_model=JobRead,
+    responses={200: {"model": JobRead, "description": "repeated Idempotency-Key: the first job"}},
+)
+def submit_job(
+    spec: JobSpec,
+    response: Response,
+    supervisor: SupervisorDep,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            pattern=IDEMPOTENCY_KEY,
+            description="a retried POST with the same key returns the first job (200), never a "
+            "second one; the same key with a different spec is 409",
+        ),
+    ] = None,
+) -> JobRead:
     try:
-        job = supervisor.submit(spec)
+        job, created = supervisor.submit(spec, idempotency_key)
     except SubmitRejected as exc:
-        raise ApiError(422, exc.kind, str(exc)) from exc
+        status = 409 if exc.kind == "idempotency_conflict" else 422
+        raise ApiError(status, exc.kind, str(exc)) from exc
     response.headers["Location"] = f"/jobs/{job.id}"
-    return JobRead.from_row(job)
+    if not created:
+        response.status_code = 200
+    return JobRead.from_row(job, supervisor.queue_status(job.id))
 
 
 @router.get("", response_model=JobList)
 def list_jobs(
     session: SessionDep,
+    supervisor: SupervisorDep,
     state: JobState | None = None,
     name: Annotated[str | None, Query(max_length=100)] = None,
+    label: Annotated[
+        list[str],
+        Query(
+            max_length=16,
+            description="repeatable; 'key=value' or 'key' (has the label); all must match",
+        ),
+    ] = [],  # noqa: B006 - FastAPI copies query defaults
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     before: Annotated[int | None, Query(ge=1, description="cursor: jobs with id < before")] = None,
 ) -> JobList:
-    jobs = repo.list_jobs(session, state, name, limit, before)
+    """Newest first; pass ``next_before`` as ``?before=`` for the next page."""
+    labels = []
+    for item in label:
+        if not _matches(LABEL_FILTER, item):
+            raise ApiError(422, "invalid_request", f"label: {item!r} is not 'key' or 'key=value'")
+        key, sep, value = item.partition("=")
+        labels.append((key, value if sep else None))
+    jobs = repo.list_jobs(session, state, name, limit, before, labels)
     next_before = jobs[-1].id if len(jobs) == limit else None
-    return JobList(items=[JobRead.from_row(j) for j in jobs], next_before=next_before)
+    return JobList(
+        items=[JobRead.from_row(j, supervisor.queue_status(j.id)) for j in jobs],
+        next_before=next_before,
+    )
+
+
+def _matches(pattern: str, value: str) -> bool:
+    return re.fullmatch(pattern, value) is not None
 
 
 @router.get("/{job_id}", response_model=JobRead)
-def get_job(job_id: int, session: SessionDep) -> JobRead:
-    return JobRead.from_row(_job_or_404(session, job_id))
+def get_job(job_id: int, session: SessionDep, supervisor: SupervisorDep) -> JobRead:
+    return JobRead.from_row(_job_or_404(session, job_id), supervisor.queue_status(job_id))
+
+
+@router.get("/{job_id}/wait", response_model=JobRead)
+async def wait_for_job(
+    job_id: int,
+    session_factory: SessionFactoryDep,
+    supervisor: SupervisorDep,
+    timeout: Annotated[float, Query(ge=0, le=WAIT_MAX_S, allow_inf_nan=False)] = WAIT_DEFAULT_S,
+) -> JobRead:
+    """Long-poll: answers as soon as the job is terminal, or after ``timeout`` seconds with
+    the job as it is then (check ``state``). Never an error for a job that is still running."""
+    deadline = time.monotonic() + timeout
+    while True:
+        job = await run_in_threadpool(_read_job, session_factory, job_id)
+        if JobState(job.state) in TERMINAL_STATES or time.monotonic() >= deadline:
+            return JobRead.from_row(job, supervisor.queue_status(job_id))
+        await asyncio.sleep(min(WAIT_POLL_S, max(0.0, deadline - time.monotonic())))
+
+
+def _read_job(session_factory: SessionFactoryDep, job_id: int):  # type: ignore[no-untyped-def]
+    # A short session per poll: a waiter holds no connection while it sleeps.
+    with session_factory() as session:
+        return _job_or_404(session, job_id)
 
 
 @router.get("/{job_id}/attempts", response_model=list[AttemptRead])
@@ -66,7 +140,7 @@ def cancel_job(job_id: int, supervisor: SupervisorDep) -> JobRead:
     job = supervisor.cancel(job_id)
     if job is None:
         raise ApiError(404, "not_found", f"job {job_id} not found")
-    return JobRead.from_row(job)
+    return JobRead.from_row(job, supervisor.queue_status(job_id))
 
 
 @router.get("/{job_id}/metrics", response_model=MetricsPage)

@@ -70,5 +70,7 @@ def post_records(
         for r in batch.records
     ]
     added = repo.insert_records(session, job_id, records)
+    if added:
+        repo.mark_first_metric(session, job_id, records)
     session.commit()
     return IngestResult(accepted=added, duplicates=len(records) - added)

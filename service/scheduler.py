@@ -1,0 +1,149 @@
+"""Queue policy: which queued jobs start now, and why the others wait. Pure: no I/O, no clock.
+
+Order: higher ``priority`` first, then submission order (job id). Gang allocation: a job gets
+every resource it asks for at once, or nothing.
+
+Anti-starvation is EASY backfill with a reservation, per resource kind (GPUs, CPU slots):
+
+* The first job in order that does not fit gets a **reservation**: the time its resources will
+  be free (the *shadow time*), computed from the running jobs' deadlines (``max_runtime_s``:
+  a job cannot run past it), and the resources that will still be spare at that time.
+* A job behind it may start now only if it fits now **and** either it is guaranteed to end by
+  the shadow time (its own ``max_runtime_s``) or it only uses the spare resources. So a large
+  job at the head is never delayed by the small ones that overtake it.
+* Jobs without ``max_runtime_s`` have no bound, so behind a reservation they start only on
+  spare resources; so does everything when the shadow time is unknown (a running job without a
+  deadline holds what the reserved job needs). With no deadlines anywhere this is strict
+  head-of-line per kind.
+* A job of another kind (a CPU job behind a blocked GPU job) is not affected.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+GPU, CPU = "gpu", "cpu"
+UNIT = {GPU: ("GPU", "GPUs"), CPU: ("CPU slot", "CPU slots")}
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    id: int
+    priority: int
+    kind: str  # GPU or CPU
+    count: int
+    max_runtime_s: float | None
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    id: int
+    kind: str
+    count: int
+    ends_by: float  # absolute time by which it must have ended (math.inf: no deadline)
+
+
+@dataclass(frozen=True)
+class Launch:
+    job_id: int
+    resources: list[str]
+
+
+@dataclass(frozen=True)
+class Waiting:
+    position: int  # 1-based place among the jobs that stay queued, in queue order
+    reason: str
+
+
+@dataclass
+class Plan:
+    launches: list[Launch] = field(default_factory=list)
+    waiting: dict[int, Waiting] = field(default_factory=dict)
+
+
+@dataclass
+class _Reservation:
+    job_id: int
+    shadow_time: float
+    spare: int  # resources of this kind still free at shadow_time after the reserved job starts
+
+
+def queue_order(jobs: Iterable[QueuedJob]) -> list[QueuedJob]:
+    """Higher priority first, then FIFO."""
+    return sorted(jobs, key=lambda j: (-j.priority, j.id))
+
+
+def _count(n: int, kind: str) -> str:
+    singular, plural = UNIT[kind]
+    return f"{n} {singular if n == 1 else plural}"
+
+
+def _reserve(job: QueuedJob, free: int, running: list[RunningJob], now: float) -> _Reservation:
+    """When will ``job`` fit, given the running jobs' deadlines, and what is spare then."""
+    available = free
+    for r in sorted((r for r in running if r.kind == job.kind), key=lambda r: r.ends_by):
+        if available >= job.count:
+            break
+        available += r.count
+        shadow = r.ends_by
+        if available >= job.count:
+            return _Reservation(job.id, max(shadow, now), available - job.count)
+    if available >= job.count:  # fits already (not reached by plan(); kept total)
+        return _Reservation(job.id, now, available - job.count)
+    return _Reservation(job.id, math.inf, 0)
+
+
+def plan(
+    queue: Sequence[QueuedJob],
+    free: dict[str, list[str]],
+    running: Sequence[RunningJob],
+    now: float,
+) -> Plan:
+    """Decide launches for one scheduling pass.
+
+    ``free`` maps a kind to its free resource names (in allocation order); ``running`` are the
+    jobs holding resources, with their deadlines. Returns the jobs to launch now, with the
+    resources each gets, and for every other queued job its queue position and why it waits.
+    """
+    free = {kind: list(names) for kind, names in free.items()}
+    running = list(running)
+    reservations: dict[str, _Reservation] = {}
+    result = Plan()
+    position = 0  # among the jobs that stay queued
+    for job in queue_order(queue):
+        pool = free.setdefault(job.kind, [])
+        fits = len(pool) >= job.count
+        reservation = reservations.get(job.kind)
+        if reservation is not None and fits:
+            ends_by = now + job.max_runtime_s if job.max_runtime_s is not None else math.inf
+            if ends_by <= reservation.shadow_time < math.inf:
+                pass  # done before the reserved job can start: harmless
+            elif job.count <= reservation.spare:
+                reservation.spare -= job.count
+            else:
+                position += 1
+                result.waiting[job.id] = Waiting(
+                    position,
+                    f"needs {_count(job.count, job.kind)}; {len(pool)} free, held for job "
+                    f"{reservation.job_id} (ahead in the queue)",
+                )
+                continue
+        if fits:
+            taken, free[job.kind] = pool[: job.count], pool[job.count :]
+            result.launches.append(Launch(job.id, taken))
+            ends_by = now + job.max_runtime_s if job.max_runtime_s is not None else math.inf
+            running.append(RunningJob(job.id, job.kind, job.count, ends_by))
+            continue
+        position += 1
+        if reservation is None:
+            reservations[job.kind] = _reserve(job, len(pool), running, now)
+            reason = f"needs {_count(job.count, job.kind)}; {len(pool)} free"
+        else:
+            reason = (
+                f"needs {_count(job.count, job.kind)}; {len(pool)} free, behind job "
+                f"{reservation.job_id}"
+            )
+        result.waiting[job.id] = Waiting(position, reason)
+    return result
