@@ -149,13 +149,14 @@ def _median_phases(runs: list[dict]) -> dict[str, float]:
 
 
 def run(smoke: bool) -> list[Row]:
-    epochs, repeats = (2, 1) if smoke else (60, 3)
+    epochs, repeats = (1, 1) if smoke else (60, 3)
     plain: list[dict] = []
     jobs: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="bench-orch-") as tmp:
         workdir = Path(tmp)
         with Server.start(workdir / "home", env=_env()) as server:
-            run_plain(workdir, 1)  # warm the OS caches (torch import) for both sides
+            if not smoke:
+                run_plain(workdir, 1)  # warm the OS caches (torch import) for both sides
             for _ in range(repeats):
                 plain.append(run_plain(workdir, epochs))
                 jobs.append(run_job(server, epochs))

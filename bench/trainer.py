@@ -140,7 +140,7 @@ def run(smoke: bool) -> list[Row]:
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a CPU job's rank gets one thread per slot (OMP_NUM_THREADS=1)
-    cases = [("mlp", 600, 1), ("cnn", 200, 1)] if smoke else [("mlp", 12_000, 3), ("cnn", 3_000, 2)]
+    cases = [("mlp", 600, 1), ("cnn", 128, 1)] if smoke else [("mlp", 12_000, 3), ("cnn", 3_000, 2)]
     rows: list[Row] = []
     try:
         for model_name, samples, epochs in cases:

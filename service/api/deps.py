@@ -13,22 +13,25 @@ from service.supervisor import Supervisor
 READ_METHODS = frozenset({"GET", "HEAD"})
 
 
-def get_session(request: Request) -> Iterator[Session]:
-    """A writer session; for GET/HEAD a read-only one (GET routes never write).
+def _factory(request: Request) -> sessionmaker[Session]:
+    """The writer's factory; for GET/HEAD the read-only one (GET routes never write).
 
     Reads on the read-only engine never queue behind metric writes (see ``service.db``).
     """
     state = request.app.state
-    factory = state.session_factory
     if request.method in READ_METHODS:
-        factory = getattr(state, "read_session_factory", factory)
-    with factory() as session:
+        return getattr(state, "read_session_factory", state.session_factory)
+    return state.session_factory
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    with _factory(request)() as session:
         yield session
 
 
 def get_session_factory(request: Request) -> sessionmaker[Session]:
     """For routes that must not hold one session for their whole life (long polls, streams)."""
-    return request.app.state.session_factory
+    return _factory(request)
 
 
 def get_supervisor(request: Request) -> Supervisor:
