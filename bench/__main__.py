@@ -24,11 +24,15 @@ START, END = "<!-- bench:results:start -->", "<!-- bench:results:end -->"
 
 def render(results: dict[str, list[Row]], before: dict, after: dict, smoke: bool) -> str:
     """Markdown: the machine, then one table per benchmark."""
+    smoke_note = " (smoke sizes: not figures)" if smoke else ""
+    header = (
+        f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC{smoke_note} on {before['nproc']} cores "
+        f"({before['cpu']}), {before['memory_gib']} GiB; Python {before['python']}, "
+        f"torch {before['torch']}, FastAPI {before['fastapi']}, uvicorn {before['uvicorn']}, "
+        f"SQLAlchemy {before['sqlalchemy']}, SQLite {before['sqlite']}."
+    )
     lines = [
-        f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC{' (smoke sizes: not figures)' if smoke else ''}"
-        f" on {before['nproc']} cores ({before['cpu']}), {before['memory_gib']} GiB; "
-        f"Python {before['python']}, torch {before['torch']}, FastAPI {before['fastapi']}, "
-        f"uvicorn {before['uvicorn']}, SQLAlchemy {before['sqlalchemy']}, SQLite {before['sqlite']}.",
+        header,
         f"Load average (1, 5, 15 min) before: {before['loadavg']}; after: {after['loadavg']}.",
         "",
     ]
