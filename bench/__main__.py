@@ -12,6 +12,7 @@ import importlib
 import json
 import sys
 import time
+import traceback
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -63,10 +64,20 @@ def main(argv: list[str] | None = None) -> dict[str, list[Row]]:
         parser.error(f"unknown benchmark(s) {unknown}; choose from {BENCHES}")
     before = machine()
     results: dict[str, list[Row]] = {}
+    failed = []
     for name in names:
         started = time.monotonic()
-        results[name] = importlib.import_module(f"bench.{name}").run(args.smoke)
-        print(f"[bench] {name}: {time.monotonic() - started:.0f} s", file=sys.stderr)
+        try:
+            results[name] = importlib.import_module(f"bench.{name}").run(args.smoke)
+        except Exception as exc:  # one broken benchmark must not lose the others' figures
+            if len(names) == 1:
+                raise
+            failed.append(name)
+            results[name] = [Row(name, "FAILED", f"{type(exc).__name__}: {exc}"[:200], "")]
+            traceback.print_exc()
+        took = time.monotonic() - started
+        print(f"[bench] {name}: {took:.0f} s", file=sys.stderr)
+        print(render({name: results[name]}, before, machine(), args.smoke), file=sys.stderr)
     after = machine()
     text = render(results, before, after, args.smoke)
     print(text)
@@ -77,6 +88,8 @@ def main(argv: list[str] | None = None) -> dict[str, list[Row]]:
         }, indent=1))
     if args.update_docs:
         update_docs(text)
+    if failed:
+        sys.exit(f"benchmarks failed: {failed}")
     return results
 
 

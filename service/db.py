@@ -14,9 +14,10 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
-# GET routes run in Starlette's thread pool (40 threads); readers should not queue for connections.
-READ_POOL_SIZE = 8
-READ_POOL_OVERFLOW = 32
+# GET routes run in Starlette's thread pool (40 threads): one kept connection each, so readers
+# neither queue for a connection nor reopen one (connect + pragmas) per request.
+READ_POOL_SIZE = 40
+READ_POOL_OVERFLOW = 10
 _HOLDS_WRITE_LOCK = "torchyard_holds_write_lock"
 
 
