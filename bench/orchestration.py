@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
+import psutil
 
 from bench.common import Row
 from bench.server import REPO_ROOT, Server
@@ -100,6 +101,8 @@ def _ts(iso: str | None) -> float | None:
 
 
 def run_job(server: Server, epochs: int) -> dict[str, object]:
+    server_proc = psutil.Process(server.proc.pid)
+    cpu0 = sum(server_proc.cpu_times()[:2])
     with httpx.Client(base_url=server.url, timeout=30) as client:
         t0 = time.time()
         r = client.post("/jobs", json=_spec(epochs))
@@ -112,6 +115,7 @@ def run_job(server: Server, epochs: int) -> dict[str, object]:
                 t_end = time.time()
                 break
             time.sleep(CLIENT_POLL_S)
+    server_cpu = sum(server_proc.cpu_times()[:2]) - cpu0
     if job["state"] != "succeeded":
         raise RuntimeError(f"job {job_id} {job['state']}: {job['reason']}")
     run_dir = server.home / "runs" / str(job_id)
@@ -140,7 +144,7 @@ def run_job(server: Server, epochs: int) -> dict[str, object]:
         phases["job ended (ended_at)"] = ended - t0
     phases["client saw succeeded"] = t_end - t0
     return {"wall": t_end - t0, "start": phases.get("ranks: first_step", float("nan")),
-            "phases": phases}
+            "phases": phases, "server_cpu": server_cpu}
 
 
 def _median_phases(runs: list[dict]) -> dict[str, float]:
@@ -172,6 +176,9 @@ def run(smoke: bool) -> list[Row]:
         Row("orchestration", "plain: start -> every rank's first step", a_start, "s"),
         Row("orchestration", "job: POST -> every rank's first step", b_start, "s"),
         Row("orchestration", "start difference job - plain", b_start - a_start, "s", "<= 0.25"),
+        Row("orchestration", "server CPU during the job", statistics.median(
+            r["server_cpu"] for r in jobs), "cpu-s", "",
+            "API, supervisor loop, record ingestion: competes with the ranks on 2 cores"),
     ]
     for side, runs in (("plain", plain), ("job", jobs)):
         for phase, t in _median_phases(runs).items():

@@ -15,14 +15,17 @@ import json
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 
 from bench.common import Row, percentile
+from bench.loadgen import Connection
 from bench.server import Server, bulk_load_records, insert_finished_job, max_seq, migrate
 
 GOAL = "p99 <= 10 ms, flat as the table grows"
 POLL_INTERVAL_S = 0.5
+REQUEST_TIMEOUT_S = 30.0
 # A busy job: 100 records/s (e.g. 8 ranks x 12 step metrics/s); every poll reads what is new.
 WRITER_BATCH = 10
 WRITER_PERIOD_S = 0.1
@@ -44,35 +47,45 @@ def sequential(server: Server, job_id: int, after: int, limit: int, requests: in
 
 async def _concurrent(server: Server, job_id: int, token: str, pollers: int, duration_s: float,
                       interval_s: float, start_after: int) -> dict[str, float]:
+    """N pollers on their own keep-alive connections (``bench.loadgen``) and one writer."""
     latencies: list[float] = []
     errors = 0
     written = 0
     deadline = time.monotonic() + duration_s
-    limits = httpx.Limits(max_connections=pollers + 2, max_keepalive_connections=pollers + 2)
-    async with httpx.AsyncClient(base_url=server.url, timeout=30, limits=limits) as client:
+    url = urlsplit(server.url)
+    host, port = url.hostname or "127.0.0.1", url.port or 80
 
-        async def poll() -> None:
-            nonlocal errors
-            after = start_after
+    async def poll() -> None:
+        nonlocal errors
+        after = start_after
+        conn = Connection(host, port)
+        try:
             while time.monotonic() < deadline:
                 t0 = time.perf_counter()
                 try:
-                    r = await client.get(f"/jobs/{job_id}/metrics", params={"after": after})
-                    ok = r.status_code == 200
-                except httpx.HTTPError:
-                    ok = False
+                    status, page = await asyncio.wait_for(
+                        conn.request("GET", f"/jobs/{job_id}/metrics?after={after}"),
+                        REQUEST_TIMEOUT_S,
+                    )
+                except (TimeoutError, OSError, asyncio.IncompleteReadError):
+                    status, page = 0, None
+                    await conn.close()
                 latencies.append(time.perf_counter() - t0)
-                if ok:
-                    after = r.json()["next_after"]
+                if status == 200:
+                    after = page["next_after"]
                 else:
                     errors += 1
                 if interval_s:
                     await asyncio.sleep(interval_s)
+        finally:
+            await conn.close()
 
-        async def write() -> None:
-            nonlocal errors, written
-            headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-            batch = 0
+    async def write() -> None:
+        nonlocal errors, written
+        headers = {"Authorization": f"Bearer {token}"}
+        conn = Connection(host, port)
+        batch = 0
+        try:
             while time.monotonic() < deadline:
                 records = [
                     {"attempt": 1, "rank": 100, "epoch": batch, "step": i, "name": "loss",
@@ -81,20 +94,25 @@ async def _concurrent(server: Server, job_id: int, token: str, pollers: int, dur
                 ]
                 body = json.dumps({"records": records}).encode()
                 try:
-                    r = await client.post(f"/jobs/{job_id}/records", content=body, headers=headers)
-                    ok = r.status_code == 200
-                except httpx.HTTPError:
-                    ok = False
-                if ok:
-                    written += r.json()["accepted"]
+                    status, result = await asyncio.wait_for(
+                        conn.request("POST", f"/jobs/{job_id}/records", body, headers),
+                        REQUEST_TIMEOUT_S,
+                    )
+                except (TimeoutError, OSError, asyncio.IncompleteReadError):
+                    status, result = 0, None
+                    await conn.close()
+                if status == 200:
+                    written += result["accepted"]
                 else:
                     errors += 1
                 batch += 1
                 await asyncio.sleep(WRITER_PERIOD_S)
+        finally:
+            await conn.close()
 
-        t0 = time.perf_counter()
-        await asyncio.gather(write(), *(poll() for _ in range(pollers)))
-        wall = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    await asyncio.gather(write(), *(poll() for _ in range(pollers)))
+    wall = time.perf_counter() - t0
     return {
         "requests": len(latencies),
         "rps": len(latencies) / wall,

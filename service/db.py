@@ -14,10 +14,14 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
-# GET routes run in Starlette's thread pool (40 threads): one kept connection each, so readers
-# neither queue for a connection nor reopen one (connect + pragmas) per request.
-READ_POOL_SIZE = 40
-READ_POOL_OVERFLOW = 10
+# Connections kept open: one per thread of Starlette's pool (40), so a reader rarely reopens one.
+POOL_SIZE = 40
+# Never make a request wait for a connection: a session dependency keeps its connection until
+# its exit runs in the thread pool, so with more requests in flight than connections every
+# pool thread can sit in checkout while the exits that would free one wait for a thread (seen
+# with 200 pollers: every request stalled for the 30 s checkout timeout). Extra connections are
+# opened on demand and closed on return.
+POOL_OVERFLOW = -1
 _HOLDS_WRITE_LOCK = "torchyard_holds_write_lock"
 
 
@@ -31,11 +35,11 @@ def make_engine(url: str, *, readonly: bool = False) -> Engine:
         return create_engine(url, pool_pre_ping=True)
     if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    pool_args = {"pool_size": READ_POOL_SIZE, "max_overflow": READ_POOL_OVERFLOW} if readonly else {}
     engine = create_engine(
         url,
         connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
-        **pool_args,
+        pool_size=POOL_SIZE,
+        max_overflow=POOL_OVERFLOW,
     )
 
     @event.listens_for(engine, "connect")

@@ -6,8 +6,9 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import Row, delete, func, select, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -187,18 +188,24 @@ def read_records(
     limit: int,
     rank: int | None = None,
     name: str | None = None,
-) -> Sequence[MetricRecord]:
+) -> Sequence[Row[Any]]:
+    """Records with ``seq > after`` in ``seq`` order, at most ``limit``; an index range scan.
+
+    Plain rows with the table's columns as attributes (``seq``, ``rank``, ``value``, ...), not
+    ORM objects: building 1000 ORM instances cost more than the query (docs/benchmarks.md).
+    """
+    table = MetricRecord.__table__
     q = (
-        select(MetricRecord)
-        .where(MetricRecord.job_id == job_id, MetricRecord.seq > after)
-        .order_by(MetricRecord.seq)
+        select(table)
+        .where(table.c.job_id == job_id, table.c.seq > after)
+        .order_by(table.c.seq)
         .limit(limit)
     )
     if rank is not None:
-        q = q.where(MetricRecord.rank == rank)
+        q = q.where(table.c.rank == rank)
     if name is not None:
-        q = q.where(MetricRecord.name == name)
-    return session.scalars(q).all()
+        q = q.where(table.c.name == name)
+    return session.execute(q).all()
 
 
 def count_records(session: Session, job_id: int) -> int:
