@@ -33,7 +33,7 @@ from service.socketport import free_port
 
 PROBE_DIR = Path(__file__).resolve().parent / "probe"
 PROBE_FILE = "bench-probe.jsonl"
-CLIENT_POLL_S = 0.02
+CLIENT_POLL_S = 0.1  # each GET costs the server CPU the ranks would otherwise get
 RANKS = 2
 RANK_EVENTS = ("exec", "torch_imported", "rendezvous_done", "data_loaded", "ready", "first_step")
 
