@@ -47,6 +47,8 @@ class Server:
             "TORCHYARD_GPUS": "none",
             "TORCHYARD_CPU_SLOTS": "4",
             "OMP_NUM_THREADS": "1",
+            # The benchmarks post records for a finished job for minutes.
+            "TORCHYARD_WORKER_TOKEN_GRACE_S": "3600",
             **(env or {}),
         }
         argv = (

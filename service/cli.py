@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import socket
 
 import typer
+from pydantic import ValidationError
 
 from service.settings import Settings
 
@@ -13,10 +16,35 @@ db_app = typer.Typer(help="Database schema (Alembic).")
 app.add_typer(db_app, name="db")
 
 
+def is_loopback(host: str) -> bool:
+    """True when every address ``host`` names is a loopback one (unresolvable: False)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"torchyard serve: {message}", err=True)
+    raise typer.Exit(2)
+
+
 @app.command()
 def serve(
     host: str = typer.Option(None, help="bind address (default 127.0.0.1 or $TORCHYARD_HOST)"),
     port: int = typer.Option(None, help="port (default 8000 or $TORCHYARD_PORT)"),
+    insecure: bool = typer.Option(
+        False, "--insecure",
+        help="bind a non-loopback address without API tokens: anyone who reaches the port "
+        "can run jobs on this machine",
+    ),
 ) -> None:
     """Run the API and the supervisor (migrates the database first)."""
     import uvicorn
@@ -24,9 +52,26 @@ def serve(
     from service.api.app import create_app
 
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
-    settings = Settings(**overrides)
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as exc:  # inputs are hidden in these errors: no token is echoed
+        _fail(f"invalid settings:\n{exc}")
+    if not settings.api_tokens_configured and not is_loopback(settings.host):
+        if not insecure:
+            _fail(
+                f"refusing to bind {settings.host!r} without API tokens: anyone who can reach "
+                "it could run code on this machine. Set TORCHYARD_API_TOKENS (or "
+                "TORCHYARD_API_TOKENS_FILE), bind 127.0.0.1, or pass --insecure if a firewall "
+                "or proxy already guards the port."
+            )
+        typer.echo(f"torchyard serve: WARNING: {settings.host!r} is served WITHOUT API tokens "
+                   "(--insecure)", err=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+    try:
+        application = create_app(settings)
+    except ValueError as exc:  # e.g. a tokens file that is missing or empty: fail closed
+        _fail(str(exc))
+    uvicorn.run(application, host=settings.host, port=settings.port, log_level="info")
 
 
 @db_app.command("upgrade")

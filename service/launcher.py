@@ -17,6 +17,7 @@ from typing import Protocol
 import psutil
 
 from service.rundir import RunDir
+from service.settings import environ_for_children
 
 
 @dataclass(frozen=True)
@@ -28,13 +29,18 @@ class LaunchRequest:
     nproc_per_node: int
     master_port: int
     run_dir: Path
-    spec_file: Path
     logs_dir: Path
+    program: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
 
 
 def build_command(req: LaunchRequest) -> list[str]:
-    """The torchrun argv for a single-node group with static rendezvous on a free port."""
+    """The torchrun argv for a single-node group with static rendezvous on a free port.
+
+    ``req.program`` is what each rank runs, after torchrun's options: ``("-m", "worker",
+    "--spec", SPEC)`` for the built-in trainer, ``(SCRIPT, *args)`` or ``("-m", MODULE, *args)``
+    for a script job (see ``service.scriptpath``). An argv list, never a shell string.
+    """
     return [
         req.python,
         "-m",
@@ -48,10 +54,7 @@ def build_command(req: LaunchRequest) -> list[str]:
         "--redirects=3",
         "--tee=3",
         "--monitor-interval=0.1",  # torchrun's default: notices a rank exit as plain torchrun does
-        "-m",
-        "worker",
-        "--spec",
-        str(req.spec_file),
+        *req.program,
     ]
 
 
@@ -164,7 +167,7 @@ class LocalTorchrunLauncher:
             popen = subprocess.Popen(
                 build_shim_command(sys.executable, run),
                 cwd=run.root,
-                env={**os.environ, **env},
+                env={**environ_for_children(os.environ), **env},
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -174,7 +177,7 @@ class LocalTorchrunLauncher:
 
     def start(self, req: LaunchRequest, *, new_session: bool = True) -> ProcessGroupHandle:
         """Start torchrun; ``new_session=False`` keeps it in the caller's group (the shim's)."""
-        env = {**os.environ, **req.env}
+        env = {**environ_for_children(os.environ), **req.env}
         with open(req.logs_dir / "torchrun.log", "ab") as log:
             popen = subprocess.Popen(
                 build_command(req),

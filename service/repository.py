@@ -58,6 +58,9 @@ def get_job(session: Session, job_id: int) -> Job | None:
 
 def job_by_idempotency_key(session: Session, key: str) -> Job | None:
     return session.scalar(select(Job).where(Job.idempotency_key == key))
+def job_id_for_token_hash(session: Session, token_hash: str) -> int | None:
+    """The job whose worker token hashes to ``token_hash`` (a digest, so equality is safe)."""
+    return session.scalar(select(Job.id).where(Job.token_hash == token_hash).limit(1))
 
 
 def list_jobs(
@@ -210,3 +213,39 @@ def read_records(
 
 def count_records(session: Session, job_id: int) -> int:
     return session.scalar(select(func.count()).where(MetricRecord.job_id == job_id)) or 0
+
+
+# --- chart series and progress (dashboard) -----------------------------------------------------
+
+
+def series_rows(
+    session: Session, job_id: int, name: str, steps: bool
+) -> Sequence[tuple[int, int, int, int, float | None, str | None]]:
+    """``(attempt, rank, epoch, step, value, nonfinite)`` of one metric of a job: the per-epoch
+    records, or with ``steps`` the per-step ones. Core rows, not ORM ones: 100k rows stay cheap."""
+    m = MetricRecord
+    step_filter = m.step != EPOCH_STEP if steps else m.step == EPOCH_STEP
+    q = (
+        select(m.attempt, m.rank, m.epoch, m.step, m.value, m.nonfinite)
+        .where(m.job_id == job_id, m.name == name, step_filter)
+        .order_by(m.attempt, m.rank, m.epoch, m.step)
+    )
+    return session.connection().execute(q).tuples().all()
+
+
+def metric_names(session: Session, job_id: int) -> list[str]:
+    """The distinct metric names a job has reported, sorted."""
+    q = select(MetricRecord.name).where(MetricRecord.job_id == job_id).distinct()
+    return sorted(session.scalars(q).all())
+
+
+def last_record(session: Session, job_id: int) -> tuple[int, int] | None:
+    """``(seq, epoch)`` of the job's newest record, or None: one indexed lookup (job_id, seq)."""
+    q = (
+        select(MetricRecord.seq, MetricRecord.epoch)
+        .where(MetricRecord.job_id == job_id)
+        .order_by(MetricRecord.seq.desc())
+        .limit(1)
+    )
+    row = session.execute(q).first()
+    return (row[0], row[1]) if row else None

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from service.models import Job, MetricRecord
 from service.repository import EPOCH_STEP
@@ -17,6 +17,10 @@ from service.state import JobState
 # Non-finite metric values travel as these strings (strict JSON has no NaN/Infinity).
 NonFinite = Literal["NaN", "Infinity", "-Infinity"]
 MetricValue = float | NonFinite
+# The database keeps naive UTC; the wire says so (RFC 3339 needs an offset: "...Z").
+UtcDatetime = Annotated[
+    datetime, AfterValidator(lambda d: d if d.tzinfo else d.replace(tzinfo=UTC))
+]
 
 
 class AttemptRead(BaseModel):
@@ -43,11 +47,11 @@ class JobRead(BaseModel):
     name: str
     state: JobState
     spec: JobSpec
-    created_at: datetime
-    started_at: datetime | None
-    running_at: datetime | None
-    first_metric_at: datetime | None
-    ended_at: datetime | None
+    created_at: UtcDatetime
+    started_at: UtcDatetime | None
+    running_at: UtcDatetime | None
+    first_metric_at: UtcDatetime | None
+    ended_at: UtcDatetime | None
     queue_position: int | None = Field(
         default=None, description="queued jobs: 1-based place in the queue order (priority, FIFO)"
     )
@@ -160,7 +164,9 @@ class RecordPost(BaseModel):
 class RecordBatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    records: list[RecordPost] = Field(max_length=10_000)
+    # Ranks send at most 500 (worker BATCH_MAX); 1000 bounds one request to well under a second
+    # of SQL work (10,000 took ~10 s on 2 busy cores: one caller could hold the write lock).
+    records: list[RecordPost] = Field(max_length=1000)
 
 
 class IngestResult(BaseModel):

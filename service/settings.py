@@ -3,16 +3,46 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from service.jobtoken import hash_token
+
+API_TOKEN_MIN_CHARS = 16
+# Never passed on to a job's shim or ranks (jobs run user code; see README "Security").
+SECRET_ENV_VARS = frozenset({"TORCHYARD_API_TOKENS", "TORCHYARD_API_TOKENS_FILE"})
+
+
+def _comma_list(value: object) -> object:
+    """``"a, b,,c"`` → ``["a", "b", "c"]`` (env values are comma lists, not JSON)."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+def environ_for_children(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without the server's secrets: what a job's processes may inherit."""
+    return {k: v for k, v in environ.items() if k not in SECRET_ENV_VARS}
+
+
+def split_dirs(value: str | None) -> list[str]:
+    """``'a:b,c'`` → ``['a', 'b', 'c']`` (os.pathsep or comma; blanks dropped)."""
+    if not value:
+        return []
+    return [p.strip() for p in value.replace(",", os.pathsep).split(os.pathsep) if p.strip()]
 
 
 class Settings(BaseSettings):
     """Everything the service can be configured with. Built by ``Settings()`` at the edge only."""
 
-    model_config = SettingsConfigDict(env_prefix="TORCHYARD_", extra="ignore")
+    # hide_input_in_errors: a refused token must not be echoed into logs.
+    model_config = SettingsConfigDict(
+        env_prefix="TORCHYARD_", extra="ignore", hide_input_in_errors=True
+    )
 
     home: Path = Field(default=Path(".torchyard"), description="database and run directories")
     database_url: str | None = Field(default=None, description="any SQLAlchemy URL; default SQLite")
@@ -27,6 +57,86 @@ class Settings(BaseSettings):
     stop_grace_s: float = Field(default=10.0, ge=0, le=600)
     metrics_page_max: int = Field(default=10_000, ge=1)
     python_executable: str | None = Field(default=None, description="python that runs torchrun")
+    script_dirs: str | None = Field(
+        default=None,
+        description="directories script jobs may run from, separated by ':' (os.pathsep) or ','; "
+        "unset = script jobs disabled",
+    )
+
+    @field_validator("script_dirs")
+    @classmethod
+    def _script_dirs_exist(cls, value: str | None) -> str | None:
+        for part in split_dirs(value):
+            path = Path(part).resolve()
+            if not path.is_dir():
+                raise ValueError(f"TORCHYARD_SCRIPT_DIRS: {part!r} is not a directory")
+            if path == Path(path.anchor):
+                raise ValueError("TORCHYARD_SCRIPT_DIRS: the filesystem root is not allowed")
+        return value
+
+    @property
+    def script_dir_list(self) -> list[Path]:
+        """The resolved script directories, in order; empty = script jobs disabled."""
+        return [Path(part).resolve() for part in split_dirs(self.script_dirs)]
+    # --- security (README "Security") ---------------------------------------------------------
+    api_tokens: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        repr=False,
+        description="comma list; when set (or a file is), every route needs one. Kept hashed.",
+    )
+    api_tokens_file: Path | None = Field(default=None, description="one token a line; # comments")
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="comma list of origins allowed by CORS; none by default"
+    )
+    max_body_bytes: int = Field(default=1024 * 1024, ge=1024, le=1024**3)
+    data_dirs: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list, description="comma list of roots for dataset_root; default HOME/data"
+    )
+    worker_token_grace_s: float = Field(
+        default=60.0, ge=0, le=3600, description="a job token still posts records this long after"
+    )
+
+    _split_lists = field_validator("api_tokens", "cors_origins", "data_dirs", mode="before")(
+        _comma_list
+    )
+
+    @field_validator("api_tokens")
+    @classmethod
+    def _hash_at_once(cls, tokens: list[str]) -> list[str]:
+        """Only SHA-256 digests stay in memory; a short (guessable) token is refused."""
+        if any(len(t) < API_TOKEN_MIN_CHARS for t in tokens):
+            raise ValueError(f"every API token needs at least {API_TOKEN_MIN_CHARS} characters")
+        return [hash_token(t) for t in tokens]
+
+    @property
+    def api_tokens_configured(self) -> bool:
+        """Tokens are on when either source is set (an unreadable or empty file fails closed)."""
+        return bool(self.api_tokens) or self.api_tokens_file is not None
+
+    def api_token_digests(self) -> frozenset[str]:
+        """SHA-256 hex digests of every configured token; the tokens themselves are not kept.
+
+        Raises ``ValueError`` when a tokens file is configured but missing, empty or holds a
+        short token: the server must not start open when its operator asked for tokens.
+        """
+        digests = set(self.api_tokens)
+        if self.api_tokens_file is not None:
+            try:
+                lines = self.api_tokens_file.read_text().splitlines()
+            except OSError as exc:
+                raise ValueError(f"api_tokens_file: cannot read {self.api_tokens_file}: {exc}")
+            from_file = [ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")]
+            if not from_file:
+                raise ValueError(f"api_tokens_file: {self.api_tokens_file} holds no tokens")
+            if any(len(t) < API_TOKEN_MIN_CHARS for t in from_file):
+                raise ValueError(f"api_tokens_file: tokens need {API_TOKEN_MIN_CHARS}+ characters")
+            digests.update(hash_token(t) for t in from_file)
+        return frozenset(digests)
+
+    @property
+    def data_roots(self) -> list[Path]:
+        """Directories a job's ``dataset_root`` must lie in (``HOME/data`` if none configured)."""
+        return list(self.data_dirs) or [self.home / "data"]
 
     @property
     def runs_dir(self) -> Path:

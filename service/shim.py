@@ -9,7 +9,8 @@ its ready marker), enforces ``max_runtime_s`` and ``heartbeat_timeout_s``, and w
   as torchrun's failure summary gives them; all 0 on success), reason, startup_failure;
 * ``exit.json`` — the job's outcome: state (succeeded|failed|cancelled), exit_code, reason.
 
-Input: ``RUN_DIR/launch.json`` (see ``ShimConfig``) and the rank environment in its own
+Input: ``RUN_DIR/launch.json`` (see ``ShimConfig``: among others the rank program argv, the
+built-in trainer or a script job's resolved script and args) and the rank environment in its own
 environment (the job token never touches the disk). SIGTERM means cancel: the group gets
 SIGTERM → grace → SIGKILL and the outcome is ``cancelled``. Never imports torch.
 """
@@ -28,6 +29,7 @@ from pathlib import Path
 from service.failure import describe_exit, failed_rank_exit_codes
 from service.launcher import LaunchRequest, LocalTorchrunLauncher, ProcessGroupHandle
 from service.rundir import RunDir
+from service.scriptpath import builtin_program
 from service.socketport import free_port
 
 POLL_S = 0.2
@@ -43,10 +45,26 @@ class ShimConfig:
     max_runtime_s: float | None
     heartbeat_timeout_s: float | None
     stop_grace_s: float
+    # What each rank runs after torchrun's options (``service.scriptpath.RankProgram``);
+    # None = the built-in trainer (also what a launch.json from before script jobs means).
+    program: list[str] | None = None
+    pythonpath: str | None = None  # ``-m`` script jobs: the script directory holding the module
 
     @classmethod
     def read(cls, run: RunDir) -> ShimConfig:
         return cls(**json.loads(run.launch_file.read_text()))
+
+    def rank_program(self, run: RunDir) -> tuple[str, ...]:
+        if self.program is None:
+            return builtin_program(run.spec_file).argv
+        return tuple(self.program)
+
+    def rank_env(self, inherited: str | None) -> dict[str, str]:
+        """Extra variables of torchrun and the ranks (``inherited``: the shim's PYTHONPATH)."""
+        if self.pythonpath is None:
+            return {}
+        path = os.pathsep.join(p for p in (self.pythonpath, inherited) if p)
+        return {"PYTHONPATH": path, "PYTHONSAFEPATH": "1"}
 
     def write(self, run: RunDir) -> None:
         _write_json(run.launch_file, asdict(self))
@@ -81,15 +99,18 @@ class Shim:
         """Run one attempt; returns (exit code, reason or None, startup_failure)."""
         logs = self.run.logs_dir / f"attempt-{number}"
         logs.mkdir(parents=True, exist_ok=True)
-        env = {"TORCHYARD_ATTEMPT": str(number)}
+        env = {
+            "TORCHYARD_ATTEMPT": str(number),
+            **self.config.rank_env(os.environ.get("PYTHONPATH")),
+        }
         req = LaunchRequest(
             job_id=self.config.job_id,
             python=self.config.python,
             nproc_per_node=self.config.nproc_per_node,
             master_port=free_port(),
             run_dir=self.run.root,
-            spec_file=self.run.spec_file,
             logs_dir=logs,
+            program=self.config.rank_program(self.run),
             env=env,
         )
         record = {

@@ -5,10 +5,20 @@ This module is shared by ``service`` and ``worker`` and must stay free of torch 
 
 from __future__ import annotations
 
+import re
 from enum import Enum
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    StringConstraints,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 
 class ModelName(str, Enum):
@@ -53,6 +63,37 @@ LabelKey = Annotated[
 LabelValue = Annotated[str, StringConstraints(max_length=200, pattern=r"^[^\x00-\x1f]*$")]
 PRIORITY_MIN, PRIORITY_MAX = -1000, 1000
 LABELS_MAX = 32
+
+# --- script jobs ----------------------------------------------------------------------------
+# ``path/to/script.py`` (relative to a script directory, or absolute inside one) or
+# ``-m package.module``. A strict character set: no whitespace tricks, quotes or shell syntax,
+# even though nothing ever goes through a shell.
+SCRIPT_PATH_PATTERN = r"^/?[A-Za-z0-9_][A-Za-z0-9_.+/-]*\.py$"
+MODULE_PATTERN = r"^-m [A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+ENTRYPOINT_MAX = 1024
+ARGS_MAX, ARG_LEN_MAX = 256, 4096
+ENV_MAX, ENV_VALUE_LEN_MAX = 64, 4096
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# torchyard's and torchrun's own variables, and those that would make Python or the dynamic
+# loader run code from outside the script directories, cannot be set by a job.
+RESERVED_ENV_PREFIXES = ("TORCHYARD_", "TORCHELASTIC_", "PYTHON", "LD_", "ROLE_", "GROUP_")
+RESERVED_ENV_NAMES = frozenset({
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+})
+ALLOWED_PYTHON_ENV = frozenset({"PYTHONHASHSEED", "PYTHONFAULTHANDLER", "PYTHONDONTWRITEBYTECODE"})
+
+NoNul = Annotated[str, StringConstraints(max_length=ARG_LEN_MAX, pattern=r"^[^\x00]*$")]
+EnvName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=ENV_NAME_PATTERN)]
+EnvValue = Annotated[str, StringConstraints(max_length=ENV_VALUE_LEN_MAX, pattern=r"^[^\x00]*$")]
+
+
+def env_name_reserved(name: str) -> bool:
+    """True for a variable torchyard or torchrun sets, or one that loads code (PYTHON*, LD_*)."""
+    if name in ALLOWED_PYTHON_ENV:
+        return False
+    return name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES)
+
 
 TORCHVISION_DATASETS = {DatasetName.mnist, DatasetName.fashion_mnist, DatasetName.cifar10}
 
@@ -126,6 +167,83 @@ class JobSpec(BaseModel):
         allow_inf_nan=False,
         description="a rank with no training progress for this long fails the attempt; null = off",
     )
+    entrypoint: str | None = Field(
+        default=None,
+        max_length=ENTRYPOINT_MAX,
+        description="script job: 'path/to/script.py' inside TORCHYARD_SCRIPT_DIRS, or "
+        "'-m package.module'; null = the built-in trainer",
+    )
+    args: list[NoNul] = Field(
+        default_factory=list, max_length=ARGS_MAX, description="script job: argv after the script"
+    )
+    env: dict[EnvName, EnvValue] = Field(
+        default_factory=dict,
+        max_length=ENV_MAX,
+        description="script job: extra environment of every rank (not TORCHYARD_*, torchrun's, "
+        "PYTHON*, LD_*)",
+    )
+
+    @property
+    def is_script(self) -> bool:
+        """A user script (``entrypoint``) rather than the built-in trainer."""
+        return self.entrypoint is not None
+
+    @property
+    def entrypoint_module(self) -> str | None:
+        """``package.module`` for ``-m package.module``; None for a script path."""
+        if self.entrypoint is not None and self.entrypoint.startswith("-m "):
+            return self.entrypoint[3:]
+        return None
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint_syntax(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        if not (re.fullmatch(SCRIPT_PATH_PATTERN, value) or re.fullmatch(MODULE_PATTERN, value)):
+            raise ValueError(
+                "must be 'path/to/script.py' (letters, digits, _ . + - /) or '-m package.module', "
+                f"without spaces, quotes or shell syntax; got {value!r}"
+            )
+        if ".." in value.split("/"):
+            raise ValueError("must not contain '..'")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_not_reserved(cls, value: dict[str, str]) -> dict[str, str]:
+        reserved = sorted(n for n in value if env_name_reserved(n))
+        if reserved:
+            raise ValueError(
+                f"{', '.join(reserved)} cannot be set (TORCHYARD_*, torchrun's variables, "
+                "PYTHON* and LD_* are reserved)"
+            )
+        return value
+
+    @model_serializer(mode="wrap")
+    def _drop_builtin_fields(self, handler: SerializerFunctionWrapHandler):
+        """A script spec is stored and shown without the built-in trainer's fields, so it
+        validates again unchanged (those fields are forbidden next to ``entrypoint``)."""
+        data = handler(self)
+        if self.is_script and isinstance(data, dict):
+            for name in BUILTIN_ONLY_FIELDS:
+                data.pop(name, None)
+        return data
+
+    @model_validator(mode="after")
+    def _check_script(self) -> JobSpec:
+        if self.entrypoint is None:
+            for name in ("args", "env"):
+                if getattr(self, name):
+                    raise ValueError(f"{name}: only allowed with 'entrypoint' (a script job)")
+            return self
+        given = sorted(self.model_fields_set & BUILTIN_ONLY_FIELDS)
+        if given:
+            raise ValueError(
+                f"{given[0]}: not allowed with 'entrypoint' (a script takes its settings through "
+                f"'args' and 'env'); built-in-only fields: {', '.join(sorted(BUILTIN_ONLY_FIELDS))}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_combinations(self) -> JobSpec:
@@ -136,3 +254,11 @@ class JobSpec(BaseModel):
         if self.model is ModelName.resnet18 and self.dataset is DatasetName.synthetic:
             pass  # synthetic data is shaped per model by the worker
         return self
+
+
+# Fields only the built-in trainer reads; a script job (``entrypoint``) may not set them.
+BUILTIN_ONLY_FIELDS = frozenset({
+    "model", "dataset", "epochs", "batch_size", "lr", "optimizer", "momentum", "weight_decay",
+    "seed", "dataset_root", "download", "synthetic_samples", "checkpoint_every",
+    "keep_checkpoints",
+})

@@ -23,12 +23,14 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service import repository as repo
 from service import scheduler
+from service.admission import admit
 from service.jobtoken import new_token
 from service.launcher import UNKNOWN_EXIT, GroupHandle, Launcher, ProcessGroupHandle
 from service.models import Job
 from service.resources import Inventory
 from service.rundir import RunDir
 from service.runfiles import read_attempts, read_json
+from service.scriptpath import ScriptRefused, ScriptsDisabled, rank_program, script_program
 from service.settings import Settings
 from service.shim import ShimConfig
 from service.spec import Backend, Device, JobSpec
@@ -68,9 +70,9 @@ def placement_for(spec: JobSpec, resources: list[str]) -> Placement:
 class SubmitRejected(Exception):
     """A spec that is valid on its own but cannot be accepted here (``kind`` says why)."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str, status: int = 422) -> None:
         super().__init__(message)
-        self.kind = kind
+        self.kind, self.status = kind, status
 
 
 def check_capacity(spec: JobSpec, inventory: Inventory) -> None:
@@ -111,11 +113,19 @@ class Supervisor:
         ``SubmitRejected("idempotency_conflict")``. Also raises ``SubmitRejected`` for a job that
         can never fit this host or names a job that does not exist.
         """
+        spec = admit(spec, self.settings)  # 403 script jobs without tokens; 422 paths outside roots
         if idempotency_key is not None:
             existing = self._job_for_key(idempotency_key, spec)
             if existing is not None:
                 return existing, False
         check_capacity(spec, self.inventory)
+        if spec.is_script:  # refuse what could never launch; resolved again at launch
+            try:
+                script_program(spec, self.settings.script_dir_list)
+            except ScriptsDisabled as exc:
+                raise SubmitRejected("scripts_disabled", str(exc), status=403) from exc
+            except ScriptRefused as exc:
+                raise SubmitRejected("invalid_request", str(exc)) from exc
         with self.session_factory() as session:
             if spec.resume_from is not None and repo.get_job(session, spec.resume_from) is None:
                 raise SubmitRejected("invalid_request", f"resume_from: job {spec.resume_from} not found")
@@ -139,6 +149,7 @@ class Supervisor:
             raise SubmitRejected(
                 "idempotency_conflict",
                 f"Idempotency-Key: already used for job {job.id} with a different spec",
+                status=409,
             )
         return job
 
@@ -337,6 +348,13 @@ class Supervisor:
         run = RunDir.for_job(self.settings.runs_dir, job.id)
         run.prepare()
         run.spec_file.write_text(spec.model_dump_json(indent=2))
+        try:
+            program = rank_program(spec, self.settings.script_dir_list, run.spec_file)
+        except ScriptRefused as exc:  # the script went away (or out of bounds) since submit
+            repo.transition(session, job.id, JobState.failed, reason=f"could not start: {exc}")
+            repo.release(session, job.id)
+            session.commit()
+            return
         ShimConfig(
             job_id=job.id,
             python=self.settings.python_executable or sys.executable,
@@ -345,6 +363,8 @@ class Supervisor:
             max_runtime_s=spec.max_runtime_s,
             heartbeat_timeout_s=spec.heartbeat_timeout_s,
             stop_grace_s=self.settings.stop_grace_s,
+            program=list(program.argv),
+            pythonpath=program.pythonpath,
         ).write(run)
         env = self._rank_env(job.id, token, run, spec, placement)
         try:
@@ -376,6 +396,7 @@ class Supervisor:
         # CPU jobs: one thread per slot held; GPU jobs: share the host's cores among the ranks.
         threads = 1 if placement.device == "cpu" else max(1, cores // spec.nproc_per_node)
         env = {
+            **spec.env,  # a script job's own variables; never torchyard's (JobSpec refuses them)
             "TORCHYARD_API_URL": self.api_url,
             "TORCHYARD_JOB_ID": str(job_id),
             "TORCHYARD_JOB_TOKEN": token,

@@ -45,9 +45,11 @@ class LiveServer:
     home: Path
     proc: subprocess.Popen[bytes]
     log: Path
+    token: str | None = None  # the first of TORCHYARD_API_TOKENS, when the server has tokens
 
     def client(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=10)
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        return httpx.Client(base_url=self.url, timeout=10, headers=headers)
 
     def wait_for(
         self, job_id: int, states: set[str], timeout_s: float = 120,
@@ -77,6 +79,7 @@ def _start_server(home: Path, extra_env: dict[str, str], port: int | None = None
         "TORCHYARD_CPU_SLOTS": "4",
         "TORCHYARD_STOP_GRACE_S": "3",
         "OMP_NUM_THREADS": "1",
+        "TORCHYARD_DATA_DIRS": str(home.parent),  # tests name dataset roots under tmp_path
         **extra_env,
     }
     home.mkdir(parents=True, exist_ok=True)
@@ -97,7 +100,9 @@ def _start_server(home: Path, extra_env: dict[str, str], port: int | None = None
             pass
         assert time.monotonic() < deadline, "server did not answer in 30 s"
         time.sleep(0.1)
-    return LiveServer(url=url, port=port, home=home, proc=proc, log=log)
+    tokens = [t for t in env.get("TORCHYARD_API_TOKENS", "").split(",") if t.strip()]
+    return LiveServer(url=url, port=port, home=home, proc=proc, log=log,
+                      token=tokens[0].strip() if tokens else None)
 
 
 def _stop_server(server: LiveServer) -> None:

@@ -1,23 +1,51 @@
-"""torchyard's worker: the program torchrun starts once per rank.
+"""torchyard's worker: the built-in trainer, and the SDK a user's own training script imports.
 
-``worker.report(epoch=..., step=None, **metrics)`` reports metrics for the calling rank
-through one process-wide :class:`~worker.reporter.Reporter`, created on first use from the
-environment and closed at interpreter exit. No torch import here, on purpose.
+SDK (cheap to import: no torch import here, on purpose)::
+
+    import worker
+    from worker import checkpoint          # imports torch
+
+    @worker.record                          # torch's @record: the job's reason names the rank
+    def main():
+        ...set-up...
+        worker.ready()                      # optional: set-up done (see below)
+        for epoch in ...:
+            worker.report(epoch=epoch, loss=loss, accuracy=acc)
+            checkpoint.save({"model": model.state_dict()}, epoch)   # rank 0 only
+
+* :func:`report` ``(epoch=..., step=None, **metrics)`` reports metrics for the calling rank
+  through one process-wide :class:`~worker.reporter.Reporter`, created on first use from the
+  environment and closed at interpreter exit (pending records get up to 10 s; every record is
+  also in the rank's spool file, which the server re-ingests when the job ends). It also calls
+  :func:`ready`.
+* :func:`ready` writes this rank's ready marker ``RUN_DIR/attempts/<n>/ready-rank-<r>`` on the
+  first call and touches it (at most once a second) on later ones. The marker means "set-up
+  done": the job turns ``running`` once rank 0 is ready, a failure before every rank is ready
+  is a *start-up failure* (never retried), and ``heartbeat_timeout_s`` counts from the last
+  touch. A script that never reports has no heartbeat and every failure of it is a start-up one.
+* Outside torchyard (no ``TORCHYARD_*`` variables: plain ``torchrun`` or ``python``) all of this
+  is a no-op with one logged warning per process, so the same file runs anywhere.
 """
 
 from __future__ import annotations
 
 import atexit
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from worker.env import WorkerEnv
+from worker.heartbeat import Heartbeat
 from worker.reporter import Reporter
 
-__all__ = ["Reporter", "WorkerEnv", "default_reporter", "report"]
+__all__ = ["Reporter", "WorkerEnv", "default_reporter", "ready", "record", "report"]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 _default: Reporter | None = None
 _default_lock = threading.Lock()
+_heartbeat: Heartbeat | None = None
+_heartbeat_lock = threading.Lock()
 
 
 def default_reporter() -> Reporter:
@@ -30,6 +58,32 @@ def default_reporter() -> Reporter:
         return _default
 
 
+def ready() -> None:
+    """Mark this rank ready (first call) and alive (later calls); a no-op outside torchyard."""
+    global _heartbeat
+    with _heartbeat_lock:
+        if _heartbeat is None:
+            env = WorkerEnv.current()
+            if env.run_dir is None:
+                return
+            marker = env.run_dir / "attempts" / str(env.attempt) / f"ready-rank-{env.rank}"
+            _heartbeat = Heartbeat(marker)
+            return
+        _heartbeat.beat()
+
+
 def report(*, epoch: int | None = None, step: int | None = None, **metrics: Any) -> None:
-    """Report ``metrics`` for this rank; see :meth:`Reporter.report`."""
+    """Report ``metrics`` for this rank (see :meth:`Reporter.report`); also :func:`ready`."""
+    ready()
     default_reporter().report(epoch=epoch, step=step, **metrics)
+
+
+def record(fn: F) -> F:
+    """torch's ``torch.distributed.elastic.multiprocessing.errors.record`` (imported lazily).
+
+    Decorate the script's ``main``: an exception in a rank is written to torchrun's error file,
+    so a failed job's ``reason`` reads ``rank N failed: <exception>``.
+    """
+    from torch.distributed.elastic.multiprocessing.errors import record as torch_record
+
+    return torch_record(fn)

@@ -1,10 +1,22 @@
 """Epoch checkpoints on local disk: atomic saves, keep-last-K pruning, corrupt-tolerant loads.
 
-Public API (also meant for user training scripts):
+Public API:
 
 * :func:`save_checkpoint` ``(directory, epoch, state, keep) -> Path`` writes
   ``directory/epoch-000005.pt`` atomically and prunes all but the newest ``keep`` files.
-* :func:`load_latest` ``(directory) -> dict | None`` returns the newest readable checkpoint.
+* :func:`load_latest` ``(directory=None) -> dict | None`` returns the newest readable checkpoint.
+
+For user scripts (the SDK):
+
+* :func:`save` ``(state, epoch, keep=2, directory=None) -> Path | None``: on rank 0 (``RANK``)
+  only, :func:`save_checkpoint` into :func:`default_dir`; other ranks do nothing and get None.
+  No collective: call it on every rank.
+* :func:`load_latest` without a directory reads :func:`default_dir`, and when that holds
+  none, the checkpoints of the job named by the spec's ``resume_from``
+  (``TORCHYARD_RESUME_DIR``). So a restarted attempt (``max_restarts``) or a ``resume_from``
+  job continues where the last checkpoint left off.
+* :func:`default_dir`: ``$TORCHYARD_RUN_DIR/checkpoints`` in a torchyard job, else
+  ``./checkpoints`` (plain ``torchrun``).
 
 Contract:
 
@@ -33,6 +45,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from worker import ready
+from worker.env import WorkerEnv
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +107,38 @@ def save_checkpoint(directory: Path | str, epoch: int, state: dict[str, Any], ke
     return final
 
 
-def load_latest(directory: Path | str) -> dict[str, Any] | None:
-    """The newest readable checkpoint in ``directory`` (see module docstring), or ``None``."""
+def default_dir() -> Path:
+    """Where :func:`save` writes: the job's ``RUN_DIR/checkpoints``, else ``./checkpoints``."""
+    env = WorkerEnv.current()
+    return (env.run_dir / "checkpoints") if env.run_dir is not None else Path("checkpoints")
+
+
+def save(
+    state: dict[str, Any], epoch: int, *, keep: int = 2, directory: Path | str | None = None
+) -> Path | None:
+    """Rank 0 saves ``state`` for ``epoch`` atomically (see :func:`save_checkpoint`); others: None."""
+    if WorkerEnv.current().rank != 0:
+        return None
+    path = save_checkpoint(directory if directory is not None else default_dir(), epoch, state, keep)
+    ready()  # a slow save is progress too
+    return path
+
+
+def load_latest(directory: Path | str | None = None) -> dict[str, Any] | None:
+    """The newest readable checkpoint in ``directory`` (see module docstring), or ``None``.
+
+    ``directory=None``: :func:`default_dir`, then the ``resume_from`` job's checkpoints.
+    """
+    if directory is None:
+        resume_dir = WorkerEnv.current().resume_dir
+        own = _load_latest_in(default_dir())
+        if own is not None or resume_dir is None:
+            return own
+        return _load_latest_in(resume_dir)
+    return _load_latest_in(directory)
+
+
+def _load_latest_in(directory: Path | str) -> dict[str, Any] | None:
     for epoch, path in reversed(list_checkpoints(directory)):
         try:
             state = torch.load(path, map_location="cpu", weights_only=False)

@@ -208,6 +208,6 @@ def _warn_noop_once() -> None:
             return
         _noop_warned = True
     log.warning(
-        "TORCHYARD_API_URL/TORCHYARD_JOB_ID not set: metrics are not sent to torchyard "
-        "(still spooled when TORCHYARD_RUN_DIR is set)"
+        "not running as a torchyard job (TORCHYARD_API_URL/TORCHYARD_JOB_ID not set): "
+        "metrics are not sent to torchyard (still spooled when TORCHYARD_RUN_DIR is set)"
     )

@@ -1,14 +1,25 @@
-"""``create_app(settings)``: wires storage, supervisor and routes. No module-level state."""
+"""``create_app(settings)``: wires storage, supervisor, routes and the security layers.
+
+Request path, outermost first: CORS (only when ``TORCHYARD_CORS_ORIGINS`` is set) → auth
+(``service.api.auth``: default-on for every path but the public allowlist) → body-size limit
+(413) → routing, where every route also refuses undeclared query parameters (422).
+No module-level state.
+"""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.openapi.utils import get_openapi
 
 from service import __version__
-from service.api import errors, jobs, records, resources
+from service.api import dashboard, errors, jobs, records, resources, series
+from service.api.auth import AuthMiddleware, TokenSet, is_public, worker_job_id
+from service.api.bodylimit import BodyLimitMiddleware
+from service.api.deps import reject_unknown_query
 from service.db import make_engine, make_session_factory, upgrade
 from service.launcher import Launcher, LocalTorchrunLauncher
 from service.resources import make_inventory
@@ -20,7 +31,11 @@ def create_app(
     settings: Settings, *, api_url: str | None = None, launcher: Launcher | None = None,
     run_supervisor: bool = True,
 ) -> FastAPI:
-    """The app. Migrations run and the supervisor starts (after recovery) when it starts up."""
+    """The app. Migrations run and the supervisor starts (after recovery) when it starts up.
+
+    Raises ``ValueError`` when a configured tokens file is unreadable or empty (fail closed).
+    """
+    tokens = TokenSet(settings.api_token_digests())
     engine = make_engine(settings.resolved_database_url)
     session_factory = make_session_factory(engine)
     read_engine = make_engine(settings.resolved_database_url, readonly=True)
@@ -45,18 +60,57 @@ def create_app(
             engine.dispose()
             read_engine.dispose()
 
-    app = FastAPI(title="torchyard", version=__version__, lifespan=lifespan)
+    app = FastAPI(
+        title="torchyard", version=__version__, lifespan=lifespan,
+        dependencies=[Depends(reject_unknown_query)], responses=errors.ERROR_RESPONSES,
+    )
     app.state.settings = settings
     app.state.session_factory = session_factory
-    app.state.read_session_factory = make_session_factory(read_engine)
+    read_session_factory = make_session_factory(read_engine)
+    app.state.read_session_factory = read_session_factory
     app.state.supervisor = supervisor
     errors.install(app)
     app.include_router(jobs.router)
     app.include_router(records.router)
     app.include_router(resources.router)
+    app.include_router(series.router)
+    app.include_router(dashboard.router)
 
     @app.get("/healthz", tags=["meta"])
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
+    # add_middleware wraps: the last one added runs first.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        # Token checks only read: they never wait for (or hold up) a metric write.
+        AuthMiddleware, tokens=tokens, session_factory=read_session_factory,
+        grace_s=settings.worker_token_grace_s,
+    )
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware, allow_origins=settings.cors_origins, allow_credentials=False,
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID"],
+        )
+    app.openapi = lambda: _openapi_with_security(app, tokens.enabled)  # type: ignore[method-assign]
     return app
+
+
+def _openapi_with_security(app: FastAPI, api_tokens: bool) -> dict:
+    """The schema, saying which token each operation takes (as this server is configured)."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        schemes = schema.setdefault("components", {}).setdefault("securitySchemes", {})
+        schemes["jobToken"] = {"type": "http", "scheme": "bearer",
+                               "description": "the job's own token (ranks only)"}
+        if api_tokens:
+            schemes["apiToken"] = {"type": "http", "scheme": "bearer"}
+        for path, operations in schema.get("paths", {}).items():
+            for method, operation in operations.items():
+                if worker_job_id(method.upper(), path.replace("{job_id}", "1")) is not None:
+                    operation["security"] = [{"jobToken": []}]
+                elif api_tokens and not is_public(path):
+                    operation["security"] = [{"apiToken": []}]
+        app.openapi_schema = schema
+    return app.openapi_schema

@@ -1,4 +1,8 @@
-"""Typed dependencies: the session and the supervisor come from ``app.state``, set by ``create_app``."""
+"""Typed dependencies: session, supervisor and settings come from ``app.state`` (``create_app``).
+
+``reject_unknown_query`` is applied to every route by ``create_app``: a query parameter the route
+does not declare is a 422 "unknown field", as an unknown body field is.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,12 @@ from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.dependencies.models import Dependant
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.settings import Settings
 from service.supervisor import Supervisor
 
 READ_METHODS = frozenset({"GET", "HEAD"})
@@ -38,6 +46,31 @@ def get_supervisor(request: Request) -> Supervisor:
     return request.app.state.supervisor
 
 
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
 SessionDep = Annotated[Session, Depends(get_session)]
 SessionFactoryDep = Annotated[sessionmaker[Session], Depends(get_session_factory)]
 SupervisorDep = Annotated[Supervisor, Depends(get_supervisor)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+
+def _query_names(dependant: Dependant) -> set[str]:
+    names = {p.alias for p in dependant.query_params}
+    for sub in dependant.dependencies:
+        names |= _query_names(sub)
+    return names
+
+
+def reject_unknown_query(request: Request) -> None:
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute):
+        return
+    declared = _query_names(route.dependant)  # a walk of a few nodes: cheaper than caching
+    unknown = sorted({k for k in request.query_params if k not in declared})
+    if unknown:
+        raise RequestValidationError([
+            {"type": "extra_forbidden", "loc": ("query", k), "msg": "unknown field", "input": None}
+            for k in unknown
+        ])

@@ -1,13 +1,22 @@
-"""One JSON error shape for every failure: ``{"error", "message", "details": [{"field", "message"}]}``."""
+"""One JSON error shape for every failure: ``{"error", "message", "details": [{"field", "message"}]}``.
+
+No handler puts a traceback or an exception's internals in a response; unexpected errors are
+logged (without request headers, so no token reaches the log) and answered with a bare 500.
+"""
 
 from __future__ import annotations
 
 import logging
+import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from service.admission import AdmissionRefused
+from service.pathguard import PathRefused
+from service.schemas import ErrorBody
 
 logger = logging.getLogger(__name__)
 
@@ -18,7 +27,7 @@ class ApiError(Exception):
         self.status, self.error, self.message = status, error, message
 
 
-def _body(error: str, message: str, details: list[dict] | None = None) -> dict:
+def error_body(error: str, message: str, details: list[dict] | None = None) -> dict:
     return {"error": error, "message": message, "details": details or []}
 
 
@@ -38,10 +47,38 @@ def _describe(err: dict) -> str:
     return str(err.get("msg", "invalid"))
 
 
+_ERROR = {"model": ErrorBody}
+# Declared on every operation (app-level ``responses``), so clients and the fuzzer know them.
+ERROR_RESPONSES: dict[int | str, dict] = {
+    400: {**_ERROR, "description": "malformed request (e.g. a body that is not JSON)"},
+    401: {**_ERROR, "description": "API tokens are configured and none or an unknown one was sent"},
+    403: {**_ERROR, "description": "this token may not do this (e.g. a job token off its route)"},
+    404: {**_ERROR, "description": "no such job or route"},
+    409: {**_ERROR, "description": "conflicts with the job's state"},
+    413: {**_ERROR, "description": "the body is larger than TORCHYARD_MAX_BODY_BYTES"},
+    422: {**_ERROR, "description": "invalid field, unknown field, or out-of-range number"},
+    500: {**_ERROR, "description": "a bug; the response carries no details"},
+}
+
+
+def _allowed_methods(app: FastAPI, path: str) -> list[str]:
+    """Every method the schema documents for ``path``.
+
+    Starlette's 405 names only the first route whose path matched, but ``GET /jobs`` and
+    ``POST /jobs`` are separate routes; ``Allow`` must list both.
+    """
+    methods: set[str] = set()
+    for template, operations in app.openapi().get("paths", {}).items():
+        pattern = re.sub(r"\\\{[^/]*?\\\}", "[^/]+", re.escape(template))
+        if re.fullmatch(pattern, path):
+            methods.update(m.upper() for m in operations)
+    return sorted(methods)
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_req: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(_body(exc.error, exc.message), status_code=exc.status)
+        return JSONResponse(error_body(exc.error, exc.message), status_code=exc.status)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
@@ -50,15 +87,34 @@ def install(app: FastAPI) -> None:
             for e in exc.errors()
         ]
         summary = "; ".join(f"{d['field']}: {d['message']}" for d in details[:5])
-        return JSONResponse(_body("invalid_request", summary, details), status_code=422)
+        return JSONResponse(error_body("invalid_request", summary, details), status_code=422)
+
+    @app.exception_handler(PathRefused)
+    async def _path(_req: Request, exc: PathRefused) -> JSONResponse:
+        details = [{"field": exc.field, "message": str(exc)}]
+        return JSONResponse(error_body("invalid_request", str(exc), details), status_code=422)
+
+    @app.exception_handler(AdmissionRefused)
+    async def _admission(_req: Request, exc: AdmissionRefused) -> JSONResponse:
+        return JSONResponse(error_body("forbidden", str(exc)), status_code=403)
+
+    @app.exception_handler(OverflowError)
+    async def _overflow(_req: Request, _exc: OverflowError) -> JSONResponse:
+        # A number that passed an unbounded declaration but does not fit a 64-bit column.
+        return JSONResponse(
+            error_body("invalid_request", "a number in the request is out of range"), 422
+        )
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(req: Request, exc: StarletteHTTPException) -> JSONResponse:
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405 and (allowed := _allowed_methods(req.app, req.url.path)):
+            headers["Allow"] = ", ".join(allowed)
         return JSONResponse(
-            _body("http_error", str(exc.detail)), status_code=exc.status_code, headers=exc.headers
+            error_body("http_error", str(exc.detail)), status_code=exc.status_code, headers=headers
         )
 
     @app.exception_handler(Exception)
     async def _unexpected(req: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error on %s %s", req.method, req.url.path)
-        return JSONResponse(_body("internal", "internal server error"), status_code=500)
+        return JSONResponse(error_body("internal", "internal server error"), status_code=500)

@@ -57,8 +57,7 @@ def submit_job(
     try:
         job, created = supervisor.submit(spec, idempotency_key)
     except SubmitRejected as exc:
-        status = 409 if exc.kind == "idempotency_conflict" else 422
-        raise ApiError(status, exc.kind, str(exc)) from exc
+        raise ApiError(exc.status, exc.kind, str(exc)) from exc
     response.headers["Location"] = f"/jobs/{job.id}"
     if not created:
         response.status_code = 200

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from service import repository as repo
+from service.api.auth import WorkerJobDep
 from service.api.deps import SessionDep
 from service.api.errors import ApiError
-from service.jobtoken import token_matches
 from service.schemas import IngestResult, RecordBatch
-from service.state import ACTIVE_STATES, JobState
 
 router = APIRouter(prefix="/jobs", tags=["workers"])
 
@@ -34,37 +33,25 @@ async def _record_batch(request: Request) -> RecordBatch:
 
 # Documented as before (the dependency hides the body from OpenAPI); OpenAPI 3.1 takes $defs.
 _BODY_SCHEMA = RecordBatch.model_json_schema()
+BatchDep = Annotated[RecordBatch, Depends(_record_batch)]
 
 
 @router.post(
     "/{job_id}/records",
     response_model=IngestResult,
     openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": _BODY_SCHEMA}},
-        }
+        "requestBody": {"required": True, "content": {"application/json": {"schema": _BODY_SCHEMA}}}
     },
 )
-def post_records(
-    job_id: int,
-    batch: Annotated[RecordBatch, Depends(_record_batch)],
-    session: SessionDep,
-    authorization: Annotated[str | None, Header()] = None,
-) -> IngestResult:
+def post_records(job_id: WorkerJobDep, batch: BatchDep, session: SessionDep) -> IngestResult:
     """Store a batch in one transaction; replays of (attempt, rank, epoch, step, name) are ignored.
 
-    Accepted from the job's own token while the job is starting or running, and also after it
-    ended (a rank's last batch may land just after the group exits): nothing reported is lost.
+    Only the job's own token (``Authorization: Bearer``), while the job is starting or running
+    and for ``TORCHYARD_WORKER_TOKEN_GRACE_S`` after it ended (a rank's last batch may land just
+    after the group exits); the auth middleware enforces this (``service.api.auth``).
     """
-    job = repo.get_job(session, job_id)
-    if job is None:
+    if repo.get_job(session, job_id) is None:
         raise ApiError(404, "not_found", f"job {job_id} not found")
-    token = (authorization or "").removeprefix("Bearer ").strip()
-    if not token or not token_matches(token, job.token_hash):
-        raise ApiError(403, "forbidden", "a valid job token for this job is required")
-    if JobState(job.state) not in ACTIVE_STATES and job.ended_at is None:
-        raise ApiError(409, "conflict", f"job {job_id} is {job.state}; it takes no records")
     records = [
         repo.RecordIn(r.attempt, r.rank, r.epoch, r.step, r.name, r.value, r.time)  # type: ignore[arg-type]
         for r in batch.records

@@ -1,0 +1,547 @@
+// torchyard dashboard: a single page that reads the REST API (no build step, no framework).
+// Routes live in the URL hash so they never collide with API paths:
+//   #/?state=&name=&label=   job list with filters
+//   #/jobs/<id>              one job: per-rank curves (live), phases, attempts, divergence, logs
+//   #/submit                 submit a JSON spec
+// When the server has API tokens, the token pasted by the user (kept in localStorage) is sent as
+// "Authorization: Bearer"; a 401 opens the token form.
+"use strict";
+
+(() => {
+  const TOKEN_KEY = "torchyard.token";
+  const POLL_MS = 1000;
+  const LIST_POLL_MS = 2000;
+  const LOG_CAP_CHARS = 1_000_000;
+  const SERIES_MAX_POINTS = 2000;
+  const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
+  const STATES = ["queued", "starting", "running", "succeeded", "failed", "cancelled"];
+  const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+                   "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
+  const DASHES = ["solid", "dot", "dash", "longdash", "dashdot"];
+  const DEFAULT_SPEC = {name: "digits-ddp", model: "mlp", dataset: "digits", epochs: 5,
+                        batch_size: 64, lr: 0.05, nproc_per_node: 2};
+
+  // ---- small helpers ------------------------------------------------------------------------
+
+  class ApiFailure extends Error {
+    constructor(status, body) {
+      super((body && body.message) || `HTTP ${status}`);
+      this.status = status;
+      this.body = body;
+    }
+  }
+
+  function h(tag, attrs = {}, ...children) {
+    const el = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs)) {
+      if (v === undefined || v === null || v === false) continue;
+      if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+      else if (k === "class") el.className = v;
+      else el.setAttribute(k, v === true ? "" : v);
+    }
+    for (const c of children.flat()) {
+      if (c !== undefined && c !== null) el.append(c instanceof Node ? c : String(c));
+    }
+    return el;
+  }
+
+  // The API writes naive UTC timestamps; read them as UTC.
+  function parseTime(s) {
+    if (!s) return null;
+    return new Date(/[zZ]|[+-]\d\d:?\d\d$/.test(s) ? s : s + "Z");
+  }
+
+  function duration(seconds) {
+    if (seconds === null || seconds === undefined || !isFinite(seconds)) return "";
+    const s = Math.max(0, seconds);
+    if (s < 60) return `${s.toFixed(s < 10 ? 1 : 0)} s`;
+    if (s < 3600) return `${Math.floor(s / 60)} min ${Math.round(s % 60)} s`;
+    if (s < 86400) return `${Math.floor(s / 3600)} h ${Math.round((s % 3600) / 60)} min`;
+    return `${Math.floor(s / 86400)} d ${Math.round((s % 86400) / 3600)} h`;
+  }
+
+  function stateBadge(state) {
+    return h("span", {class: `state state-${state}`}, state);
+  }
+
+  function showNotice(text) {
+    const el = document.getElementById("notice");
+    el.textContent = text || "";
+    el.hidden = !text;
+  }
+
+  // ---- API access and the token -------------------------------------------------------------
+
+  function askForToken(message) {
+    const form = document.getElementById("token-form");
+    document.getElementById("token-message").textContent = message;
+    form.hidden = false;
+    document.getElementById("token-input").focus();
+  }
+
+  async function api(path, options = {}) {
+    const headers = {...(options.headers || {})};
+    const token = localStorage.getItem(TOKEN_KEY);
+    if (token) headers.Authorization = `Bearer ${token}`;
+    const init = {method: options.method || "GET", headers};
+    if (options.json !== undefined) {
+      headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(options.json);
+    }
+    let resp;
+    try {
+      resp = await fetch(path, init);
+    } catch (err) {
+      throw new ApiFailure(0, {message: `server unreachable (${err.message})`});
+    }
+    const text = await resp.text();
+    let body = null;
+    try { body = text ? JSON.parse(text) : null; } catch { body = {message: text}; }
+    if (resp.status === 401) {
+      askForToken(token ? "The API token was refused (401): paste another one."
+                        : "This server needs an API token (401): paste one to continue.");
+    }
+    if (!resp.ok) throw new ApiFailure(resp.status, body);
+    return body;
+  }
+
+  function reportError(err) {
+    if (err instanceof ApiFailure && err.status === 401) return;  // the token form says it
+    showNotice(err.message || String(err));
+  }
+
+  // Calls fn every ms until stop() or until fn returns false; errors are shown, not fatal.
+  function poller(fn, ms) {
+    let stopped = false;
+    let timer = null;
+    const tick = async () => {
+      if (stopped) return;
+      let again = true;
+      try {
+        again = (await fn()) !== false;
+      } catch (err) {
+        reportError(err);
+      }
+      if (!stopped && again) timer = setTimeout(tick, typeof ms === "function" ? ms() : ms);
+    };
+    tick();
+    return {stop() { stopped = true; clearTimeout(timer); }};
+  }
+
+  // ---- job list -----------------------------------------------------------------------------
+
+  function listPage(query) {
+    const view = document.getElementById("view");
+    const stateSel = h("select", {name: "state", id: "filter-state"},
+      h("option", {value: ""}, "any state"),
+      STATES.map((s) => h("option", {value: s, selected: query.get("state") === s}, s)));
+    const nameIn = h("input", {name: "name", id: "filter-name", placeholder: "name",
+                               value: query.get("name") || ""});
+    const labelIn = h("input", {name: "label", id: "filter-label", placeholder: "label key=value",
+                                value: query.get("label") || ""});
+    const form = h("form", {class: "filters", onsubmit: (ev) => {
+      ev.preventDefault();
+      const q = new URLSearchParams();
+      for (const [k, el] of [["state", stateSel], ["name", nameIn], ["label", labelIn]]) {
+        if (el.value.trim()) q.set(k, el.value.trim());
+      }
+      location.hash = `#/?${q}`;
+    }}, stateSel, nameIn, labelIn, h("button", {type: "submit"}, "Filter"));
+    const tbody = h("tbody", {id: "job-rows"});
+    const table = h("table", {class: "jobs"},
+      h("thead", {}, h("tr", {}, ["ID", "Name", "State", "Progress", "Age", "Labels"].map(
+        (c) => h("th", {}, c)))),
+      tbody);
+    const empty = h("p", {class: "quiet", hidden: true}, "No jobs match.");
+    view.replaceChildren(h("h1", {}, "Jobs"), form, table, empty);
+
+    const params = new URLSearchParams({limit: "100"});
+    for (const k of ["state", "name", "label"]) if (query.get(k)) params.set(k, query.get(k));
+
+    return poller(async () => {
+      const list = await api(`/jobs?${params}`);
+      const jobs = list.items;
+      const progress = {};
+      if (jobs.length) {
+        const q = new URLSearchParams();
+        for (const j of jobs) q.append("job_id", j.id);
+        for (const p of (await api(`/progress?${q}`)).items) progress[p.job_id] = p;
+      }
+      showNotice("");
+      empty.hidden = jobs.length > 0;
+      tbody.replaceChildren(...jobs.map((j) => {
+        const epochs = j.spec.epochs;
+        const done = Math.min(epochs, (progress[j.id] && progress[j.id].epoch) || 0);
+        const labels = Object.entries(j.spec.labels || {}).map(
+          ([k, v]) => h("span", {class: "label"}, `${k}=${v}`));
+        const created = parseTime(j.created_at);
+        return h("tr", {"data-job-id": j.id},
+          h("td", {}, h("a", {href: `#/jobs/${j.id}`}, j.id)),
+          h("td", {}, h("a", {href: `#/jobs/${j.id}`}, j.name)),
+          h("td", {}, stateBadge(j.state)),
+          h("td", {class: "progress"},
+            h("progress", {max: epochs, value: done}), ` ${done} / ${epochs}`),
+          h("td", {title: created ? created.toISOString() : ""},
+            created ? duration((Date.now() - created) / 1000) : ""),
+          h("td", {}, labels));
+      }));
+    }, LIST_POLL_MS);
+  }
+
+  // ---- one job ------------------------------------------------------------------------------
+
+  const PHASES = [
+    ["created_at", "queued"],
+    ["started_at", "launched"],
+    ["running_at", "rendezvous done"],
+    ["first_metric_at", "first metric"],
+    ["ended_at", "ended"],
+  ];
+
+  function renderPhases(el, job) {
+    const rows = [];
+    let prev = null;
+    for (const [field, label] of PHASES) {
+      const t = parseTime(job[field]);
+      if (!t) continue;
+      rows.push(h("tr", {},
+        h("th", {}, label),
+        h("td", {}, t.toLocaleString()),
+        h("td", {class: "quiet"}, prev ? `+${duration((t - prev) / 1000)}` : "")));
+      prev = t;
+    }
+    const total = parseTime(job.ended_at) || (TERMINAL.has(job.state) ? null : new Date());
+    const start = parseTime(job.created_at);
+    el.replaceChildren(h("table", {class: "phases"}, rows),
+      total && start ? h("p", {class: "quiet"}, `total ${duration((total - start) / 1000)}`) : "");
+  }
+
+  function renderAttempts(el, job) {
+    if (!job.attempts.length) {
+      el.replaceChildren(h("p", {class: "quiet"}, "Not launched yet."));
+      return;
+    }
+    el.replaceChildren(h("table", {class: "attempts"},
+      h("thead", {}, h("tr", {}, ["#", "started", "duration", "exit", "reason"].map(
+        (c) => h("th", {}, c)))),
+      h("tbody", {}, job.attempts.map((a) => h("tr", {},
+        h("td", {}, a.number),
+        h("td", {}, new Date(a.started_at * 1000).toLocaleTimeString()),
+        h("td", {}, duration((a.ended_at || Date.now() / 1000) - a.started_at)),
+        h("td", {}, a.exit_code === null ? "" : a.exit_code),
+        h("td", {class: "reason"}, a.reason || ""))))));
+  }
+
+  function toNumber(v) {
+    return typeof v === "number" ? v : null;  // "NaN"/"Infinity" are gaps in the line
+  }
+
+  function span(s) {
+    const xs = s.mean.x;
+    return xs.length ? xs[xs.length - 1] - xs[0] : 0;
+  }
+
+  function drawChart(el, noteEl, s) {
+    const multiAttempt = s.attempts.length > 1;
+    const traces = s.lines.map((line) => ({
+      type: "scatter",
+      mode: line.x.length > 60 ? "lines" : "lines+markers",
+      name: multiAttempt ? `rank ${line.rank} · attempt ${line.attempt}` : `rank ${line.rank}`,
+      legendgroup: `rank ${line.rank}`,
+      meta: {kind: "rank", rank: line.rank, attempt: line.attempt},
+      x: line.x,
+      y: line.y.map(toNumber),
+      line: {color: PALETTE[line.rank % PALETTE.length], width: 1.5,
+             dash: DASHES[(line.attempt - 1) % DASHES.length]},
+      marker: {size: 4},
+    }));
+    if (s.mean.x.length) {
+      traces.push({type: "scatter", mode: "lines", name: "mean", meta: {kind: "mean"},
+                   x: s.mean.x, y: s.mean.y.map(toNumber), line: {color: "#111", width: 3}});
+    }
+    const restarts = s.attempts.filter((a) => a.number > 1);
+    const layout = {
+      uirevision: `${s.job_id}:${s.name}:${s.level}`,  // keep the user's zoom across updates
+      margin: {l: 60, r: 20, t: 30, b: 45},
+      // Whole epochs on the axis while there are few of them (no "epoch 1.5" ticks).
+      xaxis: {title: {text: s.level}, dtick: span(s) <= 12 ? 1 : undefined},
+      yaxis: {title: {text: s.name}},
+      legend: {orientation: "h", y: -0.2},
+      shapes: restarts.map((a) => ({type: "line", xref: "x", yref: "paper", x0: a.first_x,
+                                    x1: a.first_x, y0: 0, y1: 1,
+                                    line: {color: "#888", dash: "dot", width: 1}})),
+      annotations: restarts.map((a) => ({x: a.first_x, xref: "x", y: 1, yref: "paper",
+                                         yanchor: "bottom", showarrow: false,
+                                         text: `attempt ${a.number}`})),
+    };
+    window.Plotly.react(el, traces, layout, {responsive: true, displaylogo: false});
+    el.dataset.updates = String(Number(el.dataset.updates || 0) + 1);
+
+    const notes = [];
+    const shown = s.lines.reduce((n, l) => n + l.x.length, 0);
+    const total = s.lines.reduce((n, l) => n + l.points, 0);
+    if (shown < total) {
+      notes.push(`Showing ${shown} of ${total} points (downsampled; first, last and extreme ` +
+                 "points kept).");
+    }
+    const nonfinite = s.lines.filter((l) => l.y.some((v) => typeof v !== "number"));
+    if (nonfinite.length) {
+      notes.push("Non-finite values (gaps in the line): " + nonfinite.map((l) => {
+        const i = l.y.findIndex((v) => typeof v !== "number");
+        return `rank ${l.rank} attempt ${l.attempt}: ${l.y[i]} at ${s.level} ${l.x[i]}`;
+      }).join("; ") + ".");
+    }
+    if (!s.lines.length) notes.push(`No "${s.name}" records yet.`);
+    noteEl.textContent = notes.join(" ");
+  }
+
+  function renderDivergence(el, summary) {
+    const flagged = (summary.items || []).filter((i) => (i.diverged_ranks || []).length);
+    if (!flagged.length) {
+      el.replaceChildren(h("p", {class: "quiet"}, "No rank diverges from the others."));
+      return;
+    }
+    const threshold = summary.threshold === undefined ? "" : ` (threshold ${summary.threshold})`;
+    el.replaceChildren(
+      h("p", {class: "warn"}, `Ranks diverge from the others${threshold}:`),
+      h("ul", {class: "divergence"}, flagged.map((i) => h("li", {},
+        `epoch ${i.epoch}: rank ${i.diverged_ranks.join(", rank ")}`))));
+  }
+
+  function logsPanel(jobId, container) {
+    const rankSel = h("select", {id: "log-rank"});
+    const pre = h("pre", {class: "log", id: "log-text"});
+    const note = h("p", {class: "quiet", id: "log-note"});
+    container.replaceChildren(h("div", {class: "row"}, h("label", {}, "rank ", rankSel)),
+                              note, pre);
+    let ranks = 0;
+    let offset = 0;
+    let attempt = null;
+    let jobState = "queued";
+    let available = true;
+
+    function reset() {
+      offset = 0;
+      attempt = null;
+      pre.textContent = "";
+      note.textContent = "";
+    }
+    rankSel.addEventListener("change", () => { reset(); poll.stop(); poll = start(); });
+
+    const start = () => poller(async () => {
+      if (rankSel.value === "") return true;
+      let r;
+      try {
+        r = await api(`/jobs/${jobId}/logs?` +
+                      new URLSearchParams({rank: rankSel.value, offset: String(offset)}));
+      } catch (err) {
+        if (err instanceof ApiFailure && err.status === 404) {
+          available = false;
+          note.textContent = "Logs are not available for this rank (yet).";
+          return !TERMINAL.has(jobState);
+        }
+        throw err;
+      }
+      available = true;
+      if (attempt !== null && r.attempt !== attempt) {  // a new attempt: its own log file
+        reset();
+        return true;
+      }
+      attempt = r.attempt;
+      note.textContent = `attempt ${r.attempt}` + (r.complete ? " · complete" : "");
+      if (r.text) {
+        const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+        let text = pre.textContent + r.text;
+        if (text.length > LOG_CAP_CHARS) text = text.slice(text.length - LOG_CAP_CHARS);
+        pre.textContent = text;
+        if (atBottom) pre.scrollTop = pre.scrollHeight;
+      }
+      offset = r.next_offset;
+      return !(r.complete && TERMINAL.has(jobState));
+    }, () => (available ? POLL_MS : 3 * POLL_MS));
+    let poll = {stop() {}};
+
+    return {
+      update(job) {
+        jobState = job.state;
+        const n = job.spec.nproc_per_node;
+        if (n !== ranks) {
+          ranks = n;
+          rankSel.replaceChildren(...Array.from({length: n}, (_, i) => h("option", {value: i}, i)));
+          reset();
+          poll.stop();
+          poll = start();
+        }
+      },
+      stop() { poll.stop(); },
+    };
+  }
+
+  function jobPage(jobId) {
+    const view = document.getElementById("view");
+    const title = h("h1", {}, `Job ${jobId}`);
+    const badge = h("span", {id: "job-state"});
+    const cancelBtn = h("button", {type: "button", id: "cancel-button", class: "danger",
+                                   hidden: true}, "Cancel job");
+    const reason = h("p", {class: "reason", id: "job-reason"});
+    const phases = h("div", {id: "phases"});
+    const attempts = h("div", {id: "attempts"});
+    const metricSel = h("select", {id: "metric-name"}, h("option", {value: "loss"}, "loss"));
+    const chart = h("div", {id: "chart", class: "chart"});
+    const chartNote = h("p", {class: "quiet", id: "chart-note"});
+    const divergence = h("div", {id: "divergence"},
+      h("p", {class: "quiet"}, "Waiting for metrics."));
+    const logs = h("div", {id: "logs"});
+    view.replaceChildren(
+      h("div", {class: "job-head"}, title, badge, h("span", {class: "spacer"}), cancelBtn),
+      reason,
+      h("section", {class: "chart-section"},
+        h("div", {class: "row"}, h("h2", {}, "Per-rank curves"),
+          h("label", {}, "metric ", metricSel)),
+        chart, chartNote),
+      h("div", {class: "columns"},
+        h("section", {}, h("h2", {}, "Phases"), phases),
+        h("section", {}, h("h2", {}, "Divergence"), divergence),
+        h("section", {}, h("h2", {}, "Attempts"), attempts)),
+      h("section", {}, h("h2", {}, "Logs"), logs));
+
+    let job = null;
+    let shown = null;  // {seq, state, name} of the series on screen
+    const logPanel = logsPanel(jobId, logs);
+
+    cancelBtn.addEventListener("click", async () => {
+      if (!window.confirm(`Cancel job ${jobId}?`)) return;
+      cancelBtn.disabled = true;
+      try {
+        const updated = await api(`/jobs/${jobId}/cancel`, {method: "POST"});
+        badge.replaceChildren(stateBadge(updated.state));
+      } catch (err) {
+        reportError(err);
+      } finally {
+        cancelBtn.disabled = false;
+      }
+    });
+
+    async function refreshSummary(name) {
+      try {
+        renderDivergence(divergence, await api(
+          `/jobs/${jobId}/metrics/summary?${new URLSearchParams({name})}`));
+      } catch (err) {
+        if (!(err instanceof ApiFailure) || err.status === 401) throw err;
+        // Older servers have no summary route (404); say so quietly.
+        divergence.replaceChildren(h("p", {class: "quiet"},
+          err.status === 404 ? "Cross-rank summary not available." : err.message));
+      }
+    }
+
+    const tick = async () => {
+      job = await api(`/jobs/${jobId}`);
+      showNotice("");
+      title.textContent = `Job ${job.id} · ${job.name}`;
+      badge.replaceChildren(stateBadge(job.state));
+      cancelBtn.hidden = TERMINAL.has(job.state);
+      reason.textContent = job.reason || "";
+      renderPhases(phases, job);
+      renderAttempts(attempts, job);
+      logPanel.update(job);
+
+      const name = metricSel.value || "loss";
+      const progress = (await api(`/progress?job_id=${jobId}`)).items[0];
+      const changed = !shown || shown.seq !== progress.last_seq || shown.name !== name ||
+                      shown.state !== job.state;
+      if (changed) {
+        const s = await api(`/jobs/${jobId}/series?` + new URLSearchParams(
+          {name, max_points: String(SERIES_MAX_POINTS)}));
+        shown = {seq: s.last_seq, state: job.state, name};
+        const names = s.names.includes(name) ? s.names : [name, ...s.names];
+        if (names.join() !== Array.from(metricSel.options, (o) => o.value).join()) {
+          metricSel.replaceChildren(...names.map(
+            (n) => h("option", {value: n, selected: n === name}, n)));
+        }
+        drawChart(chart, chartNote, s);
+        if (s.lines.length) await refreshSummary(name);
+      }
+      // Once terminal and drawn from a terminal read, nothing changes any more.
+      return !(TERMINAL.has(job.state) && !changed);
+    };
+    let poll = poller(tick, POLL_MS);
+    metricSel.addEventListener("change", () => {  // the poller may have stopped (terminal job)
+      shown = null;
+      poll.stop();
+      poll = poller(tick, POLL_MS);
+    });
+
+    return {stop() { poll.stop(); logPanel.stop(); }};
+  }
+
+  // ---- submit -------------------------------------------------------------------------------
+
+  function submitPage() {
+    const view = document.getElementById("view");
+    const text = h("textarea", {id: "spec-json", rows: 16, spellcheck: "false"});
+    text.value = JSON.stringify(DEFAULT_SPEC, null, 2);
+    const errors = h("div", {id: "submit-errors", class: "warn"});
+    const form = h("form", {class: "submit", onsubmit: async (ev) => {
+      ev.preventDefault();
+      errors.replaceChildren();
+      let spec;
+      try {
+        spec = JSON.parse(text.value);
+      } catch (err) {
+        errors.replaceChildren(h("p", {}, `Not valid JSON: ${err.message}`));
+        return;
+      }
+      try {
+        const job = await api("/jobs", {method: "POST", json: spec});
+        location.hash = `#/jobs/${job.id}`;
+      } catch (err) {
+        const details = (err.body && err.body.details) || [];
+        errors.replaceChildren(h("p", {}, err.message),
+          h("ul", {}, details.map((d) => h("li", {}, `${d.field}: ${d.message}`))));
+      }
+    }}, h("label", {for: "spec-json"}, "Job spec (JSON; see the README's spec reference)"),
+      text, h("div", {}, h("button", {type: "submit", id: "submit-button"}, "Submit")), errors);
+    view.replaceChildren(h("h1", {}, "Submit a job"), form);
+    return {stop() {}};
+  }
+
+  // ---- routing and start-up -----------------------------------------------------------------
+
+  let page = null;
+
+  function route() {
+    if (page) page.stop();
+    showNotice("");
+    const hash = location.hash || "#/";
+    const job = hash.match(/^#\/jobs\/(\d+)$/);
+    if (job) page = jobPage(Number(job[1]));
+    else if (hash === "#/submit") page = submitPage();
+    else page = listPage(new URLSearchParams(hash.split("?")[1] || ""));
+  }
+
+  function setUpToken() {
+    const form = document.getElementById("token-form");
+    const input = document.getElementById("token-input");
+    document.getElementById("token-button").addEventListener("click", () => {
+      form.hidden = !form.hidden;
+      document.getElementById("token-message").textContent =
+        localStorage.getItem(TOKEN_KEY) ? "API token (one is saved)" : "API token";
+    });
+    form.addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      if (input.value.trim()) localStorage.setItem(TOKEN_KEY, input.value.trim());
+      input.value = "";
+      form.hidden = true;
+      route();
+    });
+    document.getElementById("token-clear").addEventListener("click", () => {
+      localStorage.removeItem(TOKEN_KEY);
+      form.hidden = true;
+      route();
+    });
+  }
+
+  setUpToken();
+  window.addEventListener("hashchange", route);
+  route();
+})();

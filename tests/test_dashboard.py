@@ -1,0 +1,157 @@
+"""The dashboard in a real browser: Playwright driving Debian's Chromium against a live server with
+real torchrun jobs. Screenshots go to ``test-output/dashboard/``.
+
+Chromium comes from Debian (``apt-get install chromium``, done by ``.ci/run``), never from
+``playwright install``; without ``/usr/bin/chromium`` these tests are skipped, saying why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT, LiveServer, _start_server, _stop_server
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--no-first-run", "--disable-sync",
+]
+SCREENSHOTS = REPO_ROOT / "test-output" / "dashboard"
+UI_TIMEOUT_MS = 60_000
+LONG_JOB = {"name": "long", "dataset": "synthetic", "epochs": 1000, "nproc_per_node": 2,
+            "labels": {"team": "ui"}}
+
+pytestmark = pytest.mark.skipif(
+    not CHROMIUM.exists(),
+    reason="browser tests need Debian's Chromium at /usr/bin/chromium (apt-get install chromium)",
+)
+
+# The chart element is plotly's graph div: gd.data holds the traces, each tagged with meta.
+TRACES_JS = """() => (document.getElementById('chart').data || []).map(
+    t => ({name: t.name, kind: t.meta.kind, rank: t.meta.rank ?? null, n: t.x.length}))"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    # Every epoch sleeps 1 s, so a long job is visibly running while the page watches it.
+    srv = _start_server(tmp_path_factory.mktemp("dash") / "home",
+                        {"TORCHYARD_TEST_EPOCH_SLEEP_S": "1"})
+    yield srv
+    _stop_server(srv)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):  # type: ignore[no-untyped-def]
+    context = browser.new_context(viewport={"width": 1280, "height": 1000})
+    pg = context.new_page()
+    pg.set_default_timeout(UI_TIMEOUT_MS)
+    errors: list[str] = []
+    pg.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield pg
+    context.close()
+    assert not errors, f"uncaught errors in the page: {errors}"
+
+
+def _shot(pg, name: str) -> None:  # type: ignore[no-untyped-def]
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    pg.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+
+
+def _traces(pg) -> list[dict]:  # type: ignore[no-untyped-def]
+    return pg.evaluate(TRACES_JS)
+
+
+def test_finished_two_rank_job_shows_one_curve_per_rank_and_the_mean(server, page) -> None:  # type: ignore[no-untyped-def]
+    with server.client() as c:
+        job_id = c.post("/jobs", json={"name": "digits-ddp", "dataset": "digits", "epochs": 3,
+                                       "nproc_per_node": 2}).json()["id"]
+    server.wait_for(job_id, {"succeeded"}, timeout_s=240)
+
+    page.goto(f"{server.url}/#/jobs/{job_id}")
+    page.wait_for_function(
+        "() => (document.getElementById('chart').data || []).some(t => t.meta.kind === 'mean')")
+    traces = _traces(page)
+    ranks = [t for t in traces if t["kind"] == "rank"]
+    assert sorted(t["rank"] for t in ranks) == [0, 1], traces
+    assert [t["name"] for t in ranks] == ["rank 0", "rank 1"]
+    assert all(t["n"] == 3 for t in ranks), "epochs 1..3 of each rank"
+    assert [t["n"] for t in traces if t["kind"] == "mean"] == [3]
+    assert page.locator("#chart .scatterlayer .trace").count() == 3, "plotly drew three lines"
+    assert page.locator("#job-state").inner_text() == "succeeded"
+    assert page.locator("#cancel-button").is_hidden()
+    phases = page.locator("#phases").inner_text()
+    assert "queued" in phases and "rendezvous done" in phases and "ended" in phases
+    page.wait_for_function("() => document.getElementById('log-note').textContent !== ''")
+    _shot(page, "finished-job")
+
+    page.goto(f"{server.url}/#/?state=succeeded")
+    row = page.locator(f"tr[data-job-id='{job_id}']")
+    row.wait_for()
+    assert "3 / 3" in row.inner_text() and "succeeded" in row.inner_text()
+    _shot(page, "job-list")
+
+
+def test_running_job_chart_grows_without_reload(server, page) -> None:  # type: ignore[no-untyped-def]
+    with server.client() as c:
+        job_id = c.post("/jobs", json=LONG_JOB).json()["id"]
+        try:
+            server.wait_for(job_id, {"running"}, timeout_s=120)
+            page.goto(f"{server.url}/#/jobs/{job_id}")
+            page.evaluate("() => { window.sameDocument = true; }")  # gone if the page reloads
+            page.wait_for_function(
+                "() => (document.getElementById('chart').data || [])"
+                ".filter(t => t.meta.kind === 'rank' && t.x.length >= 1).length === 2")
+            before = min(t["n"] for t in _traces(page) if t["kind"] == "rank")
+            page.wait_for_function(
+                "(n) => (document.getElementById('chart').data || [])"
+                ".filter(t => t.meta.kind === 'rank' && t.x.length >= n).length === 2",
+                arg=before + 2)
+            after = min(t["n"] for t in _traces(page) if t["kind"] == "rank")
+            assert after >= before + 2
+            assert page.evaluate("() => window.sameDocument") is True, "the page was reloaded"
+            assert page.locator("#job-state").inner_text() == "running"
+            _shot(page, "running-job")
+        finally:
+            c.post(f"/jobs/{job_id}/cancel")
+
+
+def test_cancel_button_cancels_the_job(server, page) -> None:  # type: ignore[no-untyped-def]
+    with server.client() as c:
+        job_id = c.post("/jobs", json=LONG_JOB).json()["id"]
+    server.wait_for(job_id, {"running"}, timeout_s=120)
+    page.goto(f"{server.url}/#/jobs/{job_id}")
+    page.once("dialog", lambda dialog: dialog.accept())  # the "Cancel job N?" confirmation
+    page.locator("#cancel-button").click()
+    job = server.wait_for(job_id, {"cancelled"}, timeout_s=30)
+    assert job["state"] == "cancelled"
+    page.wait_for_function("() => document.getElementById('job-state').innerText === 'cancelled'")
+    page.locator("#cancel-button").wait_for(state="hidden")
+    _shot(page, "cancelled-job")
+
+
+def test_submit_form_creates_a_job_and_shows_validation_errors(server, page) -> None:  # type: ignore[no-untyped-def]
+    page.goto(f"{server.url}/#/submit")
+    page.fill("#spec-json", '{"dataset": "synthetic", "epochs": 0}')
+    page.click("#submit-button")
+    page.locator("#submit-errors li").first.wait_for()
+    assert "epochs" in page.locator("#submit-errors").inner_text()
+    page.fill("#spec-json", '{"name": "from-form", "dataset": "synthetic", "epochs": 1}')
+    page.click("#submit-button")
+    page.wait_for_url("**/#/jobs/*")
+    job_id = int(page.url.rsplit("/", 1)[1])
+    with server.client() as c:
+        assert c.get(f"/jobs/{job_id}").json()["name"] == "from-form"
+    server.wait_for(job_id, {"succeeded"}, timeout_s=180)
