@@ -1,4 +1,4 @@
-"""The ``torchyard`` command: ``serve`` and ``db upgrade``."""
+"""The ``torchyard`` command: ``serve``, ``db upgrade``, and the client commands (``service.client``)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ import socket
 import typer
 from pydantic import ValidationError
 
+from service.client.commands import register as register_client_commands
 from service.settings import Settings
 
 app = typer.Typer(help="torchyard: run PyTorch DDP jobs over REST and keep what every rank reports.")
 db_app = typer.Typer(help="Database schema (Alembic).")
 app.add_typer(db_app, name="db")
+register_client_commands(app)
 
 
 def is_loopback(host: str) -> bool:

@@ -58,7 +58,9 @@ class WorkerEnv:
 
     Test hooks (for the test suite only): ``TORCHYARD_TEST_FAIL_RANK`` makes that rank raise
     at the start of epoch 1 after setup; ``TORCHYARD_TEST_EPOCH_SLEEP_S`` sleeps that many
-    seconds at the start of every epoch so a test can cancel a running job.
+    seconds at the start of every epoch so a test can cancel a running job;
+    ``TORCHYARD_TEST_DIVERGE_RANK`` makes that rank report ten times its true loss, so the
+    cross-rank summary has a diverging rank to flag.
     """
 
     rank: int = 0
@@ -76,6 +78,7 @@ class WorkerEnv:
     backend: str | None = None
     test_fail_rank: int | None = None
     test_epoch_sleep_s: float | None = None
+    test_diverge_rank: int | None = None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> WorkerEnv:
@@ -98,6 +101,7 @@ class WorkerEnv:
             backend=_choice(environ, "TORCHYARD_BACKEND", ("gloo", "nccl")),
             test_fail_rank=_int(environ, "TORCHYARD_TEST_FAIL_RANK", None),
             test_epoch_sleep_s=_float(environ, "TORCHYARD_TEST_EPOCH_SLEEP_S"),
+            test_diverge_rank=_int(environ, "TORCHYARD_TEST_DIVERGE_RANK", None),
         )
 
     @classmethod

@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 # torchrun long before this fires.
 PG_TIMEOUT = timedelta(minutes=30)
 EVAL_BATCH = 1024
+TEST_DIVERGE_FACTOR = 10.0  # the TORCHYARD_TEST_DIVERGE_RANK hook scales the reported loss
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -146,6 +147,8 @@ def _run(spec: JobSpec, env: WorkerEnv, run_dir: Path, use_cuda: bool) -> None:
             )
             if test is not None:
                 metrics["test_accuracy"] = _accuracy(model, *test)
+            if env.test_diverge_rank == env.rank:
+                metrics["loss"] *= TEST_DIVERGE_FACTOR
             reporter.report(epoch=epoch, **metrics)
             if env.rank == 0 and _checkpoint_due(spec, epoch):
                 save_checkpoint(

@@ -16,10 +16,12 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
 
 from service import __version__
-from service.api import dashboard, errors, jobs, records, resources, series
+from service.api import dashboard, errors, events, jobs, logs, records, resources, series, summary
 from service.api.auth import AuthMiddleware, TokenSet, is_public, worker_job_id
 from service.api.bodylimit import BodyLimitMiddleware
 from service.api.deps import reject_unknown_query
+from service.api.prometheus import RequestTimer, Telemetry
+from service.api.prometheus import router as prometheus_router
 from service.db import make_engine, make_session_factory, upgrade
 from service.launcher import Launcher, LocalTorchrunLauncher
 from service.resources import make_inventory
@@ -70,11 +72,17 @@ def create_app(
     app.state.read_session_factory = read_session_factory
     app.state.supervisor = supervisor
     errors.install(app)
+    app.state.telemetry = Telemetry(session_factory, supervisor.inventory)
+    app.add_middleware(RequestTimer, telemetry=app.state.telemetry)
     app.include_router(jobs.router)
     app.include_router(records.router)
     app.include_router(resources.router)
     app.include_router(series.router)
     app.include_router(dashboard.router)
+    app.include_router(summary.router)
+    app.include_router(logs.router)
+    app.include_router(events.router)
+    app.include_router(prometheus_router)
 
     @app.get("/healthz", tags=["meta"])
     def healthz() -> dict[str, str]:

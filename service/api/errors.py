@@ -47,7 +47,12 @@ def _describe(err: dict) -> str:
     return str(err.get("msg", "invalid"))
 
 
-_ERROR = {"model": ErrorBody}
+# Errors are JSON even on routes whose own responses are not (the SSE stream, Prometheus text):
+# name the media type, or FastAPI documents the error under the route's content type.
+_ERROR = {
+    "model": ErrorBody,
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
+}
 # Declared on every operation (app-level ``responses``), so clients and the fuzzer know them.
 ERROR_RESPONSES: dict[int | str, dict] = {
     400: {**_ERROR, "description": "malformed request (e.g. a body that is not JSON)"},

@@ -43,7 +43,9 @@ BatchDep = Annotated[RecordBatch, Depends(_record_batch)]
         "requestBody": {"required": True, "content": {"application/json": {"schema": _BODY_SCHEMA}}}
     },
 )
-def post_records(job_id: WorkerJobDep, batch: BatchDep, session: SessionDep) -> IngestResult:
+def post_records(
+    job_id: WorkerJobDep, batch: BatchDep, session: SessionDep, request: Request
+) -> IngestResult:
     """Store a batch in one transaction; replays of (attempt, rank, epoch, step, name) are ignored.
 
     Only the job's own token (``Authorization: Bearer``), while the job is starting or running
@@ -60,4 +62,5 @@ def post_records(job_id: WorkerJobDep, batch: BatchDep, session: SessionDep) -> 
     if added:
         repo.mark_first_metric(session, job_id, records)
     session.commit()
+    request.app.state.telemetry.records_ingested.inc(added)
     return IngestResult(accepted=added, duplicates=len(records) - added)

@@ -1,0 +1,114 @@
+"""``GET /jobs/{id}/events``: a job's state changes and metric records as Server-Sent Events.
+
+Events:
+
+* ``state`` — data: the job (as ``GET /jobs/{id}``), sent first and whenever the state moved on
+  since the last one sent. States advance along queued → starting → running → terminal, so a
+  state that lasted less than one poll may be skipped; the terminal state is always sent, last.
+* ``metric`` — data: one record, as an item of ``GET /jobs/{id}/metrics``, in ``seq`` order.
+
+Every event's ``id`` is the cursor ``<seq>-<stage>``: the last record ``seq`` sent and the stage
+of the last state sent (0 queued, 1 starting, 2 running, 3 terminal). A client that reconnects
+with ``Last-Event-ID`` gets only newer records and only a later state: no gap, no duplicate.
+The stream ends once the job is terminal and every record has been sent.
+
+The database is polled in short sessions on the thread pool; nothing is held across a sleep.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Annotated
+
+import anyio
+from fastapi import APIRouter, Depends, Header, Request
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
+
+from service import repository as repo
+from service.api.errors import ApiError
+from service.schemas import JobRead, MetricRead
+from service.state import TERMINAL_STATES, JobState
+
+router = APIRouter(prefix="/jobs", tags=["events"])
+EVENTS_POLL_S = 0.5
+EVENTS_PAGE = 1000
+TERMINAL_STAGE = 3
+STAGES = {JobState.queued: 0, JobState.starting: 1, JobState.running: 2}
+_CURSOR = re.compile(r"^(\d{1,18})-([0-3])$")
+
+
+@dataclass(frozen=True)
+class Cursor:
+    seq: int = 0
+    stage: int = -1  # -1: no state sent yet
+
+    @property
+    def id(self) -> str:
+        return f"{self.seq}-{self.stage}"
+
+
+def stage_of(state: JobState) -> int:
+    return TERMINAL_STAGE if state in TERMINAL_STATES else STAGES[state]
+
+
+def _session_factory(request: Request) -> sessionmaker[Session]:
+    return request.app.state.session_factory
+
+
+def _existing_job(job_id: int, request: Request) -> int:
+    """404 before the stream starts (a dependency runs before the response is sent)."""
+    with _session_factory(request)() as session:
+        if repo.get_job(session, job_id) is None:
+            raise ApiError(404, "not_found", f"job {job_id} not found")
+    return job_id
+
+
+def _cursor(last_event_id: Annotated[str | None, Header()] = None) -> Cursor:
+    if last_event_id is None or not last_event_id.strip():
+        return Cursor()
+    match = _CURSOR.match(last_event_id.strip())
+    if match is None:
+        raise ApiError(
+            422, "invalid_request",
+            f"Last-Event-ID: must be an event id of this stream (<seq>-<stage>); got {last_event_id!r}",
+        )
+    return Cursor(int(match[1]), int(match[2]))
+
+
+def _poll(
+    factory: sessionmaker[Session], job_id: int, after: int
+) -> tuple[JobRead, list[MetricRead]]:
+    """The job, then the records after ``after``: state first, as ``GET /metrics`` reads them."""
+    with factory() as session:
+        job = JobRead.from_row(repo.get_job(session, job_id))  # type: ignore[arg-type]
+        rows = repo.read_records(session, job_id, after, EVENTS_PAGE)
+        return job, [MetricRead.from_row(r) for r in rows]
+
+
+@router.get("/{job_id}/events", response_class=EventSourceResponse)
+async def job_events(
+    request: Request,
+    job_id: Annotated[int, Depends(_existing_job)],
+    cursor: Annotated[Cursor, Depends(_cursor)],
+) -> AsyncIterator[ServerSentEvent]:
+    """State and metric events of the job; resumable with ``Last-Event-ID`` (see module doc)."""
+    factory = _session_factory(request)
+    while True:
+        job, records = await run_in_threadpool(_poll, factory, job_id, cursor.seq)
+        for record in records:
+            cursor = Cursor(record.seq, cursor.stage)
+            yield ServerSentEvent(event="metric", id=cursor.id, data=record)
+        stage = stage_of(job.state)
+        # The terminal state goes out only once a poll that saw it found no new record, so it
+        # comes after every record (the state is read before the records).
+        if stage > cursor.stage and (stage < TERMINAL_STAGE or not records):
+            cursor = Cursor(cursor.seq, stage)
+            yield ServerSentEvent(event="state", id=cursor.id, data=job)
+        if stage == TERMINAL_STAGE and not records:
+            return
+        if len(records) < EVENTS_PAGE:
+            await anyio.sleep(EVENTS_POLL_S)

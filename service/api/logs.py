@@ -1,0 +1,99 @@
+"""``GET /jobs/{id}/logs``: a rank's log, read from a byte offset, so a client can follow it.
+
+The file is the one torchrun writes for the rank (``--redirects``) under
+``RUN_DIR/logs/attempt-<n>/<run id>/attempt_0/<rank>/``: ``stderr.log`` by default — what
+the worker logs (Python logging goes to stderr) and any traceback — or ``stdout.log`` with
+``stream=stdout``. Every path part comes from an integer or a fixed name; no client string
+reaches the filesystem.
+"""
+
+from __future__ import annotations
+
+import codecs
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel, Field
+
+from service import repository as repo
+from service.api.deps import SessionDep
+from service.api.errors import ApiError
+from service.rundir import RunDir
+from service.state import TERMINAL_STATES, JobState
+
+router = APIRouter(prefix="/jobs", tags=["logs"])
+LOG_PAGE_DEFAULT = 64 * 1024
+LOG_PAGE_MAX = 1024 * 1024
+
+
+class LogStream(str, Enum):
+    stderr = "stderr"
+    stdout = "stdout"
+
+
+class LogChunk(BaseModel):
+    rank: int
+    attempt: int
+    offset: int = Field(description="byte offset this text starts at")
+    next_offset: int = Field(description="pass as ?offset= next time")
+    text: str = Field(description="UTF-8, invalid bytes replaced; never splits a character")
+    complete: bool = Field(description="the attempt is over and the end of its log was reached")
+
+
+def rank_log_file(run: RunDir, attempt: int, rank: int, stream: LogStream) -> Path | None:
+    """The rank's log file of ``attempt`` (newest torchrun run id if several), or None."""
+    pattern = f"attempt-{int(attempt)}/*/attempt_*/{int(rank)}/{stream.value}.log"
+    found = sorted(run.logs_dir.glob(pattern), key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
+
+
+def read_chunk(path: Path | None, offset: int, limit: int, final: bool) -> tuple[str, int, bool]:
+    """``(text, next_offset, at_end)`` from ``offset``. A multi-byte character cut at the end of
+    the chunk is left for the next read (unless ``final``: the file will not grow)."""
+    if path is None:
+        return "", offset, True
+    with path.open("rb") as f:
+        f.seek(offset)
+        data = f.read(limit + 1)
+    at_end = len(data) <= limit
+    data = data[:limit]
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    text = decoder.decode(data, final=final and at_end)
+    pending = len(decoder.getstate()[0])
+    return text, offset + len(data) - pending, at_end and pending == 0
+
+
+@router.get("/{job_id}/logs", response_model=LogChunk)
+def read_logs(
+    job_id: int,
+    request: Request,
+    session: SessionDep,
+    rank: Annotated[int, Query(ge=0, le=65_535)] = 0,
+    attempt: Annotated[int | None, Query(ge=1, le=10_000, description="default: latest")] = None,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=LOG_PAGE_MAX)] = LOG_PAGE_DEFAULT,
+    stream: LogStream = LogStream.stderr,
+) -> LogChunk:
+    job = repo.get_job(session, job_id)
+    if job is None:
+        raise ApiError(404, "not_found", f"job {job_id} not found")
+    nproc = int(job.spec.get("nproc_per_node", 1))
+    if rank >= nproc:
+        raise ApiError(404, "not_found", f"job {job_id} has ranks 0..{nproc - 1}; no rank {rank}")
+    # The state is read before the file: a terminal job's log does not grow any more.
+    terminal = JobState(job.state) in TERMINAL_STATES
+    attempts = {a["number"]: a for a in job.attempts or []}
+    latest = max(attempts, default=1)
+    attempt = attempt or latest
+    if attempt > latest:
+        raise ApiError(404, "not_found", f"job {job_id} has attempts 1..{latest}; no attempt {attempt}")
+    over = terminal or attempts.get(attempt, {}).get("ended_at") is not None
+    run = RunDir.for_job(request.app.state.settings.runs_dir, job_id)
+    path = rank_log_file(run, attempt, rank, stream)
+    text, next_offset, at_end = read_chunk(path, offset, limit, final=over)
+    return LogChunk(
+        rank=rank, attempt=attempt, offset=offset, next_offset=next_offset, text=text,
+        complete=over and at_end,
+    )

@@ -1,0 +1,75 @@
+"""``GET /jobs/{id}/metrics/summary``: one per-epoch metric across ranks, with diverging ranks.
+
+The statistics and the divergence rule live in :mod:`service.metricsummary`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, Field
+
+from service import repository as repo
+from service.api.deps import SessionDep
+from service.api.errors import ApiError
+from service.metricsummary import EpochValue, summarize
+from service.schemas import MetricValue
+
+router = APIRouter(prefix="/jobs", tags=["metrics"])
+DEFAULT_THRESHOLD = 0.5
+
+
+class EpochSummaryRead(BaseModel):
+    epoch: int
+    attempt: int = Field(description="the latest attempt that reported this epoch")
+    count: int = Field(description="ranks that reported the metric this epoch")
+    mean: float | None = Field(description="over the finite values; null when none is finite")
+    min: float | None
+    max: float | None
+    std: float | None = Field(description="population standard deviation of the finite values")
+    ranks: dict[str, MetricValue] = Field(description="rank → value (non-finite as strings)")
+    diverged_ranks: list[int]
+
+
+class MetricSummary(BaseModel):
+    job_id: int
+    name: str
+    threshold: float
+    items: list[EpochSummaryRead]
+
+
+def _json_value(v: float) -> MetricValue:
+    return v if math.isfinite(v) else repo.NONFINITE_NAMES[repr(v)]  # type: ignore[return-value]
+
+
+def _float(value: float | None, nonfinite: str | None) -> float:
+    return float(nonfinite) if nonfinite else float(value)  # type: ignore[arg-type]
+
+
+@router.get("/{job_id}/metrics/summary", response_model=MetricSummary)
+def metric_summary(
+    job_id: int,
+    session: SessionDep,
+    name: Annotated[str, Query(min_length=1, max_length=64)] = "loss",
+    threshold: Annotated[
+        float, Query(gt=0, le=1e6, description="relative distance from the reference rank value")
+    ] = DEFAULT_THRESHOLD,
+) -> MetricSummary:
+    """Per epoch: count/mean/min/max/std across ranks and the ranks that diverge (see README)."""
+    if repo.get_job(session, job_id) is None:
+        raise ApiError(404, "not_found", f"job {job_id} not found")
+    values = [
+        EpochValue(attempt, rank, epoch, _float(value, nonfinite))
+        for attempt, rank, epoch, value, nonfinite in repo.epoch_values(session, job_id, name)
+    ]
+    items = [
+        EpochSummaryRead(
+            epoch=s.epoch, attempt=s.attempt, count=s.count, mean=s.mean, min=s.min, max=s.max,
+            std=s.std, ranks={str(r): _json_value(v) for r, v in s.ranks.items()},
+            diverged_ranks=s.diverged_ranks,
+        )
+        for s in summarize(values, threshold)
+    ]
+    return MetricSummary(job_id=job_id, name=name, threshold=threshold, items=items)

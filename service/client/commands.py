@@ -1,0 +1,266 @@
+"""Client commands of ``torchyard``, registered on the main typer app by :func:`register`.
+
+Server URL and token: ``--url``/``--token`` or ``TORCHYARD_URL``/``TORCHYARD_TOKEN`` (default
+``http://127.0.0.1:8000``, no token). Exit codes of ``wait`` and ``submit --follow``:
+0 succeeded, 1 failed, 3 cancelled, 4 still not finished at ``--timeout``; any command exits 5
+when the server refuses a request or cannot be reached, and 2 on bad usage.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+
+from service.client import render
+from service.client.api import TERMINAL, ClientError, TorchyardClient
+from service.client.follow import follow
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_CANCELLED = 3
+EXIT_TIMEOUT = 4
+EXIT_ERROR = 5
+STATE_EXIT = {"succeeded": EXIT_OK, "failed": EXIT_FAILED, "cancelled": EXIT_CANCELLED}
+DEFAULT_URL = "http://127.0.0.1:8000"
+LOG_POLL_S = 0.5
+
+UrlOpt = Annotated[str, typer.Option("--url", envvar="TORCHYARD_URL", help="server URL")]
+TokenOpt = Annotated[
+    str | None, typer.Option("--token", envvar="TORCHYARD_TOKEN", help="API token (Bearer)")
+]
+JobArg = Annotated[int, typer.Argument(min=1, help="job id")]
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+@contextmanager
+def _client(url: str, token: str | None) -> Iterator[TorchyardClient]:
+    """A client; a refused request or an unreachable server prints one line and exits 5."""
+    try:
+        with TorchyardClient(url, token) as client:
+            yield client
+    except ClientError as exc:
+        err_console.print(f"[red]error[/] ({exc.status or '-'} {exc.error}): {exc.message}")
+        raise typer.Exit(EXIT_ERROR) from None
+
+
+def _exit_for(job: dict[str, Any]) -> int:
+    return STATE_EXIT.get(job["state"], EXIT_TIMEOUT)
+
+
+def _job_line(job: dict[str, Any]) -> None:
+    reason = f": {job['reason']}" if job.get("reason") else ""
+    console.print(f"job {job['id']}", render.state_text(job["state"]), reason, highlight=False)
+
+
+def _parse_pairs(pairs: list[str], option: str) -> dict[str, Any]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint=option)
+        out[key] = value
+    return out
+
+
+def load_spec_file(path: Path) -> dict[str, Any]:
+    """A job spec from a ``.json`` file or a YAML one (``.yaml``/``.yml``); must be a mapping."""
+    text = path.read_text(encoding="utf-8")
+    try:
+        spec = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise typer.BadParameter(f"{path} is not valid: {exc}", param_hint="SPEC_FILE") from None
+    if not isinstance(spec, dict):
+        raise typer.BadParameter(f"{path} must hold a mapping of spec fields", param_hint="SPEC_FILE")
+    return spec
+
+
+def submit(
+    spec_file: Annotated[
+        Path | None, typer.Argument(exists=True, dir_okay=False, help="JSON or YAML job spec")
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="job name")] = None,
+    model: Annotated[str | None, typer.Option(help="mlp | cnn | resnet18")] = None,
+    dataset: Annotated[str | None, typer.Option(help="digits | synthetic | mnist | ...")] = None,
+    epochs: Annotated[int | None, typer.Option(min=1)] = None,
+    batch_size: Annotated[int | None, typer.Option(min=1, help="per rank")] = None,
+    lr: Annotated[float | None, typer.Option()] = None,
+    nproc: Annotated[int | None, typer.Option("--nproc-per-node", "-n", min=1, help="ranks")] = None,
+    priority: Annotated[int | None, typer.Option()] = None,
+    label: Annotated[list[str], typer.Option(help="KEY=VALUE, repeatable")] = [],  # noqa: B006
+    set_: Annotated[
+        list[str], typer.Option("--set", help="any spec field as KEY=VALUE (YAML value)")
+    ] = [],  # noqa: B006
+    follow_: Annotated[
+        bool, typer.Option("--follow", "-f", help="show progress until the job ends")
+    ] = False,
+    url: UrlOpt = DEFAULT_URL,
+    token: TokenOpt = None,
+) -> None:
+    """Submit a job (spec file, then flags on top); with --follow, exit as `wait` does."""
+    spec = load_spec_file(spec_file) if spec_file else {}
+    flags = {"name": name, "model": model, "dataset": dataset, "epochs": epochs,
+             "batch_size": batch_size, "lr": lr, "nproc_per_node": nproc, "priority": priority}
+    spec.update({k: v for k, v in flags.items() if v is not None})
+    spec.update({k: yaml.safe_load(v) for k, v in _parse_pairs(set_, "--set").items()})
+    if label:
+        spec["labels"] = {**spec.get("labels", {}), **_parse_pairs(label, "--label")}
+    with _client(url, token) as client:
+        job = client.submit(spec)
+        _job_line(job)
+        if not follow_:
+            return
+        result = follow(client, job, console)
+        final = client.job(job["id"])
+        if result.final_loss:
+            console.print(render.final_losses_table(result.final_loss))
+        _warn_divergence(client, job["id"])
+    _job_line(final)
+    raise typer.Exit(_exit_for(final))
+
+
+def _warn_divergence(client: TorchyardClient, job_id: int) -> None:
+    items = client.summary(job_id)["items"]
+    flagged = [(i["epoch"], i["diverged_ranks"]) for i in items if i["diverged_ranks"]]
+    if flagged:
+        where = "; ".join(f"epoch {e}: rank {','.join(map(str, r))}" for e, r in flagged[-5:])
+        console.print(f"[bold red]ranks diverged[/] ({where}); see `torchyard summary {job_id}`")
+
+
+def jobs(
+    state: Annotated[str | None, typer.Option(help="queued|starting|running|succeeded|...")] = None,
+    name: Annotated[str | None, typer.Option()] = None,
+    label: Annotated[str | None, typer.Option(help="KEY=VALUE")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=500)] = 20,
+    url: UrlOpt = DEFAULT_URL,
+    token: TokenOpt = None,
+) -> None:
+    """List jobs, newest first."""
+    with _client(url, token) as client:
+        page = client.jobs(state=state, name=name, label=label, limit=limit)
+    console.print(render.jobs_table(page["items"]))
+
+
+def show(job_id: JobArg, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
+    """One job: fields, spec, attempts, and the loss summary's last epoch."""
+    with _client(url, token) as client:
+        job = client.job(job_id)
+        summary = client.summary(job_id)
+    console.print(render.job_table(job))
+    if job.get("attempts"):
+        console.print(render.attempts_table(job["attempts"]))
+    if summary["items"]:
+        console.print(render.summary_table({**summary, "items": summary["items"][-1:]}))
+
+
+def metrics(
+    job_id: JobArg,
+    name: Annotated[str | None, typer.Option(help="only this metric")] = None,
+    rank: Annotated[int | None, typer.Option(min=0, help="only this rank")] = None,
+    follow_: Annotated[
+        bool, typer.Option("--follow", "-f", help="print records as they arrive")
+    ] = False,
+    url: UrlOpt = DEFAULT_URL,
+    token: TokenOpt = None,
+) -> None:
+    """The job's metric records (a table), or with --follow a line per record until it ends."""
+
+    def wanted(m: dict[str, Any]) -> bool:
+        return (name is None or m["name"] == name) and (rank is None or m["rank"] == rank)
+
+    with _client(url, token) as client:
+        if not follow_:
+            items = client.all_metrics(job_id, name=name, rank=rank)
+            console.print(render.metrics_table(items))
+            return
+        for event in client.events(job_id):
+            if event.kind == "metric" and wanted(event.data):
+                console.print(render.metric_line(event.data), highlight=False)
+            elif event.kind == "state":
+                _job_line(event.data)
+
+
+def logs(
+    job_id: JobArg,
+    rank: Annotated[int, typer.Option(min=0)] = 0,
+    attempt: Annotated[int | None, typer.Option(min=1, help="default: latest")] = None,
+    follow_: Annotated[
+        bool, typer.Option("--follow", "-f", help="keep reading until the attempt ends")
+    ] = False,
+    url: UrlOpt = DEFAULT_URL,
+    token: TokenOpt = None,
+) -> None:
+    """A rank's log (stderr: what the worker logs, tracebacks)."""
+    offset = 0
+    with _client(url, token) as client:
+        while True:
+            chunk = client.logs(job_id, rank, offset, attempt)
+            attempt = chunk["attempt"]  # stay on one attempt while following
+            sys.stdout.write(chunk["text"])
+            sys.stdout.flush()
+            advanced = chunk["next_offset"] > offset
+            offset = chunk["next_offset"]
+            if chunk["complete"] or (not follow_ and not advanced):
+                return
+            if not advanced:
+                time.sleep(LOG_POLL_S)
+
+
+def cancel(job_id: JobArg, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
+    """Cancel a queued or running job (a finished job is left as it is)."""
+    with _client(url, token) as client:
+        _job_line(client.cancel(job_id))
+
+
+def wait(
+    job_id: JobArg,
+    timeout: Annotated[
+        float | None, typer.Option(min=0, help="seconds; default: no limit")
+    ] = None,
+    url: UrlOpt = DEFAULT_URL,
+    token: TokenOpt = None,
+) -> None:
+    """Wait for the job to end. Exit 0 succeeded, 1 failed, 3 cancelled, 4 timeout, 5 error."""
+    with _client(url, token) as client:
+        job = client.wait(job_id, timeout)
+    _job_line(job)
+    raise typer.Exit(_exit_for(job) if job["state"] in TERMINAL else EXIT_TIMEOUT)
+
+
+def summary(
+    job_id: JobArg,
+    name: Annotated[str, typer.Option(help="per-epoch metric")] = "loss",
+    threshold: Annotated[
+        float | None, typer.Option(min=0, help="relative distance that flags a rank")
+    ] = None,
+    fail_on_divergence: Annotated[
+        bool, typer.Option(help="exit 1 when any rank diverged (for CI)")
+    ] = False,
+    url: UrlOpt = DEFAULT_URL,
+    token: TokenOpt = None,
+) -> None:
+    """Per epoch across ranks: mean/min/max/std and ranks that diverge from the others."""
+    with _client(url, token) as client:
+        body = client.summary(job_id, name, threshold)
+    console.print(render.summary_table(body))
+    if fail_on_divergence and any(i["diverged_ranks"] for i in body["items"]):
+        raise typer.Exit(EXIT_FAILED)
+
+
+COMMANDS: list[Callable[..., None]] = [submit, jobs, show, metrics, logs, cancel, wait, summary]
+
+
+def register(app: typer.Typer) -> None:
+    """Add the client commands to the ``torchyard`` app."""
+    for command in COMMANDS:
+        app.command()(command)
