@@ -6,8 +6,9 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import Row, delete, func, select, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -126,8 +127,15 @@ def release(session: Session, job_id: int) -> None:
     session.execute(delete(Allocation).where(Allocation.job_id == job_id))
 
 
+_SQLITE_INSERT_RECORD = (
+    "INSERT INTO metric_records (job_id, attempt, rank, epoch, step, name, value, nonfinite, time)"
+    " VALUES (:job_id, :attempt, :rank, :epoch, :step, :name, :value, :nonfinite, :time)"
+    " ON CONFLICT DO NOTHING"
+)
+
+
 def insert_records(session: Session, job_id: int, records: Sequence[RecordIn]) -> int:
-    """Insert a batch in one statement; replays of a natural key are ignored. Returns rows added."""
+    """Insert a batch in one executemany; replays of a natural key are ignored. Returns rows added."""
     if not records:
         return 0
     rows = []
@@ -146,11 +154,17 @@ def insert_records(session: Session, job_id: int, records: Sequence[RecordIn]) -
                 "time": r.time,
             }
         )
-    # ON CONFLICT DO NOTHING exists in both SQLite and PostgreSQL; pick the matching dialect.
+    # One statement run with a parameter list (executemany). A multi-row VALUES clause would be
+    # compiled anew for every batch: ~0.3 s per 1000 rows (docs/benchmarks.md, "ingestion").
     dialect = session.get_bind().dialect.name
+    if dialect == "sqlite":
+        # The driver directly: SQLAlchemy's per-row parameter processing costs as much as
+        # SQLite's own insert work here.
+        return session.connection().exec_driver_sql(_SQLITE_INSERT_RECORD, rows).rowcount
+    # ON CONFLICT DO NOTHING exists in both SQLite and PostgreSQL; pick the matching dialect.
     insert = postgresql_insert if dialect == "postgresql" else sqlite_insert
-    stmt = insert(MetricRecord).values(rows).on_conflict_do_nothing()
-    return session.execute(stmt).rowcount
+    stmt = insert(MetricRecord.__table__).on_conflict_do_nothing()
+    return session.connection().execute(stmt, rows).rowcount
 
 
 def mark_first_metric(session: Session, job_id: int, records: Sequence[RecordIn]) -> None:
@@ -177,18 +191,24 @@ def read_records(
     limit: int,
     rank: int | None = None,
     name: str | None = None,
-) -> Sequence[MetricRecord]:
+) -> Sequence[Row[Any]]:
+    """Records with ``seq > after`` in ``seq`` order, at most ``limit``; an index range scan.
+
+    Plain rows with the table's columns as attributes (``seq``, ``rank``, ``value``, ...), not
+    ORM objects: building 1000 ORM instances cost more than the query (docs/benchmarks.md).
+    """
+    table = MetricRecord.__table__
     q = (
-        select(MetricRecord)
-        .where(MetricRecord.job_id == job_id, MetricRecord.seq > after)
-        .order_by(MetricRecord.seq)
+        select(table)
+        .where(table.c.job_id == job_id, table.c.seq > after)
+        .order_by(table.c.seq)
         .limit(limit)
     )
     if rank is not None:
-        q = q.where(MetricRecord.rank == rank)
+        q = q.where(table.c.rank == rank)
     if name is not None:
-        q = q.where(MetricRecord.name == name)
-    return session.scalars(q).all()
+        q = q.where(table.c.name == name)
+    return session.execute(q).all()
 
 
 def count_records(session: Session, job_id: int) -> int:

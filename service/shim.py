@@ -20,13 +20,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from service.failure import describe_exit, failed_rank_exit_codes
-from service.launcher import LaunchRequest, LocalTorchrunLauncher
+from service.launcher import LaunchRequest, LocalTorchrunLauncher, ProcessGroupHandle
 from service.rundir import RunDir
 from service.scriptpath import builtin_program
 from service.socketport import free_port
@@ -67,6 +68,14 @@ class ShimConfig:
 
     def write(self, run: RunDir) -> None:
         _write_json(run.launch_file, asdict(self))
+
+
+def _wait_exit(handle: ProcessGroupHandle, timeout_s: float) -> None:
+    """Sleep up to ``timeout_s``, waking as soon as torchrun exits (not up to a poll later)."""
+    try:
+        handle.popen.wait(timeout=timeout_s)  # type: ignore[union-attr]
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -121,7 +130,7 @@ class Shim:
                 handle.terminate(self.config.stop_grace_s)
                 code = handle.poll()
                 break
-            time.sleep(POLL_S)
+            _wait_exit(handle, POLL_S)
         code = code if code is not None else -signal.SIGKILL
         ready = all(
             self.run.ready_marker(number, r).exists() for r in range(self.config.nproc_per_node)

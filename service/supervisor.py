@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import subprocess
 import sys
 import threading
 import time
@@ -375,6 +376,12 @@ class Supervisor:
             self._queue_dirty = True
             return
         self._handles[job.id] = handle
+        if isinstance(handle, ProcessGroupHandle) and handle.popen is not None:
+            # Reap at once when the shim exits, not up to a poll interval later.
+            threading.Thread(
+                target=self._wake_on_exit, args=(handle.popen,), daemon=True,
+                name=f"torchyard-wait-{job.id}",
+            ).start()
         job_row = repo.get_job(session, job.id)
         if job_row is not None:
             job_row.pid = handle.pid
@@ -405,6 +412,10 @@ class Supervisor:
             env["TORCHYARD_RESUME_DIR"] = str(source.root / "checkpoints")
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in placement.gpu_indices)
         return env
+
+    def _wake_on_exit(self, popen: subprocess.Popen[bytes]) -> None:
+        popen.wait()
+        self._wake.set()
 
     def _stop_cancelled(self) -> None:
         """Groups whose job was cancelled get SIGTERM → grace → SIGKILL, each in its own thread."""

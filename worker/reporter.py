@@ -43,6 +43,9 @@ BACKOFF_START_S = 0.2
 BACKOFF_CAP_S = 5.0
 HTTP_TIMEOUT_S = 10.0
 
+# Put on the queue by close() to wake the sender; never sent.
+_WAKE: dict[str, Any] = {}
+
 _noop_warned = False
 _noop_warned_lock = threading.Lock()
 
@@ -136,6 +139,7 @@ class Reporter:
             self._closed = True
         self._closing.set()
         if self._thread is not None:
+            self._queue.put(_WAKE)  # the sender sees "closing" now, not a queue poll later
             self._thread.join(timeout_s)
             if self._thread.is_alive():
                 self._abort.set()
@@ -156,18 +160,22 @@ class Reporter:
         with httpx.Client(timeout=HTTP_TIMEOUT_S, headers=headers) as client:
             while not self._abort.is_set():
                 try:
-                    first = self._queue.get(timeout=0.2)
+                    # Once closing, drain without waiting: the rank exits as soon as it is sent.
+                    first = self._queue.get(block=not self._closing.is_set(), timeout=0.2)
                 except queue.Empty:
-                    if self._closing.is_set():
-                        return
-                    continue
-                batch = [first]
+                    first = _WAKE
+                batch = [] if first is _WAKE else [first]
                 while len(batch) < BATCH_MAX:
                     try:
-                        batch.append(self._queue.get_nowait())
+                        item = self._queue.get_nowait()
                     except queue.Empty:
                         break
-                self._send_batch(client, url, batch)
+                    if item is not _WAKE:
+                        batch.append(item)
+                if batch:
+                    self._send_batch(client, url, batch)
+                elif self._closing.is_set():
+                    return
 
     def _send_batch(self, client: httpx.Client, url: str, batch: list[dict[str, Any]]) -> None:
         delay = BACKOFF_START_S

@@ -40,6 +40,7 @@ def create_app(
     tokens = TokenSet(settings.api_token_digests())
     engine = make_engine(settings.resolved_database_url)
     session_factory = make_session_factory(engine)
+    read_engine = make_engine(settings.resolved_database_url, readonly=True)
     supervisor = Supervisor(
         settings=settings,
         session_factory=session_factory,
@@ -59,6 +60,7 @@ def create_app(
         finally:
             supervisor.stop()
             engine.dispose()
+            read_engine.dispose()
 
     app = FastAPI(
         title="torchyard", version=__version__, lifespan=lifespan,
@@ -66,6 +68,8 @@ def create_app(
     )
     app.state.settings = settings
     app.state.session_factory = session_factory
+    read_session_factory = make_session_factory(read_engine)
+    app.state.read_session_factory = read_session_factory
     app.state.supervisor = supervisor
     errors.install(app)
     app.state.telemetry = Telemetry(session_factory, supervisor.inventory)
@@ -87,7 +91,8 @@ def create_app(
     # add_middleware wraps: the last one added runs first.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(
-        AuthMiddleware, tokens=tokens, session_factory=session_factory,
+        # Token checks only read: they never wait for (or hold up) a metric write.
+        AuthMiddleware, tokens=tokens, session_factory=read_session_factory,
         grace_s=settings.worker_token_grace_s,
     )
     if settings.cors_origins:

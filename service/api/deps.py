@@ -18,16 +18,28 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.settings import Settings
 from service.supervisor import Supervisor
 
+READ_METHODS = frozenset({"GET", "HEAD"})
+
+
+def _factory(request: Request) -> sessionmaker[Session]:
+    """The writer's factory; for GET/HEAD the read-only one (GET routes never write).
+
+    Reads on the read-only engine never queue behind metric writes (see ``service.db``).
+    """
+    state = request.app.state
+    if request.method in READ_METHODS:
+        return getattr(state, "read_session_factory", state.session_factory)
+    return state.session_factory
+
 
 def get_session(request: Request) -> Iterator[Session]:
-    factory = request.app.state.session_factory
-    with factory() as session:
+    with _factory(request)() as session:
         yield session
 
 
 def get_session_factory(request: Request) -> sessionmaker[Session]:
     """For routes that must not hold one session for their whole life (long polls, streams)."""
-    return request.app.state.session_factory
+    return _factory(request)
 
 
 def get_supervisor(request: Request) -> Supervisor:

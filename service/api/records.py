@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 
 from service import repository as repo
 from service.api.auth import WorkerJobDep
@@ -13,9 +17,34 @@ from service.schemas import IngestResult, RecordBatch
 router = APIRouter(prefix="/jobs", tags=["workers"])
 
 
-@router.post("/{job_id}/records", response_model=IngestResult)
+async def _record_batch(request: Request) -> RecordBatch:
+    """The body parsed and validated in one pass by pydantic-core.
+
+    Declaring ``batch: RecordBatch`` would ``json.loads`` the body and then validate the Python
+    objects: about twice the CPU on 1000-record batches (docs/benchmarks.md, "ingestion").
+    """
+    try:
+        return RecordBatch.model_validate_json(await request.body())
+    except ValidationError as exc:
+        raise RequestValidationError(
+            [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+        ) from None
+
+
+# Documented as before (the dependency hides the body from OpenAPI); OpenAPI 3.1 takes $defs.
+_BODY_SCHEMA = RecordBatch.model_json_schema()
+BatchDep = Annotated[RecordBatch, Depends(_record_batch)]
+
+
+@router.post(
+    "/{job_id}/records",
+    response_model=IngestResult,
+    openapi_extra={
+        "requestBody": {"required": True, "content": {"application/json": {"schema": _BODY_SCHEMA}}}
+    },
+)
 def post_records(
-    job_id: WorkerJobDep, batch: RecordBatch, session: SessionDep, request: Request
+    job_id: WorkerJobDep, batch: BatchDep, session: SessionDep, request: Request
 ) -> IngestResult:
     """Store a batch in one transaction; replays of (attempt, rank, epoch, step, name) are ignored.
 

@@ -1,0 +1,184 @@
+"""A live torchyard server for the benchmarks, and direct database set-up (jobs, bulk records).
+
+``Server.start(home)`` runs the real ``python -m service serve`` on a free loopback port.
+``supervisor=False`` runs ``python -m bench.server HOME PORT`` instead: the same app from
+``create_app`` under uvicorn, without the supervisor loop, so queued jobs stay queued.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Self
+
+import httpx
+
+from service.jobtoken import new_token
+from service.socketport import free_port
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+START_TIMEOUT_S = 60.0
+
+
+@dataclass
+class Server:
+    url: str
+    home: Path
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    @classmethod
+    def start(
+        cls, home: Path, *, supervisor: bool = True, env: dict[str, str] | None = None
+    ) -> Server:
+        home.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        full_env = {
+            **os.environ,
+            "TORCHYARD_HOME": str(home),
+            "TORCHYARD_PORT": str(port),
+            "TORCHYARD_GPUS": "none",
+            "TORCHYARD_CPU_SLOTS": "4",
+            "OMP_NUM_THREADS": "1",
+            # The benchmarks post records for a finished job for minutes.
+            "TORCHYARD_WORKER_TOKEN_GRACE_S": "3600",
+            **(env or {}),
+        }
+        argv = (
+            [sys.executable, "-m", "service", "serve"]
+            if supervisor
+            else [sys.executable, "-m", "bench.server", str(home), str(port)]
+        )
+        log = home / f"server-{time.time_ns()}.log"
+        proc = subprocess.Popen(
+            argv, env=full_env, cwd=REPO_ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        server = cls(url=f"http://127.0.0.1:{port}", home=home, proc=proc, log=log)
+        server._wait_healthy()
+        return server
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited:\n{self.log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("server did not answer in time")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+
+def db_path(home: Path) -> Path:
+    return (home / "torchyard.db").resolve()
+
+
+def migrate(home: Path) -> None:
+    """Create the schema the way the server does (Alembic), so rows can be loaded before it starts."""
+    from service.db import upgrade
+
+    home.mkdir(parents=True, exist_ok=True)
+    upgrade(f"sqlite:///{db_path(home)}")
+
+
+def insert_finished_job(home: Path) -> tuple[int, str]:
+    """A succeeded job with a known worker token; the records route accepts its late batches."""
+    from service import repository as repo
+    from service.db import make_engine, make_session_factory
+    from service.spec import JobSpec
+    from service.state import JobState
+
+    token, token_hash = new_token()
+    engine = make_engine(f"sqlite:///{db_path(home)}")
+    try:
+        with make_session_factory(engine)() as session:
+            job = repo.create_job(session, JobSpec(name="bench"))
+            job.state = JobState.succeeded.value
+            job.started_at = job.ended_at = repo.utcnow()
+            job.token_hash = token_hash
+            job.attempts = []
+            session.commit()
+            return job.id, token
+    finally:
+        engine.dispose()
+
+
+def _record_rows(job_id: int, start: int, count: int) -> Iterator[tuple]:
+    now = time.time()
+    names = ("loss", "samples", "seconds", "samples_per_s")
+    for i in range(start, start + count):
+        # One epoch of 4 per-epoch metrics from each of 8 ranks, then steps: unique natural keys.
+        yield (job_id, 1, i % 8, i // 32, i // 8 % 4, names[i % 4], float(i), None, now)
+
+
+def bulk_load_records(home: Path, job_id: int, start: int, count: int) -> None:
+    """Append ``count`` records to a job straight through SQL (set-up speed, not the HTTP path)."""
+    conn = sqlite3.connect(db_path(home))
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=OFF")
+        with conn:
+            conn.executemany(
+                "INSERT INTO metric_records "
+                "(job_id, attempt, rank, epoch, step, name, value, nonfinite, time) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                _record_rows(job_id, start, count),
+            )
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        conn.close()
+
+
+def max_seq(home: Path, job_id: int) -> int:
+    conn = sqlite3.connect(db_path(home))
+    try:
+        return conn.execute(
+            "SELECT coalesce(max(seq), 0) FROM metric_records WHERE job_id = ?", (job_id,)
+        ).fetchone()[0]
+    finally:
+        conn.close()
+
+
+def _serve_without_supervisor(home: str, port: int) -> None:
+    import logging
+
+    import uvicorn
+
+    from service.api.app import create_app
+    from service.settings import Settings
+
+    logging.basicConfig(level=logging.WARNING)
+    settings = Settings(home=Path(home), port=port)
+    app = create_app(settings, run_supervisor=False)
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+
+
+if __name__ == "__main__":
+    _serve_without_supervisor(sys.argv[1], int(sys.argv[2]))

@@ -1,0 +1,35 @@
+"""Every benchmark runs end to end at smoke sizes and yields its result rows (no timing asserts)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from bench.__main__ import BENCHES, main
+
+# The headline row each benchmark must produce (its figures are for docs/benchmarks.md).
+HEADLINE = {
+    "orchestration": "wall ratio job / plain",
+    "trainer": "mlp: ratio built-in / seed",
+    "ingest": "records/s",
+    "polling": "concurrent: errors",
+    "scheduling": "one scheduling pass (supervisor)",
+}
+
+
+@pytest.mark.parametrize("name", BENCHES)
+def test_bench_runs_in_smoke_mode(name: str, tmp_path: Path) -> None:
+    out = tmp_path / "rows.json"
+    results = main([name, "--smoke", "--json", str(out)])
+    rows = results[name]
+    assert rows and all(r.bench == name for r in rows)
+    metrics = {r.metric: r.value for r in rows}
+    assert HEADLINE[name] in metrics
+    numbers = [v for v in metrics.values() if isinstance(v, float | int)]
+    assert numbers and not any(math.isnan(v) for v in numbers), metrics  # every phase measured
+    saved = json.loads(out.read_text())
+    assert saved["smoke"] is True and len(saved["rows"]) == len(rows)
+    assert saved["machine_before"]["nproc"] >= 1
