@@ -87,9 +87,18 @@ def list_jobs(
     return session.scalars(q).all()
 
 
-def queued_for_scheduling(session: Session) -> Sequence[tuple[int, int, dict]]:
-    """(id, priority, spec) of every queued job; only the columns a scheduling pass needs."""
-    q = select(Job.id, Job.priority, Job.spec).where(Job.state == JobState.queued.value)
+def queued_for_scheduling(
+    session: Session,
+) -> Sequence[tuple[int, int, str, int, float | None]]:
+    """(id, priority, device, nproc_per_node, max_runtime_s) of every queued job: only what a
+    scheduling pass needs, extracted from the spec by the database (no JSON decoding here)."""
+    q = select(
+        Job.id,
+        Job.priority,
+        Job.spec["device"].as_string(),
+        Job.spec["nproc_per_node"].as_integer(),
+        Job.spec["max_runtime_s"].as_float(),
+    ).where(Job.state == JobState.queued.value)
     return session.execute(q).tuples().all()
 
 

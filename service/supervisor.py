@@ -92,6 +92,9 @@ class Supervisor:
     inventory: Inventory
     launcher: Launcher
     api_url: str = ""
+    # Read-only sessions (``service.db``): a scheduling pass reads the queue without holding the
+    # write lock; None = use ``session_factory``.
+    read_session_factory: sessionmaker[Session] | None = None
     _handles: dict[int, GroupHandle] = field(default_factory=dict)
     _stopping: set[int] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -285,27 +288,35 @@ class Supervisor:
         if not self._queue_dirty and now - self._last_plan < REPLAN_S:
             return
         self._queue_dirty, self._last_plan = False, now
-        with self.session_factory() as session:
+        # Read without the write lock: only this thread allocates, so what it reads stays true
+        # until it launches (the launch itself is compare-and-set, so a job cancelled meanwhile
+        # is skipped, and the allocation's unique key would refuse a double booking anyway).
+        with (self.read_session_factory or self.session_factory)() as reader:
             queue = [
                 scheduler.QueuedJob(
                     id=job_id,
                     priority=priority,
-                    kind=resource_kind(spec["device"], self.inventory),
-                    count=spec["nproc_per_node"],
-                    max_runtime_s=spec.get("max_runtime_s"),
+                    kind=resource_kind(device, self.inventory),
+                    count=count,
+                    max_runtime_s=max_runtime_s,
                 )
-                for job_id, priority, spec in repo.queued_for_scheduling(session)
+                for job_id, priority, device, count, max_runtime_s
+                in repo.queued_for_scheduling(reader)
             ]
             if not queue:
                 self._waiting = {}
                 return
-            held = repo.allocated_resources(session)
-            running = self._running_jobs(session, held)
-            free = {
-                kind: [r for r in self.inventory.resource_names(kind) if r not in held]
-                for kind in (scheduler.GPU, scheduler.CPU)
-            }
-            decision = scheduler.plan(queue, free, running, now)
+            held = repo.allocated_resources(reader)
+            running = self._running_jobs(reader, held)
+        free = {
+            kind: [r for r in self.inventory.resource_names(kind) if r not in held]
+            for kind in (scheduler.GPU, scheduler.CPU)
+        }
+        decision = scheduler.plan(queue, free, running, now)
+        if not decision.launches:
+            self._waiting = decision.waiting
+            return
+        with self.session_factory() as session:
             for launch in decision.launches:
                 job = repo.get_job(session, launch.job_id)
                 if job is None:

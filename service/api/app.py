@@ -41,9 +41,11 @@ def create_app(
     engine = make_engine(settings.resolved_database_url)
     session_factory = make_session_factory(engine)
     read_engine = make_engine(settings.resolved_database_url, readonly=True)
+    read_session_factory = make_session_factory(read_engine)
     supervisor = Supervisor(
         settings=settings,
         session_factory=session_factory,
+        read_session_factory=read_session_factory,
         inventory=make_inventory(settings.gpus, settings.cpu_slots),
         launcher=launcher or LocalTorchrunLauncher(),
         api_url=api_url or settings.api_url_for_workers(),
@@ -68,7 +70,6 @@ def create_app(
     )
     app.state.settings = settings
     app.state.session_factory = session_factory
-    read_session_factory = make_session_factory(read_engine)
     app.state.read_session_factory = read_session_factory
     app.state.supervisor = supervisor
     errors.install(app)
