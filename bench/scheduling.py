@@ -80,6 +80,7 @@ def scheduling_pass(home: Path, repeats: int) -> tuple[float, float, int]:
 
     engine = make_engine(f"sqlite:///{db_path(home)}")
     factory = make_session_factory(engine)
+    read_engine = make_engine(f"sqlite:///{db_path(home)}", readonly=True)
     inventory = make_inventory("none", CPU_SLOTS)
     with factory() as session:  # a running job holds every slot, so the pass launches nothing
         blocker = repo.create_job(session, JobSpec(name="blocker", nproc_per_node=CPU_SLOTS))
@@ -88,7 +89,8 @@ def scheduling_pass(home: Path, repeats: int) -> tuple[float, float, int]:
         session.commit()
     supervisor = Supervisor(
         settings=Settings(home=home, gpus="none", cpu_slots=CPU_SLOTS),
-        session_factory=factory, inventory=inventory, launcher=LocalTorchrunLauncher(),
+        session_factory=factory, read_session_factory=make_session_factory(read_engine),
+        inventory=inventory, launcher=LocalTorchrunLauncher(),
     )
     passes = []
     try:
@@ -100,12 +102,13 @@ def scheduling_pass(home: Path, repeats: int) -> tuple[float, float, int]:
         waiting = len(supervisor._waiting)
         with factory() as session:
             queue = [
-                scheduler.QueuedJob(job_id, priority, scheduler.CPU, spec["nproc_per_node"],
-                                    spec.get("max_runtime_s"))
-                for job_id, priority, spec in repo.queued_for_scheduling(session)
+                scheduler.QueuedJob(job_id, priority, scheduler.CPU, count, max_runtime_s)
+                for job_id, priority, _device, count, max_runtime_s
+                in repo.queued_for_scheduling(session)
             ]
     finally:
         engine.dispose()
+        read_engine.dispose()
     plans = []
     for _ in range(repeats):
         t0 = time.perf_counter()
