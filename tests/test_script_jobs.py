@@ -235,11 +235,15 @@ def test_sdk_ready_and_checkpoint_helpers(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def _plain_torchrun(script: Path, args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    """``script`` under plain torchrun (2 ranks, CPU, no torchyard variables)."""
+    """``script`` under plain torchrun (2 ranks, CPU, no torchyard variables).
+
+    Each rank's stdout goes to its own file under ``cwd/plain-logs`` (``--redirects=1``): on one
+    shared pipe the two ranks' lines can interleave mid-line."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHYARD_")}
     env |= {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
-           "--master-addr=127.0.0.1", f"--master-port={free_port()}", str(script), *args]
+           "--master-addr=127.0.0.1", f"--master-port={free_port()}", "--redirects=1",
+           f"--log-dir={cwd / 'plain-logs'}", str(script), *args]
     for try_number in (1, 2):
         proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=180,
                               check=False)
@@ -268,11 +272,12 @@ def test_parity_plain_torchrun_vs_torchyard_and_sdk_noop_outside(
 ) -> None:
     args = ["--epochs", "3", "--samples", "256", "--seed", "7"]
     plain = _plain_torchrun(script_dir / "minimal_ddp.py", args, tmp_path)
+    stdout = "".join(p.read_text() for p in (tmp_path / "plain-logs").glob("**/stdout.log"))
     printed = {
         (int(r), int(e)): float(v)
-        for r, e, v in re.findall(r"rank (\d) epoch (\d) loss (\S+)", plain.stdout)
+        for r, e, v in re.findall(r"rank (\d) epoch (\d) loss (\S+)", stdout)
     }
-    assert set(printed) == {(r, e) for r in (0, 1) for e in (1, 2, 3)}, plain.stdout
+    assert set(printed) == {(r, e) for r in (0, 1) for e in (1, 2, 3)}, stdout
     # Outside torchyard the SDK is a no-op: one warning per rank process, and the run finished.
     assert plain.stderr.count("metrics are not sent to torchyard") == 2, plain.stderr[-3000:]
 
