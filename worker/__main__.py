@@ -12,4 +12,6 @@ if __name__ == "__main__":
         level=logging.INFO,
         format=f"%(asctime)s rank{WorkerEnv.current().rank} %(levelname)s %(name)s: %(message)s",
     )
+    # One INFO line per metrics POST would bury the rank's own messages in its log.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     main()
