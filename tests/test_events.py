@@ -104,3 +104,29 @@ def test_log_chunks_never_split_a_character(tmp_path: Path) -> None:
     assert (text, nxt, at_end) == ("é", 2, False)  # "€" is cut at byte 4: left for later
     text, nxt, at_end = read_chunk(path, nxt, 100, final=True)
     assert (text, nxt, at_end) == ("€x\ufffd\n", 8, True)
+
+
+def test_a_finished_jobs_stream_resumes_from_any_event(api: TestClient) -> None:
+    """Records of a finished job come before its terminal state (ids ``<seq>--1``); resuming
+    from any of them gives the rest exactly once, then the terminal state."""
+    from tests.test_api import DIGITS, _give_token
+
+    job_id = api.post("/jobs", json=DIGITS).json()["id"]
+    auth = {"authorization": f"Bearer {_give_token(api, job_id)}"}
+    batch = [{"rank": r, "epoch": e, "name": "loss", "value": 1.0, "time": 1.0}
+             for e in (1, 2) for r in (0, 1)]
+    assert api.post(f"/jobs/{job_id}/records", json={"records": batch},
+                    headers=auth).json()["accepted"] == 4
+    api.post(f"/jobs/{job_id}/cancel")
+
+    def events(last_id: str | None = None) -> list[tuple[str, str]]:
+        headers = {"Last-Event-ID": last_id} if last_id else {}
+        with connect_sse(api, "GET", f"/jobs/{job_id}/events", headers=headers) as source:
+            assert source.response.status_code == 200, source.response.read()
+            return [(e.event, e.id) for e in source.iter_sse()]
+
+    first = events()
+    assert [kind for kind, _ in first] == ["metric"] * 4 + ["state"]
+    assert first[0][1].endswith("--1")
+    for cut in range(len(first)):
+        assert events(first[cut][1]) == first[cut + 1:], cut

@@ -150,6 +150,10 @@ def _run(spec: JobSpec, env: WorkerEnv, run_dir: Path, use_cuda: bool) -> None:
             if env.test_diverge_rank == env.rank:
                 metrics["loss"] *= TEST_DIVERGE_FACTOR
             reporter.report(epoch=epoch, **metrics)
+            log.info(
+                "epoch %d/%d: loss %.6g, %d samples, %.0f samples/s", epoch, spec.epochs,
+                metrics["loss"], metrics["samples"], metrics["samples_per_s"],
+            )
             if env.rank == 0 and _checkpoint_due(spec, epoch):
                 save_checkpoint(
                     checkpoint_dir,

@@ -8,7 +8,8 @@ Events:
 * ``metric`` — data: one record, as an item of ``GET /jobs/{id}/metrics``, in ``seq`` order.
 
 Every event's ``id`` is the cursor ``<seq>-<stage>``: the last record ``seq`` sent and the stage
-of the last state sent (0 queued, 1 starting, 2 running, 3 terminal). A client that reconnects
+of the last state sent (0 queued, 1 starting, 2 running, 3 terminal; -1 none yet, as when a
+stream opened on a finished job sends its records before the terminal state). A client that reconnects
 with ``Last-Event-ID`` gets only newer records and only a later state: no gap, no duplicate.
 The stream ends once the job is terminal and every record has been sent.
 
@@ -38,7 +39,7 @@ EVENTS_POLL_S = 0.5
 EVENTS_PAGE = 1000
 TERMINAL_STAGE = 3
 STAGES = {JobState.queued: 0, JobState.starting: 1, JobState.running: 2}
-_CURSOR = re.compile(r"^(\d{1,18})-([0-3])$")
+_CURSOR = re.compile(r"^(\d{1,18})-(-1|[0-3])$")
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,9 @@ def stage_of(state: JobState) -> int:
 
 
 def _session_factory(request: Request) -> sessionmaker[Session]:
-    return request.app.state.session_factory
+    # Read-only sessions: a stream never takes the write lock (see ``service.db``).
+    state = request.app.state
+    return getattr(state, "read_session_factory", state.session_factory)
 
 
 def _existing_job(job_id: int, request: Request) -> int:
@@ -99,13 +102,17 @@ async def job_events(
     factory = _session_factory(request)
     while True:
         job, records = await run_in_threadpool(_poll, factory, job_id, cursor.seq)
+        stage = stage_of(job.state)
+        # A live state goes out before the records read after it (a client sees "running"
+        # before that attempt's epochs). The terminal state goes out only once a poll that saw
+        # it found no new record, so it comes after every record.
+        if cursor.stage < stage < TERMINAL_STAGE:
+            cursor = Cursor(cursor.seq, stage)
+            yield ServerSentEvent(event="state", id=cursor.id, data=job)
         for record in records:
             cursor = Cursor(record.seq, cursor.stage)
             yield ServerSentEvent(event="metric", id=cursor.id, data=record)
-        stage = stage_of(job.state)
-        # The terminal state goes out only once a poll that saw it found no new record, so it
-        # comes after every record (the state is read before the records).
-        if stage > cursor.stage and (stage < TERMINAL_STAGE or not records):
+        if stage == TERMINAL_STAGE and cursor.stage < stage and not records:
             cursor = Cursor(cursor.seq, stage)
             yield ServerSentEvent(event="state", id=cursor.id, data=job)
         if stage == TERMINAL_STAGE and not records:
