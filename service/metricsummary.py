@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 # Keeps the relative distance defined when the reference is 0 (e.g. an accuracy of 0).
@@ -77,12 +77,22 @@ def summarize(values: Iterable[EpochValue], threshold: float) -> list[EpochSumma
                 epoch=epoch,
                 attempt=attempt,
                 count=len(ranks),
-                mean=statistics.fmean(finite) if finite else None,
+                mean=_overflow_safe(statistics.fmean, finite),
                 min=min(finite) if finite else None,
                 max=max(finite) if finite else None,
-                std=statistics.pstdev(finite) if finite else None,
+                std=_overflow_safe(statistics.pstdev, finite),
                 ranks=ranks,
                 diverged_ranks=diverged_ranks(ranks, threshold),
             )
         )
     return out
+
+
+def _overflow_safe(stat: Callable[[list[float]], float], values: list[float]) -> float | None:
+    """``stat(values)``; None for no values, infinity (JSON null) where values near 1e308 overflow."""
+    if not values:
+        return None
+    try:
+        return stat(values)
+    except OverflowError:
+        return math.inf

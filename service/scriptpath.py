@@ -87,9 +87,11 @@ def _confined_file(candidate: Path, script_dirs: Sequence[Path]) -> Path | None:
     """The resolved file if ``candidate`` is one inside the dirs; None if missing."""
     try:
         resolved = confine(str(candidate), script_dirs, FIELD)
+        return resolved if resolved.is_file() else None
     except PathRefused as exc:
         raise ScriptRefused(str(exc).removeprefix(f"{FIELD}: ")) from None
-    return resolved if resolved.is_file() else None
+    except (OSError, RuntimeError) as exc:  # a name too long, no permission, a symlink loop
+        raise ScriptRefused(f"{str(candidate)[:200]!r} cannot be resolved ({exc})") from None
 
 
 def _find_script(entrypoint: str, script_dirs: Sequence[Path]) -> Path:

@@ -14,7 +14,10 @@ from service.jobtoken import hash_token
 
 API_TOKEN_MIN_CHARS = 16
 # Never passed on to a job's shim or ranks (jobs run user code; see README "Security").
-SECRET_ENV_VARS = frozenset({"TORCHYARD_API_TOKENS", "TORCHYARD_API_TOKENS_FILE"})
+# TORCHYARD_TOKEN is the CLI's (a server started from an operator's shell may have it).
+SECRET_ENV_VARS = frozenset(
+    {"TORCHYARD_API_TOKENS", "TORCHYARD_API_TOKENS_FILE", "TORCHYARD_TOKEN"}
+)
 
 
 def _comma_list(value: object) -> object:
@@ -55,7 +58,6 @@ class Settings(BaseSettings):
     cpu_slots: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1, le=4096)
     poll_interval_s: float = Field(default=0.2, gt=0, le=10)
     stop_grace_s: float = Field(default=10.0, ge=0, le=600)
-    metrics_page_max: int = Field(default=10_000, ge=1)
     python_executable: str | None = Field(default=None, description="python that runs torchrun")
     script_dirs: str | None = Field(
         default=None,

@@ -162,7 +162,7 @@ class Supervisor:
 
     def resources(self) -> tuple[dict[str, list[str]], dict[str, int]]:
         """(kind → every resource name of the host, resource → job holding it)."""
-        with self.session_factory() as session:
+        with (self.read_session_factory or self.session_factory)() as session:
             held = repo.allocated_resources(session)
         kinds = {kind: self.inventory.resource_names(kind) for kind in (scheduler.GPU, scheduler.CPU)}
         return kinds, held
@@ -204,10 +204,20 @@ class Supervisor:
             self._wake.clear()
 
     def recover(self) -> None:
-        """Before launching anything: adopt live groups, give dead ones a final state."""
+        """Before launching anything: adopt live groups, give dead ones a final state.
+
+        Jobs holding resources are looked at too, whatever their state: a job cancelled just
+        before the server stopped is terminal but its group may still be stopping (it is adopted,
+        and the loop stops it) or gone (its resources are freed now)."""
         dead: list[int] = []
         with self.session_factory() as session:
-            for job in repo.active_jobs(session):
+            holders = set(repo.allocated_resources(session).values())
+            jobs = {job.id: job for job in repo.active_jobs(session)}
+            for job_id in holders - set(jobs):
+                job = repo.get_job(session, job_id)
+                if job is not None:
+                    jobs[job_id] = job
+            for job in jobs.values():
                 if job.pid and _same_process(job.pid, job.pid_create_time):
                     self._handles[job.id] = ProcessGroupHandle(pid=job.pid)
                     logger.info("job %s: re-adopted pid %s", job.id, job.pid)
@@ -274,7 +284,10 @@ class Supervisor:
                 if job.state != JobState.starting.value or not attempts:
                     continue
                 if run.ready_marker(attempts[-1]["number"], 0).exists():
-                    repo.transition(session, job.id, JobState.running, running_at=repo.utcnow())
+                    # Seen up to a tick late; never after the first metric it made possible.
+                    now = repo.utcnow()
+                    running_at = min(now, job.first_metric_at) if job.first_metric_at else now
+                    repo.transition(session, job.id, JobState.running, running_at=running_at)
             session.commit()
 
     def _queue_changed(self) -> None:
@@ -308,6 +321,9 @@ class Supervisor:
                 return
             held = repo.allocated_resources(reader)
             running = self._running_jobs(reader, held)
+        # Checked at submit, but a restart with fewer GPUs or slots can leave a job that never
+        # fits: it would hold the head of its kind's queue forever, so it fails instead.
+        queue = [job for job in queue if not self._fail_if_never_fits(job)]
         free = {
             kind: [r for r in self.inventory.resource_names(kind) if r not in held]
             for kind in (scheduler.GPU, scheduler.CPU)
@@ -325,6 +341,20 @@ class Supervisor:
                 self._launch(session, job, spec, placement_for(spec, launch.resources))
         self._waiting = decision.waiting
 
+    def _fail_if_never_fits(self, job: scheduler.QueuedJob) -> bool:
+        have = len(self.inventory.resource_names(job.kind))
+        if job.count <= have:
+            return False
+        unit = "GPUs" if job.kind == scheduler.GPU else "CPU slots"
+        with self.session_factory() as session:
+            repo.transition(
+                session, job.id, JobState.failed,
+                reason=f"nproc_per_node: needs {job.count} {unit}; this host has {have}",
+            )
+            session.commit()
+        logger.info("job %s: can never fit this host; failed", job.id)
+        return True
+
     def _running_jobs(
         self, session: Session, held: dict[str, int]
     ) -> list[scheduler.RunningJob]:
@@ -337,8 +367,9 @@ class Supervisor:
             job = repo.get_job(session, job_id)
             limit = (job.spec or {}).get("max_runtime_s") if job is not None else None
             started = job.started_at if job is not None else None
+            # The shim stops a job at its deadline with SIGTERM → grace → SIGKILL.
             ends_by = (
-                started.replace(tzinfo=UTC).timestamp() + limit
+                started.replace(tzinfo=UTC).timestamp() + limit + self.settings.stop_grace_s
                 if limit is not None and started is not None
                 else math.inf
             )
@@ -356,35 +387,15 @@ class Supervisor:
             return
         repo.allocate(session, job.id, placement.resources)
         session.commit()
-        run = RunDir.for_job(self.settings.runs_dir, job.id)
-        run.prepare()
-        run.spec_file.write_text(spec.model_dump_json(indent=2))
         try:
-            program = rank_program(spec, self.settings.script_dir_list, run.spec_file)
-        except ScriptRefused as exc:  # the script went away (or out of bounds) since submit
+            handle = self._start_shim(job.id, token, spec, placement)
+        except Exception as exc:  # whatever failed, the job must not stay starting, holding slots
+            if not isinstance(exc, ScriptRefused | OSError):
+                logger.exception("job %s: launch failed", job.id)
             repo.transition(session, job.id, JobState.failed, reason=f"could not start: {exc}")
             repo.release(session, job.id)
             session.commit()
-            return
-        ShimConfig(
-            job_id=job.id,
-            python=self.settings.python_executable or sys.executable,
-            nproc_per_node=spec.nproc_per_node,
-            max_restarts=spec.max_restarts,
-            max_runtime_s=spec.max_runtime_s,
-            heartbeat_timeout_s=spec.heartbeat_timeout_s,
-            stop_grace_s=self.settings.stop_grace_s,
-            program=list(program.argv),
-            pythonpath=program.pythonpath,
-        ).write(run)
-        env = self._rank_env(job.id, token, run, spec, placement)
-        try:
-            handle = self.launcher.start_shim(run, env)
-        except OSError as exc:
-            repo.transition(session, job.id, JobState.failed, reason=f"could not start: {exc}")
-            repo.release(session, job.id)
-            session.commit()
-            self._queue_dirty = True
+            self._queue_changed()
             return
         self._handles[job.id] = handle
         if isinstance(handle, ProcessGroupHandle) and handle.popen is not None:
@@ -399,6 +410,28 @@ class Supervisor:
             job_row.pid_create_time = _create_time(handle.pid)
         session.commit()
         logger.info("job %s: launched pid %s on %s", job.id, handle.pid, placement.resources)
+
+    def _start_shim(
+        self, job_id: int, token: str, spec: JobSpec, placement: Placement
+    ) -> GroupHandle:
+        """Write the run directory and start the job's shim; raises on any failure."""
+        run = RunDir.for_job(self.settings.runs_dir, job_id)
+        run.prepare()
+        run.spec_file.write_text(spec.model_dump_json(indent=2))
+        # The script may have gone away (or out of bounds) since submit: ScriptRefused.
+        program = rank_program(spec, self.settings.script_dir_list, run.spec_file)
+        ShimConfig(
+            job_id=job_id,
+            python=self.settings.python_executable or sys.executable,
+            nproc_per_node=spec.nproc_per_node,
+            max_restarts=spec.max_restarts,
+            max_runtime_s=spec.max_runtime_s,
+            heartbeat_timeout_s=spec.heartbeat_timeout_s,
+            stop_grace_s=self.settings.stop_grace_s,
+            program=list(program.argv),
+            pythonpath=program.pythonpath,
+        ).write(run)
+        return self.launcher.start_shim(run, self._rank_env(job_id, token, run, spec, placement))
 
     def _rank_env(
         self, job_id: int, token: str, run: RunDir, spec: JobSpec, placement: Placement

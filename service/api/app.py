@@ -73,8 +73,7 @@ def create_app(
     app.state.read_session_factory = read_session_factory
     app.state.supervisor = supervisor
     errors.install(app)
-    app.state.telemetry = Telemetry(session_factory, supervisor.inventory)
-    app.add_middleware(RequestTimer, telemetry=app.state.telemetry)
+    app.state.telemetry = Telemetry(read_session_factory, supervisor.inventory)
     app.include_router(jobs.router)
     app.include_router(records.router)
     app.include_router(resources.router)
@@ -99,9 +98,11 @@ def create_app(
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware, allow_origins=settings.cors_origins, allow_credentials=False,
-            allow_methods=["GET", "POST", "DELETE"],
+            allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID"],
         )
+    # Outermost: the latency histogram sees every answer, auth's 401s and the 413s included.
+    app.add_middleware(RequestTimer, telemetry=app.state.telemetry)
     app.openapi = lambda: _openapi_with_security(app, tokens.enabled)  # type: ignore[method-assign]
     return app
 

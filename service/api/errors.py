@@ -36,6 +36,18 @@ def _field_name(loc: tuple) -> str:
     return ".".join(parts) or "body"
 
 
+# A model-level check names its field as "field: message" (see service.spec).
+_NAMED = re.compile(r"^(?:Value error, )?([A-Za-z_][A-Za-z0-9_.]*): (.+)$", re.DOTALL)
+
+
+def _detail(err: dict) -> dict[str, str]:
+    field, message = _field_name(tuple(err.get("loc", ()))), _describe(err)
+    named = _NAMED.match(message) if field == "body" else None
+    if named is not None:
+        field, message = named[1], named[2]
+    return {"field": field, "message": message.removeprefix("Value error, ")}
+
+
 def _describe(err: dict) -> str:
     ctx = err.get("ctx") or {}
     if err.get("type") == "enum" and "expected" in ctx:
@@ -88,7 +100,7 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
         details = [
-            {"field": _field_name(tuple(e.get("loc", ()))), "message": _describe(e)}
+            _detail(e)
             for e in exc.errors()
         ]
         summary = "; ".join(f"{d['field']}: {d['message']}" for d in details[:5])

@@ -72,7 +72,7 @@ def read_logs(
     session: SessionDep,
     rank: Annotated[int, Query(ge=0, le=65_535)] = 0,
     attempt: Annotated[int | None, Query(ge=1, le=10_000, description="default: latest")] = None,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=2**53)] = 0,
     limit: Annotated[int, Query(ge=1, le=LOG_PAGE_MAX)] = LOG_PAGE_DEFAULT,
     stream: LogStream = LogStream.stderr,
 ) -> LogChunk:

@@ -103,8 +103,11 @@ class TorchyardClient:
             params["threshold"] = threshold
         return self._call("GET", f"/jobs/{job_id}/metrics/summary", params=params)
 
-    def logs(self, job_id: int, rank: int, offset: int, attempt: int | None = None) -> dict:
-        params = {"rank": rank, "offset": offset}
+    def logs(
+        self, job_id: int, rank: int, offset: int, attempt: int | None = None,
+        stream: str = "stderr",
+    ) -> dict:
+        params: dict[str, Any] = {"rank": rank, "offset": offset, "stream": stream}
         if attempt is not None:
             params["attempt"] = attempt
         return self._call("GET", f"/jobs/{job_id}/logs", params=params)

@@ -197,14 +197,17 @@ def logs(
     follow_: Annotated[
         bool, typer.Option("--follow", "-f", help="keep reading until the attempt ends")
     ] = False,
+    stream: Annotated[
+        str, typer.Option(help="stderr: what the rank logs, tracebacks; stdout: its prints")
+    ] = "stderr",
     url: UrlOpt = DEFAULT_URL,
     token: TokenOpt = None,
 ) -> None:
-    """A rank's log (stderr: what the worker logs, tracebacks)."""
+    """A rank's log (stderr by default: what the worker logs, tracebacks)."""
     offset = 0
     with _client(url, token) as client:
         while True:
-            chunk = client.logs(job_id, rank, offset, attempt)
+            chunk = client.logs(job_id, rank, offset, attempt, stream)
             attempt = chunk["attempt"]  # stay on one attempt while following
             sys.stdout.write(chunk["text"])
             sys.stdout.flush()

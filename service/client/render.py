@@ -58,7 +58,8 @@ def jobs_table(jobs: list[dict[str, Any]]) -> Table:
 def job_table(job: dict[str, Any]) -> Table:
     """Key/value view of one job, then its spec fields."""
     table = Table("field", "value", show_header=False)
-    for key in ("id", "name", "state", "created_at", "started_at", "running_at", "ended_at",
+    for key in ("id", "name", "state", "created_at", "started_at", "running_at", "first_metric_at",
+                "ended_at",
                 "exit_code", "reason", "devices", "queue_position", "waiting_reason"):
         if key in job:
             value = job[key]

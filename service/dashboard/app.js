@@ -170,8 +170,9 @@
       showNotice("");
       empty.hidden = jobs.length > 0;
       tbody.replaceChildren(...jobs.map((j) => {
-        const epochs = j.spec.epochs;
-        const done = Math.min(epochs, (progress[j.id] && progress[j.id].epoch) || 0);
+        const epochs = j.spec.epochs;  // absent for script jobs: they have no built-in epoch count
+        const reached = (progress[j.id] && progress[j.id].epoch) || 0;
+        const done = epochs ? Math.min(epochs, reached) : reached;
         const labels = Object.entries(j.spec.labels || {}).map(
           ([k, v]) => h("span", {class: "label"}, `${k}=${v}`));
         const created = parseTime(j.created_at);
@@ -179,8 +180,9 @@
           h("td", {}, h("a", {href: `#/jobs/${j.id}`}, j.id)),
           h("td", {}, h("a", {href: `#/jobs/${j.id}`}, j.name)),
           h("td", {}, stateBadge(j.state)),
-          h("td", {class: "progress"},
-            h("progress", {max: epochs, value: done}), ` ${done} / ${epochs}`),
+          h("td", {class: "progress"}, epochs
+            ? [h("progress", {max: epochs, value: done}), ` ${done} / ${epochs}`]
+            : `epoch ${done}`),
           h("td", {title: created ? created.toISOString() : ""},
             created ? duration((Date.now() - created) / 1000) : ""),
           h("td", {}, labels));
