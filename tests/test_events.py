@@ -91,6 +91,9 @@ def test_event_and_log_errors(api: TestClient) -> None:
     assert r.status_code == 404 and "no attempt 2" in r.json()["message"]
     r = api.get(f"/jobs/{job_id}/logs", params={"stream": "../x"})
     assert r.status_code == 422 and r.json()["details"][0]["field"] == "stream"
+    for huge in (2**63 - 1, "1e20"):
+        r = api.get(f"/jobs/{job_id}/logs", params={"offset": huge})
+        assert r.status_code == 422 and r.json()["details"][0]["field"] == "offset"
     # Queued: nothing written yet, not complete (a follower keeps polling).
     chunk = api.get(f"/jobs/{job_id}/logs", params={"rank": 1}).json()
     assert chunk == {"rank": 1, "attempt": 1, "offset": 0, "next_offset": 0, "text": "",

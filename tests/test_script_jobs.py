@@ -330,3 +330,11 @@ def test_script_raising_on_rank_1_fails_naming_rank_and_exception(
     with server.client() as c:
         attempts = c.get(f"/jobs/{job_id}/attempts").json()
     assert len(attempts) == 1
+
+
+def test_unresolvable_entrypoints_are_422_not_500(script_api: TestClient, script_dir: Path) -> None:
+    (script_dir / "loop.py").symlink_to(script_dir / "loop.py")  # a symlink to itself
+    for entrypoint in ("a" * 300 + ".py", "loop.py", "-m " + "a" * 300):
+        r = script_api.post("/jobs", json={"entrypoint": entrypoint})
+        assert r.status_code == 422, (entrypoint[:20], r.status_code, r.text[:300])
+    assert _jobs(script_api) == []

@@ -1,0 +1,72 @@
+"""Supervisor edge cases on the real app and a migrated SQLite file, with the supervisor running:
+resources are never left held by a job that cannot use them."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+
+from service import repository as repo
+from service.api.app import create_app
+from service.settings import Settings
+from service.state import JobState
+
+SPEC = {"dataset": "synthetic", "epochs": 1, "nproc_per_node": 2}
+
+
+def _settings(home: Path, slots: int = 4) -> Settings:
+    return Settings(home=home, cpu_slots=slots, gpus="none", poll_interval_s=0.05)
+
+
+def _until(predicate: Callable[[], bool], timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
+def test_restart_frees_a_cancelled_jobs_resources(tmp_path: Path) -> None:
+    # Before the restart: a launched job holds two slots and is cancelled, and the server stops
+    # before its group was reaped (as when it is killed within the stop grace).
+    first = create_app(_settings(tmp_path / "home"), run_supervisor=False)
+    with TestClient(first) as c:
+        job_id = c.post("/jobs", json=SPEC).json()["id"]
+        with first.state.session_factory() as session:
+            assert repo.transition(session, job_id, JobState.starting)
+            repo.allocate(session, job_id, ["cpu:0", "cpu:1"])
+            session.commit()
+        assert c.post(f"/jobs/{job_id}/cancel").json()["state"] == "cancelled"
+        assert c.get("/resources").json()["cpu"]["allocated"] == 2
+    with TestClient(create_app(_settings(tmp_path / "home"))) as c:
+        assert c.get("/resources").json()["cpu"]["allocated"] == 0
+        assert c.get(f"/jobs/{job_id}").json()["state"] == "cancelled"
+
+
+def test_a_job_that_no_longer_fits_fails_instead_of_blocking_the_queue(tmp_path: Path) -> None:
+    with TestClient(create_app(_settings(tmp_path / "home", slots=4), run_supervisor=False)) as c:
+        big = c.post("/jobs", json={**SPEC, "nproc_per_node": 4}).json()["id"]
+    # Restarted with fewer slots.
+    app = create_app(_settings(tmp_path / "home", slots=2))
+    with TestClient(app) as c:
+        _until(lambda: c.get(f"/jobs/{big}").json()["state"] == "failed")
+        assert c.get(f"/jobs/{big}").json()["reason"] == (
+            "nproc_per_node: needs 4 CPU slots; this host has 2"
+        )
+
+
+def test_a_launch_that_fails_before_the_shim_fails_the_job_and_frees_it(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    app = create_app(_settings(home))
+    with TestClient(app) as c:
+        # The run directory cannot be made: a file stands where the runs dir should be.
+        shutil.rmtree(home / "runs")
+        (home / "runs").write_text("not a directory")
+        job_id = c.post("/jobs", json=SPEC).json()["id"]
+        _until(lambda: c.get(f"/jobs/{job_id}").json()["state"] == "failed")
+        job = c.get(f"/jobs/{job_id}").json()
+        assert job["reason"].startswith("could not start:"), job["reason"]
+        assert c.get("/resources").json()["cpu"]["allocated"] == 0
