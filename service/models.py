@@ -51,7 +51,8 @@ class Job(Base):
     pid: Mapped[int | None] = mapped_column(Integer)
     pid_create_time: Mapped[float | None] = mapped_column(Float)
     devices: Mapped[str | None] = mapped_column(String(200))
-    token_hash: Mapped[str | None] = mapped_column(String(64))
+    # Indexed: the auth middleware looks a bearer token up by its hash on every worker request.
+    token_hash: Mapped[str | None] = mapped_column(String(64), index=True)
     # Attempt records as the job's shim wrote them (see service.shim); [] before launch.
     attempts: Mapped[list | None] = mapped_column(JSON)
 
