@@ -120,8 +120,8 @@ def test_script_spec_round_trips_without_builtin_fields(script_api: TestClient) 
         ({"entrypoint": "minimal_ddp.py", "env": {"BAD-NAME": "1"}}, "env.BAD-NAME.[key]", "pattern"),
         ({"entrypoint": "minimal_ddp.py", "args": ["a\x00b"]}, "args.0", "pattern"),
         ({"entrypoint": "minimal_ddp.py", "args": ["x"] * 257}, "args", "at most"),
-        ({"entrypoint": "minimal_ddp.py", "lr": 0.1}, "body", "lr: not allowed"),
-        ({"args": ["--epochs", "1"]}, "body", "args: only allowed with 'entrypoint'"),
+        ({"entrypoint": "minimal_ddp.py", "lr": 0.1}, "lr", "not allowed with 'entrypoint'"),
+        ({"args": ["--epochs", "1"]}, "args", "only allowed with 'entrypoint'"),
     ],
 )
 def test_bad_script_specs_are_422_naming_the_field(
