@@ -264,22 +264,3 @@ def count_jobs_by_state(session: Session) -> dict[str, int]:
     """Number of jobs in each state (states with no job are absent)."""
     rows = session.execute(select(Job.state, func.count()).group_by(Job.state)).tuples().all()
     return dict(rows)
-
-
-def epoch_values(
-    session: Session, job_id: int, name: str
-) -> Sequence[tuple[int, int, int, float | None, str | None]]:
-    """``(attempt, rank, epoch, value, nonfinite)`` of every per-epoch record named ``name``."""
-    q = (
-        select(
-            MetricRecord.attempt, MetricRecord.rank, MetricRecord.epoch,
-            MetricRecord.value, MetricRecord.nonfinite,
-        )
-        .where(
-            MetricRecord.job_id == job_id,
-            MetricRecord.name == name,
-            MetricRecord.step == EPOCH_STEP,
-        )
-        .order_by(MetricRecord.epoch, MetricRecord.attempt, MetricRecord.rank)
-    )
-    return session.execute(q).tuples().all()

@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from service import repository as repo
+from service.api.deps import get_session_factory
 from service.api.errors import ApiError
 from service.schemas import JobRead, MetricRead
 from service.state import TERMINAL_STATES, JobState
@@ -56,15 +57,9 @@ def stage_of(state: JobState) -> int:
     return TERMINAL_STAGE if state in TERMINAL_STATES else STAGES[state]
 
 
-def _session_factory(request: Request) -> sessionmaker[Session]:
-    # Read-only sessions: a stream never takes the write lock (see ``service.db``).
-    state = request.app.state
-    return getattr(state, "read_session_factory", state.session_factory)
-
-
 def _existing_job(job_id: int, request: Request) -> int:
     """404 before the stream starts (a dependency runs before the response is sent)."""
-    with _session_factory(request)() as session:
+    with get_session_factory(request)() as session:
         if repo.get_job(session, job_id) is None:
             raise ApiError(404, "not_found", f"job {job_id} not found")
     return job_id
@@ -99,7 +94,7 @@ async def job_events(
     cursor: Annotated[Cursor, Depends(_cursor)],
 ) -> AsyncIterator[ServerSentEvent]:
     """State and metric events of the job; resumable with ``Last-Event-ID`` (see module doc)."""
-    factory = _session_factory(request)
+    factory = get_session_factory(request)
     while True:
         job, records = await run_in_threadpool(_poll, factory, job_id, cursor.seq)
         stage = stage_of(job.state)

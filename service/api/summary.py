@@ -62,7 +62,8 @@ def metric_summary(
         raise ApiError(404, "not_found", f"job {job_id} not found")
     values = [
         EpochValue(attempt, rank, epoch, _float(value, nonfinite))
-        for attempt, rank, epoch, value, nonfinite in repo.epoch_values(session, job_id, name)
+        for attempt, rank, epoch, _step, value, nonfinite
+        in repo.series_rows(session, job_id, name, steps=False)
     ]
     items = [
         EpochSummaryRead(
