@@ -5,11 +5,12 @@ FROM python:3.11-slim
 ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1 \
     TORCHYARD_HOME=/data TORCHYARD_HOST=0.0.0.0 TORCHYARD_PORT=8000
 WORKDIR /app
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY service ./service
 COPY worker ./worker
 COPY migrations ./migrations
-RUN pip install . && cd / \
+# The tested set of every dependency (docs/dependencies.md), as the README's set-up uses.
+RUN pip install . -c constraints.txt && cd / \
  && python -c "import pathlib, plotly; assert (pathlib.Path(plotly.__file__).parent / 'package_data' / 'plotly.min.js').is_file()" \
  && python -c "import service, pathlib; assert (pathlib.Path(service.__file__).parent / 'dashboard' / 'index.html').is_file()"
 # An unprivileged user owns the data volume (a new named volume copies this ownership).
