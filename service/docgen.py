@@ -164,6 +164,8 @@ def _default(model: type[BaseModel], name: str, none: str = "null") -> str:
         value = value.value
     if isinstance(value, Path):
         value = str(value)
+    if isinstance(value, str) and none == "unset":
+        return _code(value)  # an environment variable's value is written without quotes
     return _code(json.dumps(value))
 
 

@@ -73,16 +73,26 @@ def _markdown_files() -> list[Path]:
     return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 
+def _anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces as hyphens."""
+    headings = re.findall(r"^#+ (.+)$", page.read_text(), flags=re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
 @pytest.mark.parametrize("page", _markdown_files(), ids=lambda p: str(p.relative_to(REPO)))
 def test_relative_links_resolve(page: Path) -> None:
     missing = []
     for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
-        if re.match(r"[a-z]+:", target) or target.startswith("#"):
+        if re.match(r"[a-z]+:", target):
             continue
-        path = (page.parent / target.split("#", 1)[0]).resolve()
-        if not path.exists() and str(path.relative_to(REPO)) not in PENDING_PAGES:
+        file_part, _, anchor = target.partition("#")
+        path = (page.parent / file_part).resolve() if file_part else page
+        if not path.exists():
+            if str(path.relative_to(REPO)) not in PENDING_PAGES:
+                missing.append(target)
+        elif anchor and anchor not in _anchors(path):
             missing.append(target)
-    assert missing == [], f"{page.relative_to(REPO)} links to missing files"
+    assert missing == [], f"{page.relative_to(REPO)} links to missing files or headings"
 
 
 def test_every_docs_page_is_in_the_index() -> None:
