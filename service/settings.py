@@ -13,7 +13,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from service.jobtoken import hash_token
 
 API_TOKEN_MIN_CHARS = 16
-# Never passed on to a job's shim or ranks (jobs run user code; see README "Security").
+# Never passed on to a job's shim or ranks (jobs run user code; see docs/security.md).
 # TORCHYARD_TOKEN is the CLI's (a server started from an operator's shell may have it).
 SECRET_ENV_VARS = frozenset(
     {"TORCHYARD_API_TOKENS", "TORCHYARD_API_TOKENS_FILE", "TORCHYARD_TOKEN"}
@@ -47,22 +47,60 @@ class Settings(BaseSettings):
         env_prefix="TORCHYARD_", extra="ignore", hide_input_in_errors=True
     )
 
-    home: Path = Field(default=Path(".torchyard"), description="database and run directories")
-    database_url: str | None = Field(default=None, description="any SQLAlchemy URL; default SQLite")
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=0, le=65535)
-    public_url: str | None = Field(
-        default=None, description="URL ranks use to reach the API; default http://<host>:<port>"
+    home: Path = Field(
+        default=Path(".torchyard"),
+        description="directory of the SQLite database (torchyard.db) and the run directories "
+        "(runs/ID/)",
     )
-    gpus: str | None = Field(default=None, description="'0,1,2' or 'none'; default: detect")
-    cpu_slots: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1, le=4096)
-    poll_interval_s: float = Field(default=0.2, gt=0, le=10)
-    stop_grace_s: float = Field(default=10.0, ge=0, le=600)
-    python_executable: str | None = Field(default=None, description="python that runs torchrun")
+    database_url: str | None = Field(
+        default=None,
+        description="any SQLAlchemy URL; unset = SQLite at HOME/torchyard.db (WAL, foreign keys, "
+        "busy timeout)",
+    )
+    host: str = Field(
+        default="127.0.0.1",
+        description="address `torchyard serve` binds; a non-loopback one needs API tokens "
+        "(or --insecure)",
+    )
+    port: int = Field(default=8000, ge=0, le=65535, description="port `torchyard serve` binds")
+    public_url: str | None = Field(
+        default=None,
+        description="URL the ranks post their records to; unset = http://HOST:PORT "
+        "(127.0.0.1 when HOST is a wildcard address)",
+    )
+    gpus: str | None = Field(
+        default=None,
+        description="GPU indices to schedule, e.g. '0,1,3', or 'none'; unset = found with "
+        "nvidia-smi at start (the server never imports torch)",
+    )
+    cpu_slots: int = Field(
+        default_factory=lambda: os.cpu_count() or 1,
+        ge=1,
+        le=4096,
+        description="CPU slots to schedule CPU jobs on (one per rank); unset = the number of "
+        "CPU cores",
+    )
+    poll_interval_s: float = Field(
+        default=0.2,
+        gt=0,
+        le=10,
+        description="longest the supervisor sleeps between passes when nothing wakes it",
+    )
+    stop_grace_s: float = Field(
+        default=10.0,
+        ge=0,
+        le=600,
+        description="seconds between SIGTERM and SIGKILL when a job is cancelled or stopped",
+    )
+    python_executable: str | None = Field(
+        default=None,
+        description="Python interpreter that runs torchrun and the ranks; unset = the server's "
+        "own",
+    )
     script_dirs: str | None = Field(
         default=None,
         description="directories script jobs may run from, separated by ':' (os.pathsep) or ','; "
-        "unset = script jobs disabled",
+        "each must exist and may not be the filesystem root; unset = script jobs disabled",
     )
 
     @field_validator("script_dirs")
@@ -80,22 +118,39 @@ class Settings(BaseSettings):
     def script_dir_list(self) -> list[Path]:
         """The resolved script directories, in order; empty = script jobs disabled."""
         return [Path(part).resolve() for part in split_dirs(self.script_dirs)]
-    # --- security (README "Security") ---------------------------------------------------------
+    # --- security (docs/security.md) ------------------------------------------------------------
     api_tokens: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         repr=False,
-        description="comma list; when set (or a file is), every route needs one. Kept hashed.",
+        description="API bearer tokens, comma-separated, 16+ characters each; when set (or a "
+        "tokens file is), every route but /healthz and the dashboard shell needs one. Only "
+        "their SHA-256 digests are kept",
     )
-    api_tokens_file: Path | None = Field(default=None, description="one token a line; # comments")
+    api_tokens_file: Path | None = Field(
+        default=None,
+        description="file of API tokens, one a line, '#' comments; missing or empty = the "
+        "server refuses to start",
+    )
     cors_origins: Annotated[list[str], NoDecode] = Field(
-        default_factory=list, description="comma list of origins allowed by CORS; none by default"
+        default_factory=list,
+        description="origins allowed cross-origin access (CORS), comma-separated; unset = none",
     )
-    max_body_bytes: int = Field(default=1024 * 1024, ge=1024, le=1024**3)
+    max_body_bytes: int = Field(
+        default=1024 * 1024,
+        ge=1024,
+        le=1024**3,
+        description="largest request body accepted; larger is 413 (declared or streamed)",
+    )
     data_dirs: Annotated[list[Path], NoDecode] = Field(
-        default_factory=list, description="comma list of roots for dataset_root; default HOME/data"
+        default_factory=list,
+        description="directories a job's dataset_root must lie in, comma-separated (a relative "
+        "dataset_root is taken inside the first); unset = HOME/data",
     )
     worker_token_grace_s: float = Field(
-        default=60.0, ge=0, le=3600, description="a job token still posts records this long after"
+        default=60.0,
+        ge=0,
+        le=3600,
+        description="seconds a job's token may still post records after the job ended",
     )
 
     _split_lists = field_validator("api_tokens", "cors_origins", "data_dirs", mode="before")(

@@ -1,6 +1,6 @@
 """Who may call what: one ASGI middleware gates every request by its path, so auth is default-on.
 
-Contract (README "Security"):
+Contract (docs/security.md):
 
 * **Public** (never a token): ``/healthz``, the dashboard shell ``/`` and ``/static/...``.
 * **Worker routes** (``POST /jobs/{id}/records``, ``POST /jobs/{id}/heartbeat``): only that job's

@@ -57,7 +57,7 @@ def metric_summary(
         float, Query(gt=0, le=1e6, description="relative distance from the reference rank value")
     ] = DEFAULT_THRESHOLD,
 ) -> MetricSummary:
-    """Per epoch: count/mean/min/max/std across ranks and the ranks that diverge (see README)."""
+    """Per epoch: count/mean/min/max/std across ranks, and the diverging ranks (docs/metrics.md)."""
     if repo.get_job(session, job_id) is None:
         raise ApiError(404, "not_found", f"job {job_id} not found")
     values = [

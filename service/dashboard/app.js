@@ -501,7 +501,7 @@
         errors.replaceChildren(h("p", {}, err.message),
           h("ul", {}, details.map((d) => h("li", {}, `${d.field}: ${d.message}`))));
       }
-    }}, h("label", {for: "spec-json"}, "Job spec (JSON; see the README's spec reference)"),
+    }}, h("label", {for: "spec-json"}, "Job spec (JSON; see docs/spec.md)"),
       text, h("div", {}, h("button", {type: "submit", id: "submit-button"}, "Submit")), errors);
     view.replaceChildren(h("h1", {}, "Submit a job"), form);
     return {stop() {}};
