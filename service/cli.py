@@ -49,9 +49,8 @@ def serve(
     ),
 ) -> None:
     """Run the API and the supervisor (migrates the database first)."""
-    import uvicorn
-
     from service.api.app import create_app
+    from service.api.drain import serve as serve_app
 
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     try:
@@ -73,7 +72,7 @@ def serve(
         application = create_app(settings)
     except ValueError as exc:  # e.g. a tokens file that is missing or empty: fail closed
         _fail(str(exc))
-    uvicorn.run(application, host=settings.host, port=settings.port, log_level="info")
+    serve_app(application, settings.host, settings.port)
 
 
 @db_app.command("upgrade")

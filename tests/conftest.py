@@ -29,6 +29,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.fixture(autouse=True)
+def _testclient_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Starlette's TestClient sends ``Host: testserver``: a name the server must be told about,
+    as an operator would (``service.api.browserguard`` refuses unknown names without tokens)."""
+    monkeypatch.setenv("TORCHYARD_ALLOWED_HOSTS", "testserver")
+
+
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[TestClient]:
     """The app on a fresh SQLite file migrated by Alembic; the supervisor loop does not run."""

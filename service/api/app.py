@@ -1,13 +1,15 @@
 """``create_app(settings)``: wires storage, supervisor, routes and the security layers.
 
-Request path, outermost first: CORS (only when ``TORCHYARD_CORS_ORIGINS`` is set) → auth
-(``service.api.auth``: default-on for every path but the public allowlist) → body-size limit
-(413) → routing, where every route also refuses undeclared query parameters (422).
+Request path, outermost first: CORS (only when ``TORCHYARD_CORS_ORIGINS`` is set) → browser
+guard (``service.api.browserguard``: foreign Host without tokens, foreign Origin on writes) →
+auth (``service.api.auth``: default-on for every path but the public allowlist) → body-size
+limit (413) → JSON bodies only (415) → routing, where every route also refuses undeclared query parameters (422).
 No module-level state.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -19,6 +21,7 @@ from service import __version__
 from service.api import dashboard, errors, events, jobs, logs, records, resources, series, summary
 from service.api.auth import AuthMiddleware, TokenSet, is_public, worker_job_id
 from service.api.bodylimit import BodyLimitMiddleware
+from service.api.browserguard import BrowserGuardMiddleware, JsonBodyMiddleware
 from service.api.deps import reject_unknown_query
 from service.api.prometheus import RequestTimer, Telemetry
 from service.api.prometheus import router as prometheus_router
@@ -60,6 +63,7 @@ def create_app(
         try:
             yield
         finally:
+            app.state.draining.set()
             supervisor.stop()
             engine.dispose()
             read_engine.dispose()
@@ -72,6 +76,7 @@ def create_app(
     app.state.session_factory = session_factory
     app.state.read_session_factory = read_session_factory
     app.state.supervisor = supervisor
+    app.state.draining = threading.Event()  # set on shutdown: streams end (service.api.drain)
     errors.install(app)
     app.state.telemetry = Telemetry(read_session_factory, supervisor.inventory)
     app.include_router(jobs.router)
@@ -89,11 +94,16 @@ def create_app(
         return {"status": "ok"}
 
     # add_middleware wraps: the last one added runs first.
+    app.add_middleware(JsonBodyMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(
         # Token checks only read: they never wait for (or hold up) a metric write.
         AuthMiddleware, tokens=tokens, session_factory=read_session_factory,
         grace_s=settings.worker_token_grace_s,
+    )
+    app.add_middleware(
+        BrowserGuardMiddleware, check_host=not tokens.enabled,
+        host_names=settings.server_host_names(), origins=settings.cors_origins,
     )
     if settings.cors_origins:
         app.add_middleware(

@@ -23,8 +23,21 @@ ASSETS = {"app.js": "text/javascript", "style.css": "text/css"}
 PLOTLY_JS = "plotly.min.js"
 # The app's own files change with the server: revalidate (FileResponse sends an ETag). plotly.js
 # changes only with the plotly package: cache it for a day.
-REVALIDATE = {"Cache-Control": "no-cache"}
-CACHE_DAY = {"Cache-Control": "public, max-age=86400"}
+# The page may not be framed (clickjacking the cancel button) and runs only its own files;
+# plotly.js injects <style> elements, hence 'unsafe-inline' for styles only.
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data: blob:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; "
+    "form-action 'self'; object-src 'none'"
+)
+SHELL_HEADERS = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+REVALIDATE = {"Cache-Control": "no-cache", **SHELL_HEADERS}
+CACHE_DAY = {"Cache-Control": "public, max-age=86400", **SHELL_HEADERS}
 
 
 @cache

@@ -73,6 +73,7 @@ ERROR_RESPONSES: dict[int | str, dict] = {
     404: {**_ERROR, "description": "no such job or route"},
     409: {**_ERROR, "description": "conflicts with the job's state"},
     413: {**_ERROR, "description": "the body is larger than TORCHYARD_MAX_BODY_BYTES"},
+    415: {**_ERROR, "description": "a request body that is not application/json"},
     422: {**_ERROR, "description": "invalid field, unknown field, or out-of-range number"},
     500: {**_ERROR, "description": "a bug; the response carries no details"},
 }

@@ -11,7 +11,8 @@ Every event's ``id`` is the cursor ``<seq>-<stage>``: the last record ``seq`` se
 of the last state sent (0 queued, 1 starting, 2 running, 3 terminal; -1 none yet, as when a
 stream opened on a finished job sends its records before the terminal state). A client that reconnects
 with ``Last-Event-ID`` gets only newer records and only a later state: no gap, no duplicate.
-The stream ends once the job is terminal and every record has been sent.
+The stream ends once the job is terminal and every record has been sent, or when the server
+shuts down (``service.api.drain``): a client then reconnects with ``Last-Event-ID``.
 
 The database is polled in short sessions on the thread pool; nothing is held across a sleep.
 """
@@ -31,6 +32,7 @@ from starlette.concurrency import run_in_threadpool
 
 from service import repository as repo
 from service.api.deps import get_session_factory
+from service.api.drain import draining
 from service.api.errors import ApiError
 from service.schemas import JobRead, MetricRead
 from service.state import TERMINAL_STATES, JobState
@@ -95,7 +97,8 @@ async def job_events(
 ) -> AsyncIterator[ServerSentEvent]:
     """State and metric events of the job; resumable with ``Last-Event-ID`` (see module doc)."""
     factory = get_session_factory(request)
-    while True:
+    stopping = draining(request)
+    while not stopping.is_set():
         job, records = await run_in_threadpool(_poll, factory, job_id, cursor.seq)
         stage = stage_of(job.state)
         # A live state goes out before the records read after it (a client sees "running"

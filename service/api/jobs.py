@@ -7,11 +7,12 @@ import re
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from service import repository as repo
 from service.api.deps import SessionDep, SessionFactoryDep, SupervisorDep
+from service.api.drain import draining
 from service.api.errors import ApiError
 from service.schemas import AttemptRead, JobList, JobRead, MetricRead, MetricsPage
 from service.spec import JobSpec
@@ -107,16 +108,20 @@ def get_job(job_id: int, session: SessionDep, supervisor: SupervisorDep) -> JobR
 @router.get("/{job_id}/wait", response_model=JobRead)
 async def wait_for_job(
     job_id: int,
+    request: Request,
     session_factory: SessionFactoryDep,
     supervisor: SupervisorDep,
     timeout: Annotated[float, Query(ge=0, le=WAIT_MAX_S, allow_inf_nan=False)] = WAIT_DEFAULT_S,
 ) -> JobRead:
-    """Long-poll: answers as soon as the job is terminal, or after ``timeout`` seconds with
-    the job as it is then (check ``state``). Never an error for a job that is still running."""
+    """Long-poll: answers as soon as the job is terminal, or after ``timeout`` seconds (or when
+    the server shuts down) with the job as it is then (check ``state``). Never an error for a
+    job that is still running."""
     deadline = time.monotonic() + timeout
+    stopping = draining(request)
     while True:
         job = await run_in_threadpool(_read_job, session_factory, job_id)
-        if JobState(job.state) in TERMINAL_STATES or time.monotonic() >= deadline:
+        done = JobState(job.state) in TERMINAL_STATES or time.monotonic() >= deadline
+        if done or stopping.is_set():
             return JobRead.from_row(job, supervisor.queue_status(job_id))
         await asyncio.sleep(min(WAIT_POLL_S, max(0.0, deadline - time.monotonic())))
 
