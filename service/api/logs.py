@@ -5,11 +5,16 @@ The file is the one torchrun writes for the rank (``--redirects``) under
 the worker logs (Python logging goes to stderr) and any traceback — or ``stdout.log`` with
 ``stream=stdout``. Every path part comes from an integer or a fixed name; no client string
 reaches the filesystem.
+
+A follower that starts late asks for ``?tail=N`` (the last N bytes) rather than reading a long
+log from offset 0, then follows with ``next_offset``; ``offset`` in the answer says where the text
+starts, so earlier parts can be fetched on demand with ``offset``/``limit``.
 """
 
 from __future__ import annotations
 
 import codecs
+import os
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -40,6 +45,24 @@ class LogChunk(BaseModel):
     next_offset: int = Field(description="pass as ?offset= next time")
     text: str = Field(description="UTF-8, invalid bytes replaced; never splits a character")
     complete: bool = Field(description="the attempt is over and the end of its log was reached")
+
+
+def char_start(path: Path | None, offset: int) -> int:
+    """``offset`` moved past UTF-8 continuation bytes (at most 3) onto a character's start."""
+    if path is None or offset == 0:
+        return offset
+    try:
+        with path.open("rb") as f:
+            if offset >= os.fstat(f.fileno()).st_size:
+                return offset  # nothing there (and seeking far past the end can fail)
+            f.seek(offset)
+            head = f.read(3)
+    except OSError:
+        return offset
+    skip = 0
+    while skip < len(head) and head[skip] & 0xC0 == 0x80:
+        skip += 1
+    return offset + skip
 
 
 def rank_log_file(run: RunDir, attempt: int, rank: int, stream: LogStream) -> Path | None:
@@ -75,6 +98,11 @@ def read_logs(
     offset: Annotated[int, Query(ge=0, le=2**53)] = 0,
     limit: Annotated[int, Query(ge=1, le=LOG_PAGE_MAX)] = LOG_PAGE_DEFAULT,
     stream: LogStream = LogStream.stderr,
+    tail: Annotated[
+        int | None,
+        Query(ge=1, le=LOG_PAGE_MAX,
+              description="start this many bytes before the end instead of at offset"),
+    ] = None,
 ) -> LogChunk:
     job = repo.get_job(session, job_id)
     if job is None:
@@ -92,8 +120,21 @@ def read_logs(
     over = terminal or attempts.get(attempt, {}).get("ended_at") is not None
     run = RunDir.for_job(request.app.state.settings.runs_dir, job_id)
     path = rank_log_file(run, attempt, rank, stream)
+    if tail is not None:
+        if offset:
+            raise ApiError(422, "invalid_request", "tail: give either offset or tail, not both")
+        offset = max(0, _size(path) - tail)
+        limit = max(limit, tail)
+    offset = char_start(path, offset)
     text, next_offset, at_end = read_chunk(path, offset, limit, final=over)
     return LogChunk(
         rank=rank, attempt=attempt, offset=offset, next_offset=next_offset, text=text,
         complete=over and at_end,
     )
+
+
+def _size(path: Path | None) -> int:
+    try:
+        return path.stat().st_size if path is not None else 0
+    except OSError:
+        return 0
