@@ -76,7 +76,7 @@ def seeded(tmp_path: Path) -> Iterator[tuple[str, int]]:
         sock.close()
 
 
-def test_per_step_only_job_is_charted_and_log_starts_at_the_tail(seeded, page) -> None:  # type: ignore[no-untyped-def]
+def test_per_step_only_job_is_charted_and_log_starts_at_the_tail(seeded, page) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
     url, job_id = seeded
     page.goto(f"{url}/#/jobs/{job_id}")
     page.wait_for_function(
