@@ -2,10 +2,10 @@
 
 A job token is shared by the job's ranks (they share a Unix user, environment and run directory,
 so a token per rank would not keep one rank from posting as another). What the token can post is
-bounded by what the job is (docs/security.md): ranks ``0 .. world size - 1`` and attempts that
-exist. A batch naming another rank or attempt is refused whole (422); one naming the attempt the
-server has not seen start yet (it learns of it within a supervisor tick) is 503 with
-``Retry-After``, which the rank's reporter retries.
+bounded by what the job is (``service.recordscope``, docs/security.md): a batch naming a rank or
+attempt the job does not have is refused whole (422); one naming the next attempt before the
+server has recorded it is 503 with ``Retry-After`` (the rank's reporter retries); a batch for a
+job that is over is 409 (docs/metrics.md: nothing is stored after the terminal state).
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ from service import repository as repo
 from service.api.auth import WorkerJobDep
 from service.api.deps import SessionDep
 from service.api.errors import RETRY_LATER, ApiError
-from service.models import Job
+from service.recordscope import RecordScope
 from service.schemas import IngestResult, RecordBatch
-from service.state import ACTIVE_STATES, JobState
 
 router = APIRouter(prefix="/jobs", tags=["workers"])
 
@@ -59,14 +58,25 @@ def post_records(
 ) -> IngestResult:
     """Store a batch in one transaction; replays of (attempt, rank, epoch, step, name) are ignored.
 
-    Only the job's own token (``Authorization: Bearer``), while the job is starting or running
-    and for ``TORCHYARD_WORKER_TOKEN_GRACE_S`` after it ended (a rank's last batch may land just
-    after the group exits); the auth middleware enforces this (``service.api.auth``).
+    Only the job's own token (``Authorization: Bearer``; ``service.api.auth``), and only while
+    the job is starting or running: a batch that arrives once the job is terminal is 409 (the
+    token is still recognised for ``TORCHYARD_WORKER_TOKEN_GRACE_S``, so a late rank learns
+    why). Nothing a rank reported is lost by this: the server ingests every rank's spool before
+    a job that ended by itself turns terminal (docs/metrics.md).
     """
     job = repo.get_job(session, job_id)
     if job is None:
         raise ApiError(404, "not_found", f"job {job_id} not found")
-    _check_ranks_and_attempts(job, batch)
+    # Writer sessions hold the write lock from their first statement (service.db), so the
+    # state read here cannot turn terminal before this batch commits.
+    scope = RecordScope.of(job)
+    for index, r in enumerate(batch.records):
+        refused = scope.refusal(r.rank, r.attempt, where=f"records.{index}.")
+        if refused is not None:
+            headers = {"Retry-After": "1"} if refused.status == 503 else None
+            error = {409: "conflict", 503: "unavailable"}.get(refused.status, "invalid_request")
+            message = f"{refused.field}: {refused.message}" if refused.field else refused.message
+            raise ApiError(refused.status, error, message, headers)
     records = [
         repo.RecordIn(r.attempt, r.rank, r.epoch, r.step, r.name, r.value, r.time)  # type: ignore[arg-type]
         for r in batch.records
@@ -77,44 +87,3 @@ def post_records(
     session.commit()
     request.app.state.telemetry.records_ingested.inc(added)
     return IngestResult(accepted=added, duplicates=len(records) - added)
-
-
-class AttemptNotStarted(ApiError):
-    """The attempt after an ended one, which the supervisor has not recorded yet: retry."""
-
-    def __init__(self, job_id: int, attempt: int) -> None:
-        super().__init__(503, "unavailable",
-                         f"job {job_id}: attempt {attempt} has not started yet; retry",
-                         headers={"Retry-After": "1"})
-
-
-def world_size(job: Job) -> int:
-    """Ranks of the job: ``nproc_per_node`` times ``nnodes`` (1 unless the spec has it)."""
-    spec = job.spec or {}
-    return int(spec.get("nproc_per_node", 1)) * int(spec.get("nnodes", 1) or 1)
-
-
-def _check_ranks_and_attempts(job: Job, batch: RecordBatch) -> None:
-    """Refuse records of ranks or attempts the job does not have (see the module docstring).
-
-    Attempts: before any is recorded only attempt 1 can be running (a token exists only from
-    launch); after that, the recorded ones, and the next one only once the latest has ended
-    (503 until the supervisor records it)."""
-    ranks = world_size(job)
-    recorded = {int(a["number"]): a for a in job.attempts or [] if "number" in a}
-    latest = max(recorded, default=0)
-    allowed = set(recorded) or {1}
-    latest_ended = latest and recorded[latest].get("ended_at") is not None
-    active = JobState(job.state) in ACTIVE_STATES
-    for index, record in enumerate(batch.records):
-        if record.rank >= ranks:
-            raise ApiError(422, "invalid_request",
-                           f"records.{index}.rank: job {job.id} has ranks 0..{ranks - 1}; "
-                           f"got {record.rank}")
-        if record.attempt in allowed:
-            continue
-        if active and latest_ended and record.attempt == latest + 1:
-            raise AttemptNotStarted(job.id, record.attempt)
-        raise ApiError(422, "invalid_request",
-                       f"records.{index}.attempt: job {job.id} has attempts "
-                       f"{', '.join(map(str, sorted(allowed)))}; got {record.attempt}")
