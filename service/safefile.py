@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import BinaryIO
 
 TAIL_READ_BYTES = 64 * 1024  # how much of a log's end a tail reads
 
@@ -28,6 +29,12 @@ def _open_regular(path: Path) -> int | None:
         pass
     os.close(fd)
     return None
+
+
+def open_regular(path: Path) -> BinaryIO | None:
+    """``path`` opened for binary reading if it is a regular file (not a FIFO, not a symlink)."""
+    fd = _open_regular(path)
+    return os.fdopen(fd, "rb") if fd is not None else None
 
 
 def read_bytes(path: Path, max_bytes: int) -> bytes | None:

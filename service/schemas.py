@@ -6,7 +6,14 @@ import math
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
 
 from service.bounded import bounded_text
 from service.models import Job, MetricRecord
@@ -94,8 +101,20 @@ class JobRead(BaseModel):
             reason=bounded_text(job.reason) if job.reason is not None else None,
             pid=job.pid,
             devices=job.devices.split(",") if job.devices else [],
-            attempts=[AttemptRead.model_validate(a) for a in job.attempts or []],
+            attempts=_attempts(job.attempts),
         )
+
+
+def _attempts(stored: list | None) -> list[AttemptRead]:
+    """The stored attempt records that are valid; one stored before the shim's files were read
+    strictly may not be (it must not make every read of the job a 500)."""
+    attempts = []
+    for a in stored or []:
+        try:
+            attempts.append(AttemptRead.model_validate(a))
+        except ValidationError:
+            continue
+    return attempts
 
 
 class JobList(BaseModel):

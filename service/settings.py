@@ -157,7 +157,16 @@ class Settings(BaseSettings):
         default=60.0,
         ge=0,
         le=3600,
-        description="seconds a job's token may still post records after the job ended",
+        description="seconds a job's token is still recognised after the job ended (its "
+        "records are then answered 409: nothing is stored after the end)",
+    )
+    spool_ingest_max_records: int = Field(
+        default=100_000,
+        ge=0,
+        le=100_000_000,
+        description="most records read back from one rank's spool file when a job ends (only "
+        "what the API did not acknowledge is read); the rest stays in the file and the job's "
+        "reason says so",
     )
 
     _split_lists = field_validator(

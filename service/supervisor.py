@@ -24,17 +24,18 @@ from sqlalchemy.orm import Session, sessionmaker
 from service import repository as repo
 from service import scheduler
 from service.admission import admit
+from service.finisher import Finisher
 from service.jobtoken import new_token
 from service.launcher import UNKNOWN_EXIT, GroupHandle, Launcher, ProcessGroupHandle
 from service.models import Job
+from service.recordscope import world_size
 from service.resources import Inventory
 from service.rundir import RunDir
-from service.runfiles import read_attempts, read_json
+from service.runfiles import read_attempts
 from service.scriptpath import ScriptRefused, ScriptsDisabled, rank_program, script_program
 from service.settings import Settings
 from service.shim import ShimConfig
 from service.spec import Backend, Device, JobSpec
-from service.spool import read_spool
 from service.state import JobState
 
 logger = logging.getLogger(__name__)
@@ -106,6 +107,16 @@ class Supervisor:
     _queue_dirty: bool = True
     _last_plan: float = 0.0
     _thread: threading.Thread | None = None
+    _finisher: Finisher = field(init=False)
+
+    def __post_init__(self) -> None:
+        # Ended jobs are finished (spools re-ingested, terminal state) off this loop's thread.
+        self._finisher = Finisher(
+            runs_dir=self.settings.runs_dir,
+            session_factory=self.session_factory,
+            max_records_per_rank=self.settings.spool_ingest_max_records,
+            on_finished=self._queue_changed,
+        )
 
     # --- called by routes -------------------------------------------------------------------
     def submit(self, spec: JobSpec, idempotency_key: str | None = None) -> tuple[Job, bool]:
@@ -183,6 +194,7 @@ class Supervisor:
 
     # --- the loop ---------------------------------------------------------------------------
     def start(self) -> None:
+        self._finisher.start()
         self.recover()
         self._thread = threading.Thread(target=self._run, name="torchyard-supervisor", daemon=True)
         self._thread.start()
@@ -193,6 +205,7 @@ class Supervisor:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self._finisher.stop()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -208,7 +221,8 @@ class Supervisor:
 
         Jobs holding resources are looked at too, whatever their state: a job cancelled just
         before the server stopped is terminal but its group may still be stopping (it is adopted,
-        and the loop stops it) or gone (its resources are freed now)."""
+        and the loop stops it) or gone (its resources are freed now). Nothing here raises: a job
+        that cannot be looked at is finished (and so failed, saying why)."""
         dead: list[int] = []
         with self.session_factory() as session:
             holders = set(repo.allocated_resources(session).values())
@@ -224,13 +238,20 @@ class Supervisor:
                     continue
                 dead.append(job.id)
         for job_id in dead:
-            self._finish(job_id, UNKNOWN_EXIT)
+            try:
+                self._finish(job_id, UNKNOWN_EXIT)
+            except Exception:  # the server starts anyway; the next start tries again
+                logger.exception("job %s: could not be finished at start-up", job_id)
 
     def tick(self) -> None:
-        self._stop_cancelled()
-        self._reap_finished()
-        self._mark_running()
-        self._launch_queued()
+        # Each step on its own: one that fails (a bug, a database error) must not starve the
+        # others, or a stuck reap would hold every queued job.
+        for step in (self._stop_cancelled, self._reap_finished, self._mark_running,
+                     self._launch_queued):
+            try:
+                step()
+            except Exception:
+                logger.exception("supervisor: %s failed", step.__name__)
 
     def _reap_finished(self) -> None:
         for job_id, handle in list(self._handles.items()):
@@ -242,53 +263,38 @@ class Supervisor:
             self._finish(job_id, code)
 
     def _finish(self, job_id: int, shim_code: int) -> None:
-        """Record the shim's outcome, re-ingest the spools, free the resources."""
-        run = RunDir.for_job(self.settings.runs_dir, job_id)
-        outcome = read_json(run.exit_file)
+        """Free the job's resources now; the finisher re-ingests its spools and makes it
+        terminal, off this thread (``service.finisher``)."""
         with self.session_factory() as session:
-            spooled = read_spool(run.spool_dir)
-            added = repo.insert_records(session, job_id, spooled)
-            if added:
-                repo.mark_first_metric(session, job_id, spooled)
-            repo.set_attempts(session, job_id, read_attempts(run))
-            if outcome is None:
-                reason = (
-                    "the job's shim ended without an outcome"
-                    if shim_code != UNKNOWN_EXIT
-                    else "the job ended while the server was down and left no outcome"
-                )
-                repo.transition(session, job_id, JobState.failed, reason=reason)
-            else:
-                state = JobState(outcome["state"])
-                fields = {"exit_code": outcome.get("exit_code"), "reason": outcome.get("reason")}
-                if state is JobState.cancelled:
-                    fields["reason"] = fields["reason"] or "cancelled"
-                repo.transition(session, job_id, state, **fields)
-                job = repo.get_job(session, job_id)
-                if job is not None and job.exit_code is None:
-                    job.exit_code = outcome.get("exit_code")
             repo.release(session, job_id)
             session.commit()
+        self._finisher.enqueue(job_id, None if shim_code == UNKNOWN_EXIT else shim_code)
         self._queue_changed()
-        logger.info("job %s: ended (%s); %d spooled records recovered", job_id,
-                    (outcome or {}).get("state", "no outcome"), added)
 
     def _mark_running(self) -> None:
         """Sync attempts from the run dir; starting → running once rank 0 of an attempt is ready."""
         with self.session_factory() as session:
             for job in repo.active_jobs(session):
-                run = RunDir.for_job(self.settings.runs_dir, job.id)
-                attempts = read_attempts(run)
-                if attempts != (job.attempts or []):
-                    repo.set_attempts(session, job.id, attempts)
-                if job.state != JobState.starting.value or not attempts:
-                    continue
-                if run.ready_marker(attempts[-1]["number"], 0).exists():
-                    # Seen up to a tick late; never after the first metric it made possible.
-                    now = repo.utcnow()
-                    running_at = min(now, job.first_metric_at) if job.first_metric_at else now
-                    repo.transition(session, job.id, JobState.running, running_at=running_at)
+                try:
+                    self._sync_attempts(session, job)
+                except Exception:  # one job's files must not hold the others' (or the loop)
+                    logger.exception("job %s: could not read its attempts", job.id)
             session.commit()
+
+    def _sync_attempts(self, session: Session, job: Job) -> None:
+        run = RunDir.for_job(self.settings.runs_dir, job.id)
+        spec = job.spec or {}
+        max_attempts = int(spec.get("max_restarts", 0) or 0) + 1
+        attempts = read_attempts(run, max_attempts, world_size(spec))
+        if attempts != (job.attempts or []):
+            repo.set_attempts(session, job.id, attempts)
+        if job.state != JobState.starting.value or not attempts:
+            return
+        if run.ready_marker(attempts[-1]["number"], 0).exists():
+            # Seen up to a tick late; never after the first metric it made possible.
+            now = repo.utcnow()
+            running_at = min(now, job.first_metric_at) if job.first_metric_at else now
+            repo.transition(session, job.id, JobState.running, running_at=running_at)
 
     def _queue_changed(self) -> None:
         self._queue_dirty = True
