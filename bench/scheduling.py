@@ -74,9 +74,9 @@ def scheduling_pass(home: Path, repeats: int) -> tuple[float, float, int]:
     from service.launcher import LocalTorchrunLauncher
     from service.resources import make_inventory
     from service.settings import Settings
-    from service.spec import JobSpec
     from service.state import JobState
     from service.supervisor import Supervisor
+    from torchyard_contract.spec import JobSpec
 
     engine = make_engine(f"sqlite:///{db_path(home)}")
     factory = make_session_factory(engine)

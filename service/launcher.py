@@ -16,8 +16,8 @@ from typing import Protocol
 
 import psutil
 
-from service.rundir import RunDir
 from service.settings import environ_for_children
+from torchyard_contract.rundir import RunDir
 
 
 @dataclass(frozen=True)

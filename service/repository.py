@@ -14,8 +14,8 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from service.models import Allocation, Job, JobLabel, MetricRecord
-from service.spec import JobSpec
 from service.state import ALLOWED_FROM, TERMINAL_STATES, JobState
+from torchyard_contract.spec import JobSpec
 
 EPOCH_STEP = -1  # stored step of a per-epoch record; the API shows it as null
 NONFINITE_NAMES = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}

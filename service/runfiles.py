@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from service.rundir import RunDir
+from torchyard_contract.rundir import RunDir
 
 
 def read_json(path: Path) -> dict | None:

@@ -1,4 +1,4 @@
-"""HTTP shapes (apart from the ORM tables). The job spec itself is ``service.spec.JobSpec``."""
+"""HTTP shapes (apart from the ORM tables). The job spec itself is ``torchyard_contract.spec.JobSpec``."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from service.models import Job, MetricRecord
 from service.repository import EPOCH_STEP
 from service.scheduler import Waiting
-from service.spec import JobSpec
 from service.state import JobState
+from torchyard_contract.spec import JobSpec
 
 # Non-finite metric values travel as these strings (strict JSON has no NaN/Infinity).
 NonFinite = Literal["NaN", "Infinity", "-Infinity"]

@@ -28,9 +28,9 @@ from pathlib import Path
 
 from service.failure import describe_exit, failed_rank_exit_codes
 from service.launcher import LaunchRequest, LocalTorchrunLauncher, ProcessGroupHandle
-from service.rundir import RunDir
 from service.scriptpath import builtin_program
 from service.socketport import free_port
+from torchyard_contract.rundir import RunDir
 
 POLL_S = 0.2
 DEADLINE_REASON = "deadline exceeded"

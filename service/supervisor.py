@@ -28,14 +28,14 @@ from service.jobtoken import new_token
 from service.launcher import UNKNOWN_EXIT, GroupHandle, Launcher, ProcessGroupHandle
 from service.models import Job
 from service.resources import Inventory
-from service.rundir import RunDir
 from service.runfiles import read_attempts, read_json
 from service.scriptpath import ScriptRefused, ScriptsDisabled, rank_program, script_program
 from service.settings import Settings
 from service.shim import ShimConfig
-from service.spec import Backend, Device, JobSpec
 from service.spool import read_spool
 from service.state import JobState
+from torchyard_contract.rundir import RunDir
+from torchyard_contract.spec import Backend, Device, JobSpec
 
 logger = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from fastapi.testclient import TestClient
 from httpx_sse import connect_sse
 
 from service.api.logs import LogStream, rank_log_file, read_chunk
-from service.rundir import RunDir
 from tests.conftest import LiveServer
+from torchyard_contract.rundir import RunDir
 
 SPEC = {"name": "events", "dataset": "digits", "epochs": 4, "nproc_per_node": 2}
 TERMINAL = {"succeeded", "failed", "cancelled"}

@@ -45,7 +45,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler, TensorDataset
 
-from service.spec import JobSpec, OptimizerName
+from torchyard_contract.spec import JobSpec, OptimizerName
 from worker import default_reporter
 from worker.checkpoint import load_latest, save_checkpoint
 from worker.datasets import Splits, load_dataset

@@ -20,8 +20,8 @@ from pydantic import BaseModel, Field
 from service import repository as repo
 from service.api.deps import SessionDep
 from service.api.errors import ApiError
-from service.rundir import RunDir
 from service.state import TERMINAL_STATES, JobState
+from torchyard_contract.rundir import RunDir
 
 router = APIRouter(prefix="/jobs", tags=["logs"])
 LOG_PAGE_DEFAULT = 64 * 1024
