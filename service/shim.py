@@ -30,6 +30,7 @@ from service.failure import describe_exit, failed_rank_exit_codes
 from service.launcher import LaunchRequest, LocalTorchrunLauncher, ProcessGroupHandle
 from service.scriptpath import builtin_program
 from service.socketport import free_port
+from torchyard_contract import envnames as names
 from torchyard_contract.rundir import RunDir
 
 POLL_S = 0.2
@@ -100,7 +101,7 @@ class Shim:
         logs = self.run.logs_dir / f"attempt-{number}"
         logs.mkdir(parents=True, exist_ok=True)
         env = {
-            "TORCHYARD_ATTEMPT": str(number),
+            names.ATTEMPT: str(number),
             **self.config.rank_env(os.environ.get("PYTHONPATH")),
         }
         req = LaunchRequest(

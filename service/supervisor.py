@@ -34,6 +34,7 @@ from service.settings import Settings
 from service.shim import ShimConfig
 from service.spool import read_spool
 from service.state import JobState
+from torchyard_contract import envnames as names
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.spec import Backend, Device, JobSpec
 
@@ -441,19 +442,19 @@ class Supervisor:
         threads = 1 if placement.device == "cpu" else max(1, cores // spec.nproc_per_node)
         env = {
             **spec.env,  # a script job's own variables; never torchyard's (JobSpec refuses them)
-            "TORCHYARD_API_URL": self.api_url,
-            "TORCHYARD_JOB_ID": str(job_id),
-            "TORCHYARD_JOB_TOKEN": token,
-            "TORCHYARD_RUN_DIR": str(run.root),
-            "TORCHYARD_DEVICE": placement.device,
-            "TORCHYARD_BACKEND": placement.backend,
-            "TORCHELASTIC_ERROR_FILE": str(run.error_file),
+            names.API_URL: self.api_url,
+            names.JOB_ID: str(job_id),
+            names.JOB_TOKEN: token,
+            names.RUN_DIR: str(run.root),
+            names.DEVICE: placement.device,
+            names.BACKEND: placement.backend,
+            names.ERROR_FILE: str(run.error_file),
             "OMP_NUM_THREADS": str(threads),
             "PYTHONUNBUFFERED": "1",
         }
         if spec.resume_from is not None:
             source = RunDir.for_job(self.settings.runs_dir, spec.resume_from)
-            env["TORCHYARD_RESUME_DIR"] = str(source.root / "checkpoints")
+            env[names.RESUME_DIR] = str(source.checkpoints_dir)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in placement.gpu_indices)
         return env
 
