@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from service.executor.local import shim_pid
 from service.models import Job, MetricRecord
 from service.repository import EPOCH_STEP
 from service.scheduler import Waiting
@@ -59,7 +60,9 @@ class JobRead(BaseModel):
     )
     exit_code: int | None
     reason: str | None
-    pid: int | None
+    pid: int | None = Field(
+        description="local executor: pid of the job's shim (its process group); null otherwise"
+    )
     devices: list[str]
     attempts: list[AttemptRead]
 
@@ -81,7 +84,7 @@ class JobRead(BaseModel):
             waiting_reason=waiting.reason if queued and waiting else None,
             exit_code=job.exit_code,
             reason=job.reason,
-            pid=job.pid,
+            pid=shim_pid(job.executor, job.executor_ref),
             devices=job.devices.split(",") if job.devices else [],
             attempts=[AttemptRead.model_validate(a) for a in job.attempts or []],
         )

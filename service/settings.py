@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -58,6 +58,9 @@ class Settings(BaseSettings):
     cpu_slots: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1, le=4096)
     poll_interval_s: float = Field(default=0.2, gt=0, le=10)
     stop_grace_s: float = Field(default=10.0, ge=0, le=600)
+    executor: Literal["local"] = Field(
+        default="local", description="what runs jobs: 'local' = process groups on this host"
+    )
     python_executable: str | None = Field(default=None, description="python that runs torchrun")
     script_dirs: str | None = Field(
         default=None,
