@@ -30,10 +30,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from service import repository as repo
 from service.bounded import bounded_text
 from service.recordscope import RecordScope, world_size
-from service.rundir import RunDir
 from service.runfiles import read_attempts, read_outcome
 from service.spool import SpoolChunk, SpoolTally, read_rank_spool, spool_file
 from service.state import ACTIVE_STATES, JobState
+from torchyard_contract.rundir import RunDir
 
 logger = logging.getLogger(__name__)
 

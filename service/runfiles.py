@@ -25,8 +25,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from service.bounded import bounded_text
-from service.rundir import RunDir
 from service.safefile import read_bytes
+from torchyard_contract.rundir import RunDir
 
 logger = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from pydantic import ValidationError
 
 from service.repository import RecordIn
 from service.safefile import open_regular, read_bytes
-from service.schemas import RecordPost
+from torchyard_contract.records import RecordPost
 
 logger = logging.getLogger(__name__)
 

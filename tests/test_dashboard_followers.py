@@ -20,9 +20,9 @@ import uvicorn
 from service import repository as repo
 from service.api.app import create_app
 from service.jobtoken import new_token
-from service.rundir import RunDir
 from service.settings import Settings
 from tests.test_dashboard import CHROMIUM, _traces, browser, page  # noqa: F401 (fixtures)
+from torchyard_contract.rundir import RunDir
 
 pytestmark = pytest.mark.skipif(
     not CHROMIUM.exists(),

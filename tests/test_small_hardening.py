@@ -7,8 +7,8 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 
 from service import repository as repo
-from service.rundir import RunDir
 from service.settings import Settings
+from torchyard_contract.rundir import RunDir
 
 
 def test_ranks_get_a_bracketed_url_for_an_ipv6_host(tmp_path: Path) -> None:
