@@ -31,7 +31,7 @@ from service import repository as repo
 from service.bounded import bounded_text
 from service.recordscope import RecordScope, world_size
 from service.runfiles import read_attempts, read_outcome
-from service.spool import SpoolChunk, SpoolTally, read_rank_spool, spool_file
+from service.spool import SpoolChunk, SpoolTally, read_rank_spool
 from service.state import ACTIVE_STATES, JobState
 from torchyard_contract.rundir import RunDir
 
@@ -110,12 +110,12 @@ class Finisher:
         notes, added = [], 0
         for rank in range(ranks):
             tally = SpoolTally(rank)
-            for chunk in read_rank_spool(run.spool_dir, rank, tally, self.max_records_per_rank):
+            for chunk in read_rank_spool(run, rank, tally, self.max_records_per_rank):
                 stored = self._store(job_id, chunk)
                 if stored is None:
                     break  # the job is no longer active: nothing more is stored
                 added += stored
-            if note := tally.describe(spool_file(run.spool_dir, rank)):
+            if note := tally.describe(run.spool_file(rank)):
                 notes.append(note)
         self._end(job_id, run, shim_code, notes)
         logger.info("job %s: finished; %d spooled records recovered", job_id, added)

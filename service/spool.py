@@ -4,7 +4,8 @@ Each line is one record in the shape ranks POST (``RecordPost``); the reporter a
 record there before sending it. When a job ends, the server reads back what the API did not
 store — bounded, so that no spool can stall the server (issue 17):
 
-* **incremental**: the reporter keeps ``spool/rank-<r>.ack``, the byte offset up to which the
+* **incremental**: the reporter keeps ``spool/rank-<r>.ack`` (``RunDir.spool_ack_file``), the
+  byte offset up to which the
   API answered every record; reading starts there (an ack that is not a number within the file
   means 0);
 * **bounded**: at most ``max_records`` records per rank; what is left is reported (the job's
@@ -30,6 +31,7 @@ from pydantic import ValidationError
 from service.repository import RecordIn
 from service.safefile import open_regular, read_bytes
 from torchyard_contract.records import RecordPost
+from torchyard_contract.rundir import RunDir
 
 logger = logging.getLogger(__name__)
 
@@ -63,17 +65,9 @@ class SpoolTally:
                 f"{self.bytes_left} bytes not ingested (they are in {path})")
 
 
-def spool_file(spool_dir: Path, rank: int) -> Path:
-    return spool_dir / f"rank-{rank}.jsonl"
-
-
-def ack_file(spool_dir: Path, rank: int) -> Path:
-    """Where the rank's reporter keeps the offset of its last acknowledged record."""
-    return spool_dir / f"rank-{rank}.ack"
-
-
-def acked_offset(spool_dir: Path, rank: int, size: int) -> int:
-    raw = read_bytes(ack_file(spool_dir, rank), 32)
+def acked_offset(run: RunDir, rank: int, size: int) -> int:
+    """Where reading starts: the reporter's acknowledged offset when it is one, else 0."""
+    raw = read_bytes(run.spool_ack_file(rank), 32)
     try:
         offset = int(raw.decode("ascii").strip()) if raw else 0
     except (UnicodeDecodeError, ValueError):
@@ -82,11 +76,10 @@ def acked_offset(spool_dir: Path, rank: int, size: int) -> int:
 
 
 def read_rank_spool(
-    spool_dir: Path, rank: int, tally: SpoolTally, max_records: int,
-    batch_size: int = SPOOL_BATCH,
+    run: RunDir, rank: int, tally: SpoolTally, max_records: int, batch_size: int = SPOOL_BATCH,
 ) -> Iterator[SpoolChunk]:
     """Chunks of the rank's unacknowledged records, from its ack offset; counts in ``tally``."""
-    path = spool_file(spool_dir, rank)
+    path = run.spool_file(rank)
     f = open_regular(path)
     if f is None:
         if path.exists() or path.is_symlink():
@@ -94,7 +87,7 @@ def read_rank_spool(
         return
     with f:
         size = _size(f)
-        offset = acked_offset(spool_dir, rank, size)
+        offset = acked_offset(run, rank, size)
         f.seek(offset)
         records: list[RecordIn] = []
         while True:
