@@ -12,8 +12,8 @@ import re
 import signal
 from pathlib import Path
 
-from service.bounded import REASON_MAX_CHARS, bounded_line, bounded_text
-from service.safefile import read_bytes, read_tail
+from service.bounded import REASON_MAX_CHARS, WHERE_FULL_TEXT, bounded_line, bounded_text
+from service.safefile import open_regular, read_bytes, read_tail
 
 LOG_TAIL_LINES = 20
 ERROR_FILE_MAX_BYTES = 16 * 1024 * 1024  # torch writes the whole exception message into it
@@ -28,10 +28,12 @@ def _first_rank_error(run_logs: Path) -> str | None:
             break
         raw = read_bytes(path, ERROR_FILE_MAX_BYTES)
         try:
-            data = json.loads(raw) if raw is not None else None
             ts = path.stat().st_mtime_ns
+            data = json.loads(raw) if raw is not None else None
         except (OSError, ValueError):
             continue
+        if raw is None:  # too large to parse (or not a regular file): its start will do
+            data = {"message": _message_start(path)}
         if not isinstance(data, dict):
             continue
         message = data.get("message")
@@ -48,6 +50,26 @@ def _first_rank_error(run_logs: Path) -> str | None:
         if best is None or ts < best[0]:
             best = (ts, entry)
     return best[1] if best else None
+
+
+_MESSAGE_START = re.compile(rb'"message"\s*:\s*"((?:[^"\\]|\\.){1,300})')
+
+
+def _message_start(path: Path) -> str:
+    """The first characters of the message in an error file too large to parse."""
+    f = open_regular(path)
+    if f is None:
+        return "unreadable error file"
+    with f:
+        head = f.read(4096)
+    match = _MESSAGE_START.search(head)
+    if match is None:
+        return "error file too large to read"
+    try:
+        text = json.loads(b'"' + match[1] + b'"')
+    except ValueError:
+        text = match[1].decode("utf-8", errors="replace")
+    return f"{text}… [{WHERE_FULL_TEXT}]"
 
 
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
