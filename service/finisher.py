@@ -83,8 +83,7 @@ class Finisher:
             return job_id in self._pending
 
     def _run(self) -> None:
-        while (item := self._queue.get()) != _STOP:
-            assert isinstance(item, Ended)
+        while isinstance(item := self._queue.get(), Ended):  # until _STOP
             try:
                 self.finish(item.job_id, item.shim_code)
             except Exception as exc:  # one job's failure must not stop the others'

@@ -1,9 +1,12 @@
 """The supervisor owns jobs' lives and every state change after submission.
 
-One background thread runs ``tick()``: stop cancelled groups, reap finished ones, mark started
-ones running, then run a scheduling pass (``service.scheduler``: priority, FIFO, gang
-allocation, backfill behind a reservation). It is the only code that allocates resources, so two
-jobs never share one. Routes call ``submit``, ``cancel``, ``queue_status`` and ``resources``.
+One background thread runs ``tick()``: stop cancelled groups, reap finished ones (their
+resources are freed at once; ``service.finisher`` re-ingests their spools and makes them
+terminal on a thread of its own), mark started ones running, then run a scheduling pass
+(``service.scheduler``: priority, FIFO, gang allocation, backfill behind a reservation). Each
+step, and each job within a step, is isolated: whatever one job left in its run directory cannot
+stop the loop. It is the only code that allocates resources, so two jobs never share one. Routes
+call ``submit``, ``cancel``, ``queue_status`` and ``resources``.
 """
 
 from __future__ import annotations

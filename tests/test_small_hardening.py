@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
@@ -61,6 +62,11 @@ def test_logs_can_start_at_the_tail_on_a_character_boundary(api: TestClient) -> 
     assert mid["offset"] == 6 and mid["text"] == "éé", "an offset inside a character moves on"
     both = api.get(f"/jobs/{job_id}/logs", params={"tail": 10, "offset": 3})
     assert both.status_code == 422 and "tail" in both.json()["message"]
+    # A job can put a FIFO where its log goes: read, it would hold a server thread for good.
+    (folder / "stdout.log").unlink(missing_ok=True)
+    os.mkfifo(folder / "stdout.log")
+    fifo = api.get(f"/jobs/{job_id}/logs", params={"stream": "stdout", "offset": 3}, timeout=5)
+    assert fifo.status_code == 200 and fifo.json()["text"] == ""
 
 
 def test_the_sdk_refuses_a_bad_metric_name_at_report_time(tmp_path: Path) -> None:

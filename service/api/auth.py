@@ -5,8 +5,8 @@ Contract (docs/security.md):
 * **Public** (never a token): ``/healthz``, the dashboard shell ``/`` and ``/static/...``.
 * **Worker routes** (``POST /jobs/{id}/records``, ``POST /jobs/{id}/heartbeat``): only that job's
   own token, while the job is starting or running and for ``worker_token_grace_s`` after it
-  ended (a rank's last batch may land just after the group exits; the spool is re-ingested at the
-  end anyway). No token is 401; any other token is 403, API tokens included: metrics come only
+  ended (the route then answers 409, so a rank's late batch learns that nothing is stored after
+  the end; see ``service.recordscope``). No token is 401; any other token is 403, API tokens included: metrics come only
   from the job's ranks.
 * **Everything else**, including routes and mounts added later (``/metrics``, ``/events``...):
   with API tokens configured, ``Authorization: Bearer <API token>``. No token or an unknown one is

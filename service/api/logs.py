@@ -25,6 +25,7 @@ from service import repository as repo
 from service.api.deps import SessionDep
 from service.api.errors import ApiError
 from service.executor.base import Executor
+from service.safefile import open_regular
 from service.state import TERMINAL_STATES, JobState
 from torchyard_contract.rundir import RunDir
 
@@ -49,10 +50,11 @@ class LogChunk(BaseModel):
 
 def char_start(path: Path | None, offset: int) -> int:
     """``offset`` moved past UTF-8 continuation bytes (at most 3) onto a character's start."""
-    if path is None or offset == 0:
+    f = open_regular(path) if path is not None and offset else None
+    if f is None:
         return offset
     try:
-        with path.open("rb") as f:
+        with f:
             if offset >= os.fstat(f.fileno()).st_size:
                 return offset  # nothing there (and seeking far past the end can fail)
             f.seek(offset)
@@ -68,9 +70,10 @@ def char_start(path: Path | None, offset: int) -> int:
 def read_chunk(path: Path | None, offset: int, limit: int, final: bool) -> tuple[str, int, bool]:
     """``(text, next_offset, at_end)`` from ``offset``. A multi-byte character cut at the end of
     the chunk is left for the next read (unless ``final``: the file will not grow)."""
-    if path is None:
+    f = open_regular(path) if path is not None else None
+    if f is None:  # none yet, or not a regular file (a job's FIFO would block this thread)
         return "", offset, True
-    with path.open("rb") as f:
+    with f:
         f.seek(offset)
         data = f.read(limit + 1)
     at_end = len(data) <= limit
