@@ -47,8 +47,6 @@ class Server:
             "TORCHYARD_GPUS": "none",
             "TORCHYARD_CPU_SLOTS": "4",
             "OMP_NUM_THREADS": "1",
-            # The benchmarks post records for a finished job for minutes.
-            "TORCHYARD_WORKER_TOKEN_GRACE_S": "3600",
             **(env or {}),
         }
         argv = (
@@ -108,8 +106,13 @@ def migrate(home: Path) -> None:
     upgrade(f"sqlite:///{db_path(home)}")
 
 
-def insert_finished_job(home: Path) -> tuple[int, str]:
-    """A succeeded job with a known worker token; the records route accepts its late batches."""
+BENCH_RANKS = 64  # the largest nproc_per_node: writers may use any rank below it
+
+
+def insert_running_job(home: Path) -> tuple[int, str]:
+    """A running job of ``BENCH_RANKS`` ranks with a known worker token, as the supervisor leaves
+    a launched one, so the records route takes its batches (a terminal job's are refused). Start
+    the server with ``supervisor=False``: its recovery would find no process and end the job."""
     from service import repository as repo
     from service.db import make_engine, make_session_factory
     from service.state import JobState
@@ -119,9 +122,9 @@ def insert_finished_job(home: Path) -> tuple[int, str]:
     engine = make_engine(f"sqlite:///{db_path(home)}")
     try:
         with make_session_factory(engine)() as session:
-            job = repo.create_job(session, JobSpec(name="bench"))
-            job.state = JobState.succeeded.value
-            job.started_at = job.ended_at = repo.utcnow()
+            job = repo.create_job(session, JobSpec(name="bench", nproc_per_node=BENCH_RANKS))
+            job.state = JobState.running.value
+            job.started_at = job.running_at = repo.utcnow()
             job.token_hash = token_hash
             job.attempts = []
             session.commit()
