@@ -58,14 +58,17 @@ class Finisher:
     _pending: set[int] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _thread: threading.Thread | None = None
+    _halt: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="torchyard-finisher", daemon=True)
         self._thread.start()
 
     def stop(self, timeout_s: float = 10) -> None:
-        """Stop after the job in hand; jobs still queued stay active in the database and are
-        finished by the next start's recovery."""
+        """Stop between two batches: the job in hand and those still queued stay active in the
+        database (their resources already free) and are finished by the next start's recovery;
+        re-reading is idempotent."""
+        self._halt.set()
         self._queue.put(_STOP)
         if self._thread is not None:
             self._thread.join(timeout=timeout_s)
@@ -83,7 +86,7 @@ class Finisher:
             return job_id in self._pending
 
     def _run(self) -> None:
-        while isinstance(item := self._queue.get(), Ended):  # until _STOP
+        while isinstance(item := self._queue.get(), Ended) and not self._halt.is_set():
             try:
                 self.finish(item.job_id, item.shim_code)
             except Exception as exc:  # one job's failure must not stop the others'
@@ -110,6 +113,9 @@ class Finisher:
         for rank in range(ranks):
             tally = SpoolTally(rank)
             for chunk in read_rank_spool(run, rank, tally, self.max_records_per_rank):
+                if self._halt.is_set():
+                    logger.info("job %s: finishing interrupted by shutdown", job_id)
+                    return
                 stored = self._store(job_id, chunk)
                 if stored is None:
                     break  # the job is no longer active: nothing more is stored

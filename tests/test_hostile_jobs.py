@@ -333,6 +333,24 @@ def test_finishing_runs_off_the_supervisor_loop(api: TestClient) -> None:
         assert repo.count_records(session, job_id) == 60_000
 
 
+def test_shutdown_interrupts_finishing_and_the_next_start_completes_it(api: TestClient) -> None:
+    job_id, run, _ = _running_job(api)
+    _spool_lines(run.spool_file(0), 100_000)
+    run.exit_file.write_text('{"state": "succeeded", "exit_code": 0}')
+    finisher = _finisher(api)
+    finisher.start()
+    finisher.enqueue(job_id, 0)
+    time.sleep(0.5)
+    started = time.monotonic()
+    finisher.stop()
+    assert time.monotonic() - started < 3, "a restart does not wait for a spool"
+    assert api.get(f"/jobs/{job_id}").json()["state"] == "starting", "not terminal half-read"
+    _finisher(api).finish(job_id, 0)  # what the next start's recovery does
+    assert api.get(f"/jobs/{job_id}").json()["state"] == "succeeded"
+    with api.app.state.session_factory() as session:
+        assert repo.count_records(session, job_id) == 100_000, "re-reading is idempotent"
+
+
 # --- finding 3: nothing is stored once a job is terminal ------------------------------------------
 
 def test_terminal_then_empty_page_means_every_record_was_seen(api: TestClient) -> None:
