@@ -143,7 +143,8 @@ class MetricsPage(BaseModel):
 
 
 class RecordPost(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict: a rank sends JSON numbers; ``true`` or ``"5"`` is refused, not coerced.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     attempt: int = Field(default=1, ge=1, le=10_000)
     rank: int = Field(ge=0, le=65_535)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
 from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
@@ -19,6 +19,7 @@ from service.settings import Settings
 from service.supervisor import Supervisor
 
 READ_METHODS = frozenset({"GET", "HEAD"})
+JOB_ID_MAX = 2**63 - 1  # SQLite's INTEGER PRIMARY KEY
 
 
 def _factory(request: Request) -> sessionmaker[Session]:
@@ -54,6 +55,7 @@ SessionDep = Annotated[Session, Depends(get_session)]
 SessionFactoryDep = Annotated[sessionmaker[Session], Depends(get_session_factory)]
 SupervisorDep = Annotated[Supervisor, Depends(get_supervisor)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
+JobId = Annotated[int, Path(ge=1, le=JOB_ID_MAX, description="the job's id")]
 
 
 def _query_names(dependant: Dependant) -> set[str]:
@@ -65,7 +67,7 @@ def _query_names(dependant: Dependant) -> set[str]:
 
 def reject_unknown_query(request: Request) -> None:
     route = request.scope.get("route")
-    if not isinstance(route, APIRoute):
+    if not isinstance(route, APIRoute) or not route.include_in_schema:
         return
     declared = _query_names(route.dependant)  # a walk of a few nodes: cheaper than caching
     unknown = sorted({k for k in request.query_params if k not in declared})

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response
+from pydantic import StringConstraints
 from starlette.concurrency import run_in_threadpool
 
 from service import repository as repo
-from service.api.deps import SessionDep, SessionFactoryDep, SupervisorDep
+from service.api.deps import JobId, SessionDep, SessionFactoryDep, SupervisorDep
 from service.api.errors import ApiError
 from service.schemas import AttemptRead, JobList, JobRead, MetricRead, MetricsPage
-from service.spec import JobSpec
+from service.spec import LABEL_VALUE_CHARS, LABEL_VALUE_MAX, JobSpec
 from service.state import TERMINAL_STATES, JobState
 from service.supervisor import SubmitRejected
 
@@ -24,7 +24,9 @@ METRICS_PAGE_MAX = 10_000
 WAIT_DEFAULT_S = 30.0
 WAIT_MAX_S = 300.0
 WAIT_POLL_S = 0.25
-LABEL_FILTER = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}(=[^\x00-\x1f]{0,200})?$"
+LABEL_FILTER = (
+    rf"^[A-Za-z0-9][A-Za-z0-9._/-]{{0,62}}(=(?:{LABEL_VALUE_CHARS}){{0,{LABEL_VALUE_MAX}}})?$"
+)
 IDEMPOTENCY_KEY = r"^[\x21-\x7e]{1,200}$"
 
 
@@ -71,7 +73,7 @@ def list_jobs(
     state: JobState | None = None,
     name: Annotated[str | None, Query(max_length=100)] = None,
     label: Annotated[
-        list[str],
+        list[Annotated[str, StringConstraints(pattern=LABEL_FILTER)]],
         Query(
             max_length=16,
             description="repeatable; 'key=value' or 'key' (has the label); all must match",
@@ -82,9 +84,7 @@ def list_jobs(
 ) -> JobList:
     """Newest first; pass ``next_before`` as ``?before=`` for the next page."""
     labels = []
-    for item in label:
-        if not _matches(LABEL_FILTER, item):
-            raise ApiError(422, "invalid_request", f"label: {item!r} is not 'key' or 'key=value'")
+    for item in label:  # each matches LABEL_FILTER (checked with the other parameters)
         key, sep, value = item.partition("=")
         labels.append((key, value if sep else None))
     jobs = repo.list_jobs(session, state, name, limit, before, labels)
@@ -95,18 +95,14 @@ def list_jobs(
     )
 
 
-def _matches(pattern: str, value: str) -> bool:
-    return re.fullmatch(pattern, value) is not None
-
-
 @router.get("/{job_id}", response_model=JobRead)
-def get_job(job_id: int, session: SessionDep, supervisor: SupervisorDep) -> JobRead:
+def get_job(job_id: JobId, session: SessionDep, supervisor: SupervisorDep) -> JobRead:
     return JobRead.from_row(_job_or_404(session, job_id), supervisor.queue_status(job_id))
 
 
 @router.get("/{job_id}/wait", response_model=JobRead)
 async def wait_for_job(
-    job_id: int,
+    job_id: JobId,
     session_factory: SessionFactoryDep,
     supervisor: SupervisorDep,
     timeout: Annotated[float, Query(ge=0, le=WAIT_MAX_S, allow_inf_nan=False)] = WAIT_DEFAULT_S,
@@ -128,13 +124,13 @@ def _read_job(session_factory: SessionFactoryDep, job_id: int):  # type: ignore[
 
 
 @router.get("/{job_id}/attempts", response_model=list[AttemptRead])
-def get_attempts(job_id: int, session: SessionDep) -> list[AttemptRead]:
+def get_attempts(job_id: JobId, session: SessionDep) -> list[AttemptRead]:
     """Every attempt of the job: number, start/end (Unix s), exit code, failure reason."""
     return JobRead.from_row(_job_or_404(session, job_id)).attempts
 
 
 @router.post("/{job_id}/cancel", response_model=JobRead)
-def cancel_job(job_id: int, supervisor: SupervisorDep) -> JobRead:
+def cancel_job(job_id: JobId, supervisor: SupervisorDep) -> JobRead:
     """Cancel a queued or running job; cancelling a finished job returns it unchanged (200)."""
     job = supervisor.cancel(job_id)
     if job is None:
@@ -144,7 +140,7 @@ def cancel_job(job_id: int, supervisor: SupervisorDep) -> JobRead:
 
 @router.get("/{job_id}/metrics", response_model=MetricsPage)
 def read_metrics(
-    job_id: int,
+    job_id: JobId,
     session: SessionDep,
     after: Annotated[int, Query(ge=0, description="return records with seq > after")] = 0,
     limit: Annotated[int, Query(ge=1, le=METRICS_PAGE_MAX)] = METRICS_PAGE_DEFAULT,
