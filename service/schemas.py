@@ -4,19 +4,27 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from service.models import Job, MetricRecord
 from service.repository import EPOCH_STEP
 from service.scheduler import Waiting
-from service.spec import JobSpec
+from service.spec import JobSpec, refuse_coercion
 from service.state import JobState
 
 # Non-finite metric values travel as these strings (strict JSON has no NaN/Infinity).
 NonFinite = Literal["NaN", "Infinity", "-Infinity"]
 MetricValue = float | NonFinite
+NONFINITE = frozenset(get_args(NonFinite))
 # The database keeps naive UTC; the wire says so (RFC 3339 needs an offset: "...Z").
 UtcDatetime = Annotated[
     datetime, AfterValidator(lambda d: d if d.tzinfo else d.replace(tzinfo=UTC))
@@ -143,8 +151,7 @@ class MetricsPage(BaseModel):
 
 
 class RecordPost(BaseModel):
-    # Strict: a rank sends JSON numbers; ``true`` or ``"5"`` is refused, not coerced.
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid")
 
     attempt: int = Field(default=1, ge=1, le=10_000)
     rank: int = Field(ge=0, le=65_535)
@@ -153,6 +160,16 @@ class RecordPost(BaseModel):
     name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:/-]+$")]
     value: MetricValue
     time: float = Field(ge=0, le=1e11, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _numbers_are_numbers(cls, data: object) -> object:
+        # A rank sends JSON numbers; ``true`` or ``"5"`` is refused, not coerced.
+        refuse_coercion(data, frozenset({"attempt", "rank", "epoch", "step", "time"}))
+        value = data.get("value") if isinstance(data, dict) else None
+        if isinstance(value, bool) or (isinstance(value, str) and value not in NONFINITE):
+            raise ValueError("value: must be a number or one of 'NaN', 'Infinity', '-Infinity'")
+        return data
 
     @field_validator("value")
     @classmethod

@@ -53,6 +53,20 @@ class Backend(str, Enum):
     nccl = "nccl"
 
 
+def refuse_coercion(data: object, numbers: frozenset[str]) -> None:
+    """Numbers are numbers: ``true`` or ``"5"`` for a field in ``numbers`` is refused, not coerced
+    (pydantic's lax mode would take them). ``5.0`` is still the integer 5, as JSON Schema's
+    ``integer`` counts it (and JavaScript sends it), and ``5`` a valid float. Raises
+    ``ValueError("<field>: ...")``."""
+    if not isinstance(data, dict):
+        return
+    for name in sorted(numbers & data.keys()):
+        value = data[name]
+        if isinstance(value, bool | str | bytes):
+            # ValueError, not TypeError: pydantic reports only the former as a validation error.
+            raise ValueError(f"{name}: must be a number, not {type(value).__name__} {value!r:.40}")  # noqa: TRY004
+
+
 JobName = Annotated[
     str, StringConstraints(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 ]
@@ -123,7 +137,7 @@ TORCHVISION_DATASETS = {DatasetName.mnist, DatasetName.fashion_mnist, DatasetNam
 
 class JobSpec(BaseModel):
     """What a user asks for. Unknown fields are rejected; every number is bounded; numbers and
-    booleans are strict (``true`` or ``"5"`` is not an integer; ``5`` is a float).
+    booleans are not coerced (``true`` or ``"5"`` is not an integer; ``5`` is a float).
 
     Two kinds of job share this one schema: the built-in trainer (no ``entrypoint``) and a
     script job (``entrypoint`` set). A script job may not set the built-in trainer's fields
@@ -140,7 +154,6 @@ class JobSpec(BaseModel):
         default=0,
         ge=PRIORITY_MIN,
         le=PRIORITY_MAX,
-        strict=True,
         description="higher runs first; equal priorities run in submission order",
     )
     labels: dict[LabelKey, LabelValue] = Field(
@@ -157,32 +170,32 @@ class JobSpec(BaseModel):
         "datasets read from dataset_root (or downloaded with download: true)",
     )
     epochs: int = Field(
-        default=5, ge=1, le=100_000, strict=True, description="built-in trainer: passes over the data"
+        default=5, ge=1, le=100_000, description="built-in trainer: passes over the data"
     )
     batch_size: int = Field(
-        default=64, ge=1, le=65_536, strict=True, description="built-in trainer: samples per step, per rank"
+        default=64, ge=1, le=65_536, description="built-in trainer: samples per step, per rank"
     )
     lr: float = Field(
-        default=0.05, gt=0, le=100, allow_inf_nan=False, strict=True,
+        default=0.05, gt=0, le=100, allow_inf_nan=False,
         description="built-in trainer: learning rate",
     )
     optimizer: OptimizerName = Field(
         default=OptimizerName.sgd, description="built-in trainer: the optimizer"
     )
     momentum: float = Field(
-        default=0.0, ge=0, lt=1, allow_inf_nan=False, strict=True,
+        default=0.0, ge=0, lt=1, allow_inf_nan=False,
         description="built-in trainer: SGD momentum (ignored by adam and adamw)",
     )
     weight_decay: float = Field(
-        default=0.0, ge=0, le=1, allow_inf_nan=False, strict=True,
+        default=0.0, ge=0, le=1, allow_inf_nan=False,
         description="built-in trainer: L2 penalty / decoupled weight decay (adamw)",
     )
     seed: int = Field(
-        default=0, ge=0, le=2**31 - 1, strict=True,
+        default=0, ge=0, le=2**31 - 1,
         description="built-in trainer: seed of data shuffling and initialisation",
     )
     nproc_per_node: int = Field(
-        default=1, ge=1, le=64, strict=True,
+        default=1, ge=1, le=64,
         description="ranks (processes) to launch; each takes one GPU, or one CPU slot on CPU. "
         "Refused (422) when this host could never fit them",
     )
@@ -203,26 +216,24 @@ class JobSpec(BaseModel):
         description="built-in trainer: let torchvision download the dataset into dataset_root",
     )
     synthetic_samples: int = Field(
-        default=2048, ge=16, le=10_000_000, strict=True,
+        default=2048, ge=16, le=10_000_000,
         description="built-in trainer: size of the synthetic dataset",
     )
     checkpoint_every: int = Field(
         default=1,
         ge=0,
         le=100_000,
-        strict=True,
         description="built-in trainer: epochs between checkpoints, plus one after the last epoch; "
         "0 = never",
     )
     keep_checkpoints: int = Field(
-        default=2, ge=1, le=100, strict=True,
+        default=2, ge=1, le=100,
         description="built-in trainer: newest checkpoints kept in RUN_DIR/checkpoints",
     )
     resume_from: int | None = Field(
         default=None,
         ge=1,
         le=2**62,
-        strict=True,
         description="id of an earlier job whose latest checkpoint this job starts from (422 when "
         "no such job exists)",
     )
@@ -230,7 +241,6 @@ class JobSpec(BaseModel):
         default=0,
         ge=0,
         le=100,
-        strict=True,
         description="group restarts from the last checkpoint after a rank fails mid-training",
     )
     max_runtime_s: float | None = Field(
@@ -238,7 +248,6 @@ class JobSpec(BaseModel):
         gt=0,
         le=30 * 86400,
         allow_inf_nan=False,
-        strict=True,
         description="wall-clock limit for the whole job; the job fails with 'deadline exceeded'",
     )
     heartbeat_timeout_s: float | None = Field(
@@ -246,7 +255,6 @@ class JobSpec(BaseModel):
         gt=0,
         le=86400,
         allow_inf_nan=False,
-        strict=True,
         description="a rank with no training progress for this long fails the attempt; null = off",
     )
     entrypoint: str | None = Field(
@@ -280,6 +288,12 @@ class JobSpec(BaseModel):
             return self.entrypoint[3:]
         return None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _numbers_are_numbers(cls, data: object) -> object:
+        refuse_coercion(data, NUMBER_FIELDS)
+        return data
+
     @field_validator("entrypoint", mode="before")
     @classmethod
     def _entrypoint_syntax(cls, value: object) -> object:
@@ -310,9 +324,22 @@ class JobSpec(BaseModel):
         trainer's), so the output schema requires them; as a request, defaulted fields are
         optional. FastAPI then publishes ``JobSpec-Input`` and ``JobSpec-Output``."""
         schema = handler(core_schema)
+        target = handler.resolve_ref_schema(schema)
         if handler.mode == "serialization":
-            target = handler.resolve_ref_schema(schema)
             target["required"] = [n for n in cls.model_fields if n not in BUILTIN_ONLY_FIELDS]
+        else:  # the model validators' rules, so a schema-valid spec is one they accept
+            target["allOf"] = [
+                {
+                    "if": {"properties": {"entrypoint": {"type": "string"}},
+                           "required": ["entrypoint"]},
+                    "then": {"properties": dict.fromkeys(sorted(BUILTIN_ONLY_FIELDS), False)},
+                    "else": {"properties": {"args": {"maxItems": 0},
+                                            "env": {"maxProperties": 0}}},
+                },
+                {"not": {"properties": {"backend": {"const": "nccl"},
+                                        "device": {"const": "cpu"}},
+                         "required": ["backend", "device"]}},
+            ]
         return schema
 
     @model_serializer(mode="wrap")
@@ -357,3 +384,7 @@ BUILTIN_ONLY_FIELDS = frozenset({
     "seed", "dataset_root", "download", "synthetic_samples", "checkpoint_every",
     "keep_checkpoints",
 })
+NUMBER_FIELDS = frozenset(
+    name for name, field in JobSpec.model_fields.items()
+    if {int, float} & {field.annotation, *getattr(field.annotation, "__args__", ())}
+)

@@ -69,15 +69,15 @@ def _existing_job(job_id: JobId, request: Request) -> int:
 
 def _cursor(
     last_event_id: Annotated[
-        str | None,
+        str,  # not ``str | None``: a header is absent or a string, never null
         Header(
             alias="Last-Event-ID",
             pattern=LAST_EVENT_ID_PATTERN,
             description="resume after this event id ('<seq>-<stage>', as sent in 'id:')",
         ),
-    ] = None,
+    ] = "",
 ) -> Cursor:
-    match = _CURSOR.match((last_event_id or "").strip())
+    match = _CURSOR.match(last_event_id.strip())
     return Cursor(int(match[1]), int(match[2])) if match else Cursor()
 
 

@@ -7,7 +7,9 @@ the server enforces is the one the document states. This module only finishes it
   ``components`` and referenced from there, like every other body;
 * the event stream is described as OpenAPI 3.1 can say it (``itemSchema`` is a 3.2 keyword);
 * error answers are JSON on every route, also where the success answer is not (SSE, Prometheus);
-* each operation says which token it takes, as this server is configured.
+* each operation says which token it takes, as this server is configured;
+* the job a submission returns links (OpenAPI ``links``) to every operation on that job, so
+  clients and stateful fuzzers know that ``id`` feeds ``{job_id}``.
 
 Contract: :func:`build_openapi` is pure given the app's routes and ``api_tokens``.
 """
@@ -32,11 +34,26 @@ Runs PyTorch DDP training jobs and keeps everything they report.
 Errors are always JSON: `{"error", "message", "details": [{"field", "message"}]}`.
 Within this API version changes are additive only (new operations, new optional request
 fields, new response fields, new enum values in responses); see docs/api.md."""
+# One event of the stream. OpenAPI 3.1 has no ``itemSchema`` (3.2); before 3.2 the convention,
+# which tools such as schemathesis follow, is that ``schema`` of text/event-stream is one event.
 EVENT_STREAM_SCHEMA = {
-    "type": "string",
-    "description": "Server-Sent Events. `event: state`: data is the job (as GET /jobs/{job_id}); "
-    "`event: metric`: data is one record (as an item of GET /jobs/{job_id}/metrics). Every `id` "
-    "is a cursor '<seq>-<stage>' to send back as Last-Event-ID.",
+    "type": "object",
+    "description": "One Server-Sent Event (the schema of each event, as before OpenAPI 3.2). "
+    "`event: state`: data is the job, as GET /jobs/{job_id}; `event: metric`: data is one "
+    "record, as an item of GET /jobs/{job_id}/metrics. `id` is the cursor to send back as "
+    "Last-Event-ID.",
+    "required": ["event", "data", "id"],
+    "properties": {
+        "event": {"type": "string", "enum": ["state", "metric"]},
+        "id": {"type": "string", "pattern": "^[0-9]{1,18}-(?:-1|[0-3])$"},
+        "data": {
+            "type": "string",
+            "contentMediaType": JSON,
+            "contentSchema": {"oneOf": [{"$ref": "#/components/schemas/JobRead"},
+                                        {"$ref": "#/components/schemas/MetricRead"}]},
+        },
+        "retry": {"type": "integer", "minimum": 0},
+    },
 }
 
 
@@ -56,6 +73,7 @@ def build_openapi(
     if api_tokens:
         schemes["apiToken"] = {"type": "http", "scheme": "bearer",
                                "description": "one of TORCHYARD_API_TOKENS"}
+    _link_submit_to_job_operations(schema.get("paths", {}))
     for path, operations in schema.get("paths", {}).items():
         for method, operation in operations.items():
             _json_errors(operation)
@@ -64,6 +82,24 @@ def build_openapi(
             elif api_tokens and not is_public(path):
                 operation["security"] = [{"apiToken": []}]
     return schema
+
+
+def _link_submit_to_job_operations(paths: dict) -> None:
+    """``POST /jobs`` → each operation on ``/jobs/{job_id}...`` but the ranks' own."""
+    links = {
+        operation["operationId"]: {
+            "operationId": operation["operationId"],
+            "parameters": {"job_id": "$response.body#/id"},
+            "description": f"{method.upper()} {path} on the job just submitted",
+        }
+        for path, operations in paths.items() if path.startswith("/jobs/{job_id}")
+        for method, operation in operations.items()
+        if worker_job_id(method.upper(), path.replace("{job_id}", "1")) is None
+    }
+    submit = paths.get("/jobs", {}).get("post", {}).get("responses", {})
+    for status in ("200", "201"):
+        if status in submit:
+            submit[status]["links"] = links
 
 
 def _add_models(schemas: dict, models: Sequence[type[BaseModel]]) -> None:
