@@ -327,6 +327,7 @@ class JobSpec(BaseModel):
         target = handler.resolve_ref_schema(schema)
         if handler.mode == "serialization":
             target["required"] = [n for n in cls.model_fields if n not in BUILTIN_ONLY_FIELDS]
+            target["title"] = "JobSpecOutput"  # generators name classes by title: no clash
         else:  # the model validators' rules, so a schema-valid spec is one they accept
             target["allOf"] = [
                 {

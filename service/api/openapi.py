@@ -74,6 +74,7 @@ def build_openapi(
         schemes["apiToken"] = {"type": "http", "scheme": "bearer",
                                "description": "one of TORCHYARD_API_TOKENS"}
     _link_submit_to_job_operations(schema.get("paths", {}))
+    _inline_request_bodies(schema)
     for path, operations in schema.get("paths", {}).items():
         for method, operation in operations.items():
             _json_errors(operation)
@@ -102,6 +103,71 @@ def _link_submit_to_job_operations(paths: dict) -> None:
             submit[status]["links"] = links
 
 
+def _inline_request_bodies(schema: dict) -> None:
+    """Request bodies spelled inline, with the request-only models they use.
+
+    A generator treats a component as something the server sends: openapi-typescript makes every
+    property with a ``default`` required there, so a typed client could not post
+    ``{"epochs": 3}``. Inside a request body the same schema means what the server does: a
+    defaulted field may be left out. Enums and models that responses share stay components.
+    """
+    schemas = schema.get("components", {}).get("schemas", {})
+    bodies = [
+        media for operations in schema.get("paths", {}).values()
+        for operation in operations.values()
+        for media in operation.get("requestBody", {}).get("content", {}).values()
+    ]
+    elsewhere = [item for path in schema.get("paths", {}).values() for op in path.values()
+                 for key, item in op.items() if key != "requestBody"]
+    in_responses = _closure(elsewhere, schemas)
+    request_only = {name for name in _closure(bodies, schemas) - in_responses
+                    if "properties" in schemas.get(name, {})}
+
+    def inline(node: object) -> object:
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            name = ref.removeprefix("#/components/schemas/")
+            if ref.startswith("#/components/schemas/") and name in request_only:
+                return inline(schemas[name])
+            return {k: inline(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [inline(v) for v in node]
+        return node
+
+    for media in bodies:
+        media["schema"] = inline(media["schema"])
+    for name in request_only:
+        del schemas[name]
+
+
+def _closure(node: object, schemas: dict) -> set[str]:
+    """Names of the component schemas ``node`` uses, directly or through other ones."""
+    found: set[str] = set()
+    todo = _refs(node)
+    while todo:
+        name = todo.pop()
+        if name not in found:
+            found.add(name)
+            todo |= _refs(schemas.get(name, {}))
+    return found
+
+
+def _refs(node: object) -> set[str]:
+    """Names of the component schemas ``node`` refers to directly."""
+    found: set[str] = set()
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            ref = item.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/components/schemas/"):
+                found.add(ref.removeprefix("#/components/schemas/"))
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return found
+
+
 def _add_models(schemas: dict, models: Sequence[type[BaseModel]]) -> None:
     if not models:
         return
@@ -121,3 +187,23 @@ def _json_errors(operation: dict) -> None:
             response["content"] = {JSON: content[JSON]}
         elif EVENT_STREAM in content:
             content[EVENT_STREAM] = {"schema": EVENT_STREAM_SCHEMA}
+
+
+def checked_in_document() -> str:
+    """The document as checked in (``docs/openapi.json``): a server with API tokens configured
+    (the deployed shape; without tokens only the ``apiToken`` scheme and requirements drop)."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from service.api.app import create_app  # here, not at the top: app imports this module
+    from service.settings import Settings
+
+    with tempfile.TemporaryDirectory() as home:
+        settings = Settings(home=Path(home), gpus="none", cpu_slots=1, api_tokens="openapi-document-token")
+        document = create_app(settings, run_supervisor=False).openapi()
+    return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
+
+
+if __name__ == "__main__":  # python -m service.api.openapi > docs/openapi.json
+    print(checked_in_document(), end="")
