@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from service.api.logs import LOG_OFFSET_MAX
+from service.client.commands import load_spec_file, yaml_value
 from service.rundir import RunDir
 from service.schemas import RecordBatch
 
@@ -114,3 +115,13 @@ def test_api_routes_still_refuse_unknown_and_repeated_parameters(api: TestClient
 def test_job_ids_outside_the_documented_range_are_422(api: TestClient, job_id: str) -> None:
     r = api.get(f"/jobs/{job_id}")
     assert r.status_code == 422 and r.json()["details"][0]["field"] == "job_id", r.text
+
+
+def test_yaml_spec_files_read_exponent_floats_as_numbers(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # PyYAML alone reads "1e-3" as a string, which the server now refuses: the CLI reads it as
+    # YAML 1.2 does.
+    path = tmp_path / "job.yaml"
+    path.write_text("lr: 1e-3\nweight_decay: 5E-4\nepochs: 3\nname: 1e5x\n")
+    spec = load_spec_file(path)
+    assert spec == {"lr": 0.001, "weight_decay": 0.0005, "epochs": 3, "name": "1e5x"}
+    assert yaml_value("2.5e+2") == 250.0 and yaml_value("true") is True
