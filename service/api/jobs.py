@@ -11,7 +11,7 @@ from pydantic import StringConstraints
 from starlette.concurrency import run_in_threadpool
 
 from service import repository as repo
-from service.api.deps import JobId, SessionDep, SessionFactoryDep, SupervisorDep
+from service.api.deps import JOB_ID_MAX, JobId, SessionDep, SessionFactoryDep, SupervisorDep
 from service.api.errors import ApiError
 from service.schemas import AttemptRead, JobList, JobRead, MetricRead, MetricsPage
 from service.spec import LABEL_VALUE_CHARS, LABEL_VALUE_MAX, JobSpec
@@ -21,6 +21,7 @@ from service.supervisor import SubmitRejected
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 METRICS_PAGE_DEFAULT = 1000
 METRICS_PAGE_MAX = 10_000
+SEQ_MAX = 2**63 - 1  # record seq: SQLite's INTEGER PRIMARY KEY
 WAIT_DEFAULT_S = 30.0
 WAIT_MAX_S = 300.0
 WAIT_POLL_S = 0.25
@@ -80,7 +81,9 @@ def list_jobs(
         ),
     ] = [],  # noqa: B006 - FastAPI copies query defaults
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    before: Annotated[int | None, Query(ge=1, description="cursor: jobs with id < before")] = None,
+    before: Annotated[
+        int | None, Query(ge=1, le=JOB_ID_MAX, description="cursor: jobs with id < before")
+    ] = None,
 ) -> JobList:
     """Newest first; pass ``next_before`` as ``?before=`` for the next page."""
     labels = []
@@ -142,7 +145,9 @@ def cancel_job(job_id: JobId, supervisor: SupervisorDep) -> JobRead:
 def read_metrics(
     job_id: JobId,
     session: SessionDep,
-    after: Annotated[int, Query(ge=0, description="return records with seq > after")] = 0,
+    after: Annotated[
+        int, Query(ge=0, le=SEQ_MAX, description="return records with seq > after")
+    ] = 0,
     limit: Annotated[int, Query(ge=1, le=METRICS_PAGE_MAX)] = METRICS_PAGE_DEFAULT,
     rank: Annotated[int | None, Query(ge=0, le=65_535)] = None,
     name: Annotated[str | None, Query(max_length=64)] = None,
