@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from service import repository as repo
 from service.api.deps import JOB_ID_MAX, JobId, SessionDep, SessionFactoryDep, SupervisorDep
-from service.api.errors import ApiError
+from service.api.errors import ERROR_RESPONSES, ApiError
 from service.schemas import AttemptRead, JobList, JobRead, MetricRead, MetricsPage
 from service.spec import LABEL_VALUE_CHARS, LABEL_VALUE_MAX, JobSpec
 from service.state import TERMINAL_STATES, JobState
@@ -42,7 +42,18 @@ def _job_or_404(session: SessionDep, job_id: int):  # type: ignore[no-untyped-de
     "",
     status_code=201,
     response_model=JobRead,
-    responses={200: {"model": JobRead, "description": "repeated Idempotency-Key: the first job"}},
+    responses={
+        200: {"model": JobRead, "description": "repeated Idempotency-Key: the first job"},
+        # Refusals that depend on this server's settings or state, not only on the spec:
+        403: {**ERROR_RESPONSES[403], "description": "a script job (entrypoint) on a server "
+              "without API tokens or without TORCHYARD_SCRIPT_DIRS"},
+        409: {**ERROR_RESPONSES[409], "description": "the Idempotency-Key was used with "
+              "another spec"},
+        422: {**ERROR_RESPONSES[422], "description": "an invalid spec; or a valid one this "
+              "server cannot run: nproc_per_node more than this host has, dataset_root outside "
+              "TORCHYARD_DATA_DIRS, entrypoint not a file in the script directories, "
+              "resume_from naming no job"},
+    },
 )
 def submit_job(
     spec: JobSpec,

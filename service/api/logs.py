@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 
 from service import repository as repo
 from service.api.deps import JobId, SessionDep
-from service.api.errors import ApiError
+from service.api.errors import ERROR_RESPONSES, ApiError
 from service.rundir import RunDir
 from service.state import TERMINAL_STATES, JobState
 
@@ -71,7 +71,11 @@ def read_chunk(path: Path | None, offset: int, limit: int, final: bool) -> tuple
     return text, offset + len(data) - pending, at_end and pending == 0
 
 
-@router.get("/{job_id}/logs", response_model=LogChunk)
+@router.get(
+    "/{job_id}/logs",
+    response_model=LogChunk,
+    responses={404: {**ERROR_RESPONSES[404], "description": "no such job, rank or attempt"}},
+)
 def read_logs(
     job_id: JobId,
     request: Request,

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from service import repository as repo
 from service.api.auth import WorkerJobDep
 from service.api.deps import SessionDep
-from service.api.errors import ApiError
+from service.api.errors import ERROR_RESPONSES, ApiError
 from service.schemas import IngestResult, RecordBatch
 
 router = APIRouter(prefix="/jobs", tags=["workers"])
@@ -40,6 +40,10 @@ BatchDep = Annotated[RecordBatch, Depends(_record_batch)]
 @router.post(
     "/{job_id}/records",
     response_model=IngestResult,
+    responses={
+        403: {**ERROR_RESPONSES[403], "description": "not this job's token, or the job ended "
+              "more than TORCHYARD_WORKER_TOKEN_GRACE_S ago"},
+    },
     openapi_extra={
         "requestBody": {
             "required": True,
