@@ -12,7 +12,10 @@
 A request the schema admits may still be refused because of this server's state or settings; the
 document says so in the operation's responses (:data:`STATE_DEPENDENT`), and only those refusals
 count as accepted. ``FUZZ_EXAMPLES`` (default 25) bounds the examples per operation and
-``FUZZ_STATEFUL_EXAMPLES`` (default 15) the stateful scenarios; the case count is printed.
+``FUZZ_STATEFUL_EXAMPLES`` (default 20) the stateful scenarios; the case count is printed.
+The server keeps its state between scenarios (jobs, idempotency keys), so a scenario hypothesis
+draws again can follow other links; past ~30 scenarios hypothesis may stop with
+``FlakyStrategyDefinition`` (its consistency check), which is not a finding about the server.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import pytest
 import schemathesis
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 from service import repository as repo
 from service.api.app import create_app
@@ -38,7 +41,7 @@ from tests.conftest import LiveServer, _start_server, _stop_server
 
 API_TOKEN = "fuzz-api-token-0123456789abcdef"
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "25"))
-STATEFUL_EXAMPLES = int(os.environ.get("FUZZ_STATEFUL_EXAMPLES", "15"))
+STATEFUL_EXAMPLES = int(os.environ.get("FUZZ_STATEFUL_EXAMPLES", "20"))
 CASES: Counter[str] = Counter()  # generated cases per operation
 REQUESTS: Counter[str] = Counter()  # each case is sent two or three times (see below)
 # Checked by _valid_data_accepted instead (it knows the documented state-dependent refusals).
@@ -204,9 +207,13 @@ def _stateful(schema_, cancel) -> None:  # type: ignore[no-untyped-def]
             )
             _valid_data_accepted(case, response)
 
+    # No shrinking and no example database: the server's state moved on since a sequence ran,
+    # so replaying it draws different links (hypothesis calls that flaky); the first failure is
+    # reported as found, with its curl line.
     Machine.run(settings=settings(
         max_examples=STATEFUL_EXAMPLES, stateful_step_count=6, deadline=None,
-        suppress_health_check=list(HealthCheck), derandomize=True,
+        suppress_health_check=list(HealthCheck), derandomize=True, database=None,
+        phases=[Phase.explicit, Phase.generate], report_multiple_bugs=False,
     ))
     assert any(k.startswith("stateful GET /jobs/{job_id}") for k in CASES), dict(CASES)
 
