@@ -137,6 +137,7 @@ def _tame(case: schemathesis.Case) -> None:
 schema = schemathesis.pytest.from_fixture("api_schema")
 
 
+@pytest.mark.slow  # ~1,600 cases: about 20-40 s on 2 busy cores
 @schema.parametrize()
 @settings(max_examples=EXAMPLES, deadline=None,
           suppress_health_check=list(HealthCheck), derandomize=True)
@@ -234,7 +235,6 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer
     _stop_server(srv)
 
 
-@pytest.mark.slow
 def test_stateful_against_the_real_server(live_server: LiveServer) -> None:
     live_schema = schemathesis.openapi.from_url(
         f"{live_server.url}/openapi.json", headers=_bearer(API_TOKEN)
