@@ -39,11 +39,6 @@ def test_every_setting_is_documented() -> None:
     assert docgen.undocumented_fields(Settings) == []
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="JobSpec descriptions are being added to service/spec.py on the openapi branch; "
-    "remove this mark once that branch is merged",
-)
 def test_every_spec_field_is_documented() -> None:
     assert docgen.undocumented_fields(docgen.JobSpec) == []
 

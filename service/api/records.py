@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from service import repository as repo
 from service.api.auth import WorkerJobDep
 from service.api.deps import SessionDep
-from service.api.errors import RETRY_LATER, ApiError
+from service.api.errors import ERROR_RESPONSES, RETRY_LATER, ApiError
 from service.recordscope import RecordScope
 from service.schemas import IngestResult, RecordBatch
 
@@ -40,17 +40,29 @@ async def _record_batch(request: Request) -> RecordBatch:
         ) from None
 
 
-# Documented as before (the dependency hides the body from OpenAPI); OpenAPI 3.1 takes $defs.
-_BODY_SCHEMA = RecordBatch.model_json_schema()
+# The dependency hides the body from FastAPI's document: it is declared here and added to
+# ``components`` by ``service.api.openapi``.
+BODY_MODELS = (RecordBatch,)
 BatchDep = Annotated[RecordBatch, Depends(_record_batch)]
 
 
 @router.post(
     "/{job_id}/records",
     response_model=IngestResult,
-    responses=RETRY_LATER,
+    responses={
+        403: {**ERROR_RESPONSES[403], "description": "not this job's token, or the job ended "
+              "more than TORCHYARD_WORKER_TOKEN_GRACE_S ago"},
+        409: {**ERROR_RESPONSES[409], "description": "the job is over: nothing is stored after "
+              "its end (the rank's spool file keeps the records)"},
+        422: {**ERROR_RESPONSES[422], "description": "an invalid record, or a rank or attempt "
+              "the job does not have"},
+        **RETRY_LATER,
+    },
     openapi_extra={
-        "requestBody": {"required": True, "content": {"application/json": {"schema": _BODY_SCHEMA}}}
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/RecordBatch"}}},
+        }
     },
 )
 def post_records(
