@@ -108,7 +108,7 @@ def read_logs(
     tail: Annotated[
         int | None,
         Query(ge=1, le=LOG_PAGE_MAX,
-              description="start this many bytes before the end instead of at offset"),
+              description="start this many bytes before the end (offset is then ignored)"),
     ] = None,
 ) -> LogChunk:
     job = repo.get_job(session, job_id)
@@ -129,8 +129,6 @@ def read_logs(
     executor: Executor = request.app.state.executor
     path = executor.rank_log(run, attempt, rank, stream.value).path
     if tail is not None:
-        if offset:
-            raise ApiError(422, "invalid_request", "tail: give either offset or tail, not both")
         offset = max(0, _size(path) - tail)
         limit = max(limit, tail)
     offset = char_start(path, offset)
