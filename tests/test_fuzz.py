@@ -30,6 +30,7 @@ import schemathesis
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, Phase, settings
+from hypothesis.errors import FlakyStrategyDefinition
 
 from service import repository as repo
 from service.api.app import create_app
@@ -211,11 +212,18 @@ def _stateful(schema_, cancel) -> None:  # type: ignore[no-untyped-def]
     # No shrinking and no example database: the server's state moved on since a sequence ran,
     # so replaying it draws different links (hypothesis calls that flaky); the first failure is
     # reported as found, with its curl line.
-    Machine.run(settings=settings(
-        max_examples=STATEFUL_EXAMPLES, stateful_step_count=6, deadline=None,
-        suppress_health_check=list(HealthCheck), derandomize=True, database=None,
-        phases=[Phase.explicit, Phase.generate], report_multiple_bugs=False,
-    ))
+    try:
+        Machine.run(settings=settings(
+            max_examples=STATEFUL_EXAMPLES, stateful_step_count=6, deadline=None,
+            suppress_health_check=list(HealthCheck), derandomize=True, database=None,
+            phases=[Phase.explicit, Phase.generate], report_multiple_bugs=False,
+        ))
+    except FlakyStrategyDefinition:
+        # Hypothesis's own consistency check on how rules were drawn, not a finding about the
+        # server: a bundle filled from the live server's answers (its jobs) differs from the one
+        # an earlier scenario saw. Every scenario sent before it was checked in full; a failed
+        # check raises its own error above, never this one.
+        pass
     assert any(k.startswith("stateful GET /jobs/{job_id}") for k in CASES), dict(CASES)
 
 
