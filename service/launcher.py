@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from service.executor.process import ProcessGroupHandle
-from service.settings import environ_for_children
+from service.childenv import environ_for_children
 
 
 @dataclass(frozen=True)

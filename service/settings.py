@@ -3,33 +3,21 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from service.childenv import SECRET_ENV_VARS, environ_for_children  # noqa: F401  (re-exported)
 from service.jobtoken import hash_token
 
 API_TOKEN_MIN_CHARS = 16
-# Never passed on to a job's shim or ranks (jobs run user code; see docs/security.md).
-# TORCHYARD_TOKEN is the CLI's (a server started from an operator's shell may have it).
-SECRET_ENV_VARS = frozenset(
-    {"TORCHYARD_API_TOKENS", "TORCHYARD_API_TOKENS_FILE", "TORCHYARD_TOKEN"}
-)
-
-
 def _comma_list(value: object) -> object:
     """``"a, b,,c"`` → ``["a", "b", "c"]`` (env values are comma lists, not JSON)."""
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
     return value
-
-
-def environ_for_children(environ: Mapping[str, str]) -> dict[str, str]:
-    """``environ`` without the server's secrets: what a job's processes may inherit."""
-    return {k: v for k, v in environ.items() if k not in SECRET_ENV_VARS}
 
 
 def split_dirs(value: str | None) -> list[str]:

@@ -30,7 +30,6 @@ from pathlib import Path
 from service.executor.process import ProcessGroupHandle
 from service.failure import describe_exit, failed_rank_exit_codes
 from service.launcher import LaunchRequest, LocalTorchrunLauncher
-from service.scriptpath import builtin_program
 from service.socketport import free_port
 from torchyard_contract import envnames as names
 from torchyard_contract.rundir import RunDir
@@ -59,6 +58,10 @@ class ShimConfig:
 
     def rank_program(self, run: RunDir) -> tuple[str, ...]:
         if self.program is None:
+            # Old launch.json only (the supervisor always writes ``program``): not worth
+            # importing the spec model (pydantic) on every job's start path.
+            from service.scriptpath import builtin_program
+
             return builtin_program(run.spec_file).argv
         return tuple(self.program)
 

@@ -3,13 +3,21 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from service.executor.base import Executor
-from service.executor.local import LocalExecutor
-from service.settings import Settings
+
+if TYPE_CHECKING:
+    from service.settings import Settings
+
+# Importing this package must stay cheap: the per-job shim imports service.executor.process on
+# every job's start path, so the executors (and pydantic settings) load only in make_executor.
 
 
 def make_executor(settings: Settings) -> Executor:
     """The executor ``settings.executor`` names (``TORCHYARD_EXECUTOR``)."""
+    from service.executor.local import LocalExecutor
+
     if settings.executor == "local":
         return LocalExecutor()  # the shim runs on the server's python; its torchrun on settings'
     raise ValueError(f"executor: {settings.executor!r} is not one of: local")

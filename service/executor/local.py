@@ -26,7 +26,7 @@ from service.executor.base import (
     Submission,
 )
 from service.executor.process import ProcessGroupHandle, create_time, same_process
-from service.settings import environ_for_children
+from service.childenv import environ_for_children
 from torchyard_contract.rundir import RunDir
 
 logger = logging.getLogger(__name__)
