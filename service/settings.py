@@ -89,6 +89,35 @@ class Settings(BaseSettings):
         default="local",
         description="what runs jobs: 'local' = a torchrun process group per job on this host",
     )
+    warm_ranks: bool = Field(
+        default=False,
+        description="local executor: start ranks (and torchrun's agent) from a per-host warm "
+        "server that has imported torch already, so a job's code runs within a fraction of a "
+        "second; a job starts cold when the pool is not ready (docs/warm-ranks.md)",
+    )
+    warm_pool_size: int = Field(
+        default=4,
+        ge=0,
+        le=64,
+        description="warm processes kept forked and idle (one per rank plus one per torchrun "
+        "agent; more are forked on demand, refilled in the background)",
+    )
+    warm_max_memory_mib: int = Field(
+        default=4096,
+        ge=0,
+        le=1_048_576,
+        description="memory budget of the warm pool (PSS of the warm server and its idle "
+        "processes, MiB); over it the server is replaced once its running ranks end; 0 = none",
+    )
+    warm_preload: Annotated[list[str], NoDecode] = Field(
+        default=[
+            "torch", "torch.distributed", "torch.nn.parallel",
+            "torch.distributed.elastic.multiprocessing.errors", "torch.distributed.launcher.api",
+            "torchvision", "worker.train",
+        ],
+        description="modules the warm server imports, comma-separated (ranks get them "
+        "already imported: a job's own copy of one of them on its path is not used)",
+    )
     script_dirs: str | None = Field(
         default=None,
         description="directories script jobs may run from, separated by ':' (os.pathsep) or ','; "
@@ -145,7 +174,7 @@ class Settings(BaseSettings):
         description="seconds a job's token may still post records after the job ended",
     )
 
-    _split_lists = field_validator("api_tokens", "cors_origins", "data_dirs", mode="before")(
+    _split_lists = field_validator("api_tokens", "cors_origins", "data_dirs", "warm_preload", mode="before")(
         _comma_list
     )
 

@@ -31,6 +31,7 @@ from service.executor.process import ProcessGroupHandle
 from service.failure import describe_exit, failed_rank_exit_codes
 from service.launcher import LaunchRequest, LocalTorchrunLauncher
 from service.socketport import free_port
+from service.warm import RELAY_PATH, SOCKET_ENV
 from torchyard_contract import envnames as names
 from torchyard_contract.rundir import RunDir
 
@@ -93,8 +94,9 @@ def _write_json(path: Path, data: dict) -> None:
 
 
 class Shim:
-    def __init__(self, run: RunDir, config: ShimConfig) -> None:
+    def __init__(self, run: RunDir, config: ShimConfig, warm_socket: str | None = None) -> None:
         self.run, self.config = run, config
+        self.warm_socket = warm_socket  # warm ranks (service.warm); None = cold
         self.cancelled = False
         self.started = time.time()
 
@@ -118,6 +120,7 @@ class Shim:
             logs_dir=logs,
             program=self.config.rank_program(self.run),
             env=env,
+            relay=(str(RELAY_PATH), self.warm_socket) if self.warm_socket else None,
         )
         record = {
             "number": number,
@@ -205,7 +208,9 @@ class Shim:
 
 def main() -> None:
     run = RunDir(Path(sys.argv[1]).resolve())
-    shim = Shim(run, ShimConfig.read(run))
+    # The executor's, for this process only: torchrun and the ranks do not inherit it.
+    warm_socket = os.environ.pop(SOCKET_ENV, None)
+    shim = Shim(run, ShimConfig.read(run), warm_socket)
     signal.signal(signal.SIGTERM, shim.on_sigterm)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the server's terminal going away is not a cancel
     sys.exit(shim.main())

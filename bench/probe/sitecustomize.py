@@ -32,6 +32,8 @@ def _exec_time() -> float:
 
 def _role(argv: list[str]) -> str:
     joined = " ".join(argv)
+    if "warm/relay.py" in joined:  # a warm start's relay (torchrun agent or rank): exec only
+        return "relay"
     if "service.shim" in joined:
         return "shim"
     if "torch.distributed.run" in joined or "torchrun" in joined:

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from service.childenv import environ_for_children
 from service.executor.base import (
     DryRun,
     LogStreamName,
@@ -26,7 +27,8 @@ from service.executor.base import (
     Submission,
 )
 from service.executor.process import ProcessGroupHandle, create_time, same_process
-from service.childenv import environ_for_children
+from service.warm import SOCKET_ENV
+from service.warm.pool import WarmPool
 from torchyard_contract.rundir import RunDir
 
 logger = logging.getLogger(__name__)
@@ -65,8 +67,9 @@ class LocalExecutor:
 
     name = NAME
 
-    def __init__(self, python: str | None = None) -> None:
+    def __init__(self, python: str | None = None, warm: WarmPool | None = None) -> None:
         self.python = python or sys.executable
+        self.warm = warm  # warm ranks (docs/warm-ranks.md); None = every job starts cold
         # Shims this process started (their exit codes can be read) or adopted, by reference.
         self._handles: dict[str, ProcessGroupHandle] = {}
         self._lock = threading.Lock()
@@ -84,11 +87,16 @@ class LocalExecutor:
 
     def submit(self, sub: Submission) -> str:
         plan = self.dry_run(sub)
+        env = {**environ_for_children(os.environ), **sub.env}
+        env.pop(SOCKET_ENV, None)
+        warm_socket = self.warm.socket_for_launch() if self.warm is not None else None
+        if warm_socket is not None:
+            env[SOCKET_ENV] = warm_socket  # read (and removed) by the shim
         with open(sub.run.root / "shim.log", "ab") as log:
             popen = subprocess.Popen(
                 list(plan.argv),
                 cwd=plan.cwd,
-                env={**environ_for_children(os.environ), **sub.env},
+                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
