@@ -116,7 +116,8 @@ def exit_like(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # those cannot be handled anyway
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
         os._exit(128 - code)  # a signal that does not kill (SIGCONT...): say so as shells do
     os._exit(code & 0xFF)

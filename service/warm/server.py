@@ -68,6 +68,8 @@ def import_time_mismatch(job_env: dict[str, str], own_env: dict[str, str]) -> st
 @dataclass
 class Active:
     conn: socket.socket | None  # None once the relay is gone (the child is being killed)
+    job: str | None = None  # TORCHYARD_JOB_ID and RANK of what it runs (status only)
+    rank: str | None = None
 
 
 @dataclass
@@ -147,7 +149,8 @@ class Server:
             for fd in fds:
                 os.close(fd)
             channel.close()
-        self.active[pid] = Active(conn)
+        env = message.get("env") or {}
+        self.active[pid] = Active(conn, env.get("TORCHYARD_JOB_ID"), env.get("RANK"))
         self.sel.modify(conn, selectors.EVENT_READ, ("relay", pid))
         self.served += 1
         self.last_handoff = time.monotonic()
@@ -287,6 +290,9 @@ class Server:
             "preloaded": sorted(m for m in PRELOADED if m in sys.modules),
             "idle_pids": sorted(self.idle),
             "active_pids": sorted(self.active),
+            # A warm process's /proc environ is the server's: this says which rank it became.
+            "ranks": [{"pid": pid, "job_id": a.job, "rank": a.rank}
+                      for pid, a in sorted(self.active.items())],
         }
 
     def drain(self) -> None:
