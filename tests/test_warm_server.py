@@ -221,12 +221,19 @@ def test_killed_warm_rank_exits_its_relay_with_that_signal(
     assert relay.wait(timeout=30) == -signal.SIGKILL
 
 
-@pytest.mark.parametrize("case", ["no server", "import-time variable"])
+@pytest.mark.parametrize("case", ["no server", "import-time variable", "own torch"])
 def test_without_a_usable_server_the_rank_starts_cold_and_says_so(
     warm_server: str, script: Path, tmp_path: Path, case: str
 ) -> None:
     sock, env = (str(tmp_path / "none.sock"), {}) if case == "no server" else (
         warm_server, {"PYTHONHASHSEED": "5"})
+    if case == "own torch":  # a torch of the job's own, first on its path: not the server's
+        own = tmp_path / "own"
+        (own / "torch").mkdir(parents=True)
+        (own / "torch" / "__init__.py").write_text(
+            "import sys; sys.path.remove(__path__[0].rsplit('/', 1)[0]); del sys.modules['torch']\n"
+            "import torch as _t; sys.modules['torch'] = _t\n")
+        sock, env = warm_server, {"PYTHONPATH": str(own)}
     out = tmp_path / "out.json"
     relay = _relay(sock, script, out, tmp_path, MARKER="cold", **env)
     assert relay.wait(timeout=120) == 0

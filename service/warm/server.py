@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import importlib
+import importlib.machinery
 import os
 import selectors
 import signal
@@ -62,6 +63,18 @@ def import_time_mismatch(job_env: dict[str, str], own_env: dict[str, str]) -> st
             continue
         if job_env.get(name) != own_env.get(name):
             return name
+    return None
+
+
+def shadowed(path: list[str]) -> str | None:
+    """A preloaded package the job's ``sys.path`` would find elsewhere (its own torch, say):
+    a warm process would run the server's copy instead, so the job must start cold."""
+    for top in sorted({name.partition(".")[0] for name in PRELOADED}):
+        loaded = getattr(sys.modules.get(top), "__file__", None)
+        spec = importlib.machinery.PathFinder.find_spec(top, path)
+        if loaded and spec is not None and spec.origin and \
+                os.path.realpath(spec.origin) != os.path.realpath(loaded):
+            return f"the job's path has its own {top} ({spec.origin})"
     return None
 
 
@@ -171,7 +184,7 @@ class Server:
         name = import_time_mismatch(dict(message.get("env") or {}), dict(os.environ))
         if name is not None:
             return f"the job sets {name}, which is read when Python or torch starts"
-        return None
+        return shadowed(list(message.get("path") or []))
 
     def kill_tree(self, pid: int) -> None:
         try:
