@@ -113,7 +113,7 @@ class Settings(BaseSettings):
         default=[
             "torch", "torch.distributed", "torch.nn.parallel",
             "torch.distributed.elastic.multiprocessing.errors", "torch.distributed.launcher.api",
-            "torchvision", "worker.train",
+            "torchvision", "worker.train", "sklearn.datasets",
         ],
         description="modules the warm server imports, comma-separated (ranks get them "
         "already imported: a job's own copy of one of them on its path is not used)",
