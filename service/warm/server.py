@@ -35,6 +35,7 @@ import socket
 import stat
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 
 import psutil
@@ -46,6 +47,8 @@ PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 REFILL_QUIET_S = 0.3  # refill only after this long without a hand-off: never compete with one
 SWEEP_S = 0.5  # how often to look for processes re-parented to the server
+# A peer that sends half a message must not stall the server (and every other job's hand-off).
+PEER_TIMEOUT_S = 1.0
 PASSED_THROUGH = frozenset({"PYTHONPATH", "PYTHONSAFEPATH", "PYTHONUNBUFFERED", "OMP_NUM_THREADS"})
 IMPORT_TIME_PREFIXES = ("LD_", "PYTHON", "MKL_", "KMP_", "GOMP_", "OMP_")
 
@@ -146,7 +149,10 @@ class Server:
     def handoff(self, conn: socket.socket, message: dict, fds: list[int]) -> None:
         why = self.refusal(message)
         if why is None and not self.idle:
-            self.fork_child()  # slower than an idle one, still much faster than cold
+            try:
+                self.fork_child()  # slower than an idle one, still much faster than cold
+            except OSError as exc:
+                why = f"could not fork a warm process: {exc}"
         if why is not None:
             self.refused += 1
             for fd in fds:
@@ -347,15 +353,19 @@ class Server:
                             os.getuid().to_bytes(4, sys.byteorder):
                         conn.close()  # only our own user may hand work to this server
                         continue
+                    conn.settimeout(PEER_TIMEOUT_S)
                     self.sel.register(conn, selectors.EVENT_READ, ("request", 0))
-                elif kind == "request":
-                    self.on_request(key.fileobj)  # type: ignore[arg-type]
-                elif kind == "relay":
-                    self.on_relay(key.fileobj, pid)  # type: ignore[arg-type]
-                elif kind == "idle":
-                    pass  # an idle child died: reap() below removes it
-                elif kind == "wake":
-                    os.read(wake_r, 4096)
+                    continue
+                try:
+                    if kind == "request":
+                        self.on_request(key.fileobj)  # type: ignore[arg-type]
+                    elif kind == "relay":
+                        self.on_relay(key.fileobj, pid)  # type: ignore[arg-type]
+                    elif kind == "wake":
+                        os.read(wake_r, 4096)
+                    # "idle": an idle child died; reap() below removes it
+                except Exception:  # noqa: BLE001  (one bad peer must not end every warm rank)
+                    traceback.print_exc()
             self.reap()
             now = time.monotonic()
             if now - last_sweep >= SWEEP_S:
