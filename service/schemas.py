@@ -119,7 +119,9 @@ class WarmRead(BaseModel):
     active: int = Field(description="warm processes running a job's rank or torchrun agent now")
     served: int = Field(description="hand-offs by the current warm server")
     refused: int = Field(description="hand-offs it refused (those processes started cold)")
-    memory_bytes: int = Field(description="PSS of the warm server and its idle processes")
+    memory_bytes: int = Field(
+        description="RSS of the warm server plus the pages its idle processes do not share"
+    )
     memory_limit_bytes: int = Field(description="TORCHYARD_WARM_MAX_MEMORY_MIB; 0 = none")
     cuda_initialized: bool = Field(description="always false: the pool never touches CUDA")
     restarts: int = Field(description="times the warm server was replaced")

@@ -106,8 +106,9 @@ class Settings(BaseSettings):
         default=4096,
         ge=0,
         le=1_048_576,
-        description="memory budget of the warm pool (PSS of the warm server and its idle "
-        "processes, MiB); over it the server is replaced once its running ranks end; 0 = none",
+        description="memory budget of the warm pool (RSS of the warm server plus the pages "
+        "its idle processes do not share with it, MiB); over it the server is replaced once "
+        "its running ranks end; 0 = none",
     )
     warm_preload: Annotated[list[str], NoDecode] = Field(
         default=[

@@ -89,7 +89,7 @@ def _warm_metrics(status: WarmStatus) -> Iterator[Metric]:
     yield GaugeMetricFamily("torchyard_warm_ready", "1 while the warm server serves.",
                             value=1 if status.state == "ready" else 0)
     yield GaugeMetricFamily("torchyard_warm_memory_bytes",
-                            "PSS of the warm server and its idle processes.",
+                            "RSS of the warm server plus its idle processes' own pages.",
                             value=status.memory_bytes)
     yield CounterMetricFamily("torchyard_warm_handoffs", "Warm hand-offs (current server).",
                               value=status.served)

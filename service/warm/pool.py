@@ -2,8 +2,8 @@
 
 :class:`WarmPool` runs one background thread that keeps a warm server
 (``python -u -m service.warm.server``) alive on this host: started (or, after a torchyard restart,
-adopted) in a session of its own, asked for its status every ``CHECK_S``, measured (PSS of the
-server and its idle children) and replaced when it died, stopped answering or grew past its
+adopted) in a session of its own, asked for its status every ``CHECK_S``, measured (the server's RSS
+plus its idle children's own pages) and replaced when it died, stopped answering or grew past its
 memory budget. Nothing here blocks a launch: :meth:`socket_for_launch` returns the socket only
 while the last check found the server ready (else None: the job starts cold). :meth:`close`
 asks the server to drain: it stops serving and exits once its running ranks ended, so jobs
@@ -31,7 +31,7 @@ from service.warm import relay
 logger = logging.getLogger(__name__)
 
 CHECK_S = 1.0  # status poll of the warm server
-MEMORY_CHECK_S = 10.0  # PSS reads /proc/PID/smaps: not every poll
+MEMORY_CHECK_S = 10.0  # USS reads /proc/PID/smaps: not every poll
 STATUS_TIMEOUT_S = 2.0
 STARTUP_TIMEOUT_S = 300.0  # importing torch on a loaded machine; after this it counts as hung
 MAX_SOCKET_PATH = 100  # sun_path is 108 bytes on Linux
@@ -87,12 +87,17 @@ def ask(path: str, message: dict, timeout_s: float = STATUS_TIMEOUT_S) -> dict |
     return reply[0] if reply and isinstance(reply[0], dict) else None
 
 
-def pool_memory(pids: list[int]) -> int:
-    """Proportional set size of these processes (their shared pages counted once in all)."""
-    total = 0
-    for pid in pids:
+def pool_memory(server: int, idle: list[int]) -> int:
+    """What the pool holds resident: the server's RSS plus each idle child's own pages (USS;
+    the rest it shares copy-on-write with the server). Not PSS: PSS splits the pages of torch's
+    libraries with every other torch process on the host, so it would shrink as ranks start."""
+    try:
+        total = psutil.Process(server).memory_info().rss
+    except psutil.Error:
+        return 0
+    for pid in idle:
         try:
-            total += psutil.Process(pid).memory_full_info().pss
+            total += psutil.Process(pid).memory_full_info().uss
         except (psutil.Error, AttributeError):
             continue
     return total
@@ -168,7 +173,7 @@ class WarmPool:
         now = time.monotonic()
         memory = self._status.memory_bytes
         if now - self._last_memory >= MEMORY_CHECK_S or self._status.state != "ready":
-            memory = pool_memory([int(reply["pid"]), *map(int, reply.get("idle_pids", []))])
+            memory = pool_memory(int(reply["pid"]), [int(p) for p in reply.get("idle_pids", [])])
             self._last_memory = now
         self._status = WarmStatus(
             state="ready", pool_size=self.size, idle=int(reply["idle"]),
