@@ -31,7 +31,7 @@ from service.executor.process import ProcessGroupHandle
 from service.failure import describe_exit, failed_rank_exit_codes
 from service.launcher import LaunchRequest, LocalTorchrunLauncher
 from service.socketport import free_port
-from service.warm import RELAY_PATH, SOCKET_ENV
+from service.warm import COLD_ENV, RELAY_PATH, SOCKET_ENV
 from torchyard_contract import envnames as names
 from torchyard_contract.rundir import RunDir
 
@@ -94,9 +94,13 @@ def _write_json(path: Path, data: dict) -> None:
 
 
 class Shim:
-    def __init__(self, run: RunDir, config: ShimConfig, warm_socket: str | None = None) -> None:
+    def __init__(
+        self, run: RunDir, config: ShimConfig, warm_socket: str | None = None,
+        why_cold: str | None = None,
+    ) -> None:
         self.run, self.config = run, config
         self.warm_socket = warm_socket  # warm ranks (service.warm); None = cold
+        self.why_cold = why_cold  # warm ranks are on but the pool could not serve this job
         self.cancelled = False
         self.started = time.time()
 
@@ -131,6 +135,9 @@ class Shim:
             "startup_failure": None,
         }
         _write_json(self.run.attempt_file(number), record)
+        if self.why_cold:
+            with open(logs / "torchrun.log", "a", encoding="utf-8") as log:
+                log.write(f"torchyard: warm start unavailable ({self.why_cold}); starting cold\n")
         handle = LocalTorchrunLauncher().start(req, new_session=False)
         forced_reason: str | None = None
         while (code := handle.poll()) is None:
@@ -210,7 +217,7 @@ def main() -> None:
     run = RunDir(Path(sys.argv[1]).resolve())
     # The executor's, for this process only: torchrun and the ranks do not inherit it.
     warm_socket = os.environ.pop(SOCKET_ENV, None)
-    shim = Shim(run, ShimConfig.read(run), warm_socket)
+    shim = Shim(run, ShimConfig.read(run), warm_socket, os.environ.pop(COLD_ENV, None))
     signal.signal(signal.SIGTERM, shim.on_sigterm)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the server's terminal going away is not a cancel
     sys.exit(shim.main())

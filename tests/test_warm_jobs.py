@@ -157,3 +157,24 @@ def test_heartbeat_and_deadline_stop_warm_ranks(
     job = server.wait_for(job_id, {"failed"}, timeout_s=90)
     assert reason in job["reason"] and len(job["attempts"]) == 1, job["reason"]
     assert_gone([job["pid"], *warm.values()])
+
+
+@pytest.mark.slow
+def test_broken_pool_starts_jobs_cold_saying_so_and_is_replaced(
+    live_server_factory: Callable[..., LiveServer],
+) -> None:
+    server = start_warm(live_server_factory)
+    with server.client() as c:
+        status = ask(socket_path(server.home), {"op": "status"})
+        assert status is not None
+        os.kill(status["pid"], signal.SIGKILL)  # its idle children die with it (PDEATHSIG)
+        job_id = c.post("/jobs", json={"dataset": "synthetic", "epochs": 1,
+                                       "nproc_per_node": 2}).json()["id"]
+        job = server.wait_for(job_id, {"succeeded"})
+        assert job["attempts"][0]["rank_exit_codes"] == {"0": 0, "1": 0}
+    # Each relay said why it went cold in its rank's log, or the shim did in the attempt's log
+    # (when the pool had already noticed: it then starts plain torchrun).
+    assert "warm start unavailable" in rank_logs(server, job_id), rank_logs(server, job_id)
+    warm = wait_warm(server)
+    assert warm["restarts"] >= 1 and warm["state"] == "ready", warm
+    assert_gone(status["idle_pids"])

@@ -27,7 +27,7 @@ from service.executor.base import (
     Submission,
 )
 from service.executor.process import ProcessGroupHandle, create_time, same_process
-from service.warm import SOCKET_ENV
+from service.warm import COLD_ENV, SOCKET_ENV
 from service.warm.pool import WarmPool
 from torchyard_contract.rundir import RunDir
 
@@ -89,9 +89,13 @@ class LocalExecutor:
         plan = self.dry_run(sub)
         env = {**environ_for_children(os.environ), **sub.env}
         env.pop(SOCKET_ENV, None)
-        warm_socket = self.warm.socket_for_launch() if self.warm is not None else None
-        if warm_socket is not None:
-            env[SOCKET_ENV] = warm_socket  # read (and removed) by the shim
+        env.pop(COLD_ENV, None)
+        if self.warm is not None:  # read (and removed) by the shim
+            warm_socket, why_cold = self.warm.socket_for_launch()
+            if warm_socket is not None:
+                env[SOCKET_ENV] = warm_socket
+            else:
+                env[COLD_ENV] = why_cold
         with open(sub.run.root / "shim.log", "ab") as log:
             popen = subprocess.Popen(
                 list(plan.argv),

@@ -11,4 +11,6 @@ from pathlib import Path
 # The local executor gives a job's shim the warm server's socket in this variable; the shim
 # takes it out of the environment its torchrun and ranks inherit.
 SOCKET_ENV = "TORCHYARD_WARM_SOCKET"
+# ... or, when warm ranks are on but the pool cannot serve, why (the shim logs it, starts cold).
+COLD_ENV = "TORCHYARD_WARM_COLD_REASON"
 RELAY_PATH = Path(__file__).resolve().parent / "relay.py"

@@ -125,9 +125,15 @@ class WarmPool:
     def status(self) -> WarmStatus:
         return self._status
 
-    def socket_for_launch(self) -> str | None:
-        """The socket a job's shim hands its relays, or None (cold) unless the server is ready."""
-        return self.path if self._status.state == "ready" else None
+    def socket_for_launch(self) -> tuple[str | None, str]:
+        """(the socket a job's shim hands its relays, '') while the server is ready, else
+        (None, why not): the job starts cold at once, never waiting for the pool."""
+        state = self._status.state
+        if state == "ready":
+            return self.path, ""
+        if state == "starting" and self._status.restarts == 0:
+            return None, "the warm pool is starting (importing torch)"
+        return None, "the warm server is being replaced"
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
