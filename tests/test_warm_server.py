@@ -50,7 +50,10 @@ if mode == "hang":
 def warm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     home = tmp_path_factory.mktemp("warm")
     path = socket_path(home)
-    argv = build_server_command(sys.executable, path, 2, ["torch"], os.getpid())
+    # sklearn.datasets: a preloaded module that changes os.environ (KMP_*) must not make every
+    # job look different from the server.
+    argv = build_server_command(sys.executable, path, 2, ["torch", "sklearn.datasets"],
+                                os.getpid())
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS",)}
     log = home / "server.log"
     proc = subprocess.Popen(argv, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,

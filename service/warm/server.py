@@ -187,7 +187,7 @@ class Server:
         differ = sorted(k for k in ours if theirs.get(k) != ours[k])
         if differ:
             return f"interpreter flags differ from the warm server's: {', '.join(differ)}"
-        name = import_time_mismatch(dict(message.get("env") or {}), dict(os.environ))
+        name = import_time_mismatch(dict(message.get("env") or {}), STARTED_ENV)
         if name is not None:
             return f"the job sets {name}, which is read when Python or torch starts"
         return shadowed(list(message.get("path") or []))
@@ -376,6 +376,10 @@ class Server:
 
 
 PRELOADED: list[str] = []
+# The environment the server started with: what a job's is compared to. Not os.environ now:
+# preloading changes it (scikit-learn sets KMP_DUPLICATE_LIB_OK and KMP_INIT_AT_FORK), as the
+# same imports would in a cold rank.
+STARTED_ENV: dict[str, str] = dict(os.environ)
 
 
 def preload(modules: list[str]) -> None:
