@@ -213,8 +213,31 @@ class Shim:
         return 0
 
 
+def read_standby_request() -> str:
+    """``--standby`` (``service.executor.standby``): wait for one JSON line on stdin, ``{"run":
+    RUN_DIR, "env": {...}}``, then take that job's environment, directory and log (stdout and
+    stderr to ``RUN_DIR/shim.log``, stdin from /dev/null), as a shim started for it would have
+    them. End of input (the server went away) means exit. Returns RUN_DIR."""
+    line = sys.stdin.buffer.readline()
+    if not line:
+        sys.exit(0)
+    request = json.loads(line)
+    root = str(request["run"])
+    os.environ.clear()
+    os.environ.update({str(k): str(v) for k, v in request["env"].items()})
+    os.chdir(root)
+    log = os.open(os.path.join(root, "shim.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    for fd, target in ((null, 0), (log, 1), (log, 2)):
+        os.dup2(fd, target)
+    os.close(log)
+    os.close(null)
+    return root
+
+
 def main() -> None:
-    run = RunDir(Path(sys.argv[1]).resolve())
+    root = read_standby_request() if sys.argv[1] == "--standby" else sys.argv[1]
+    run = RunDir(Path(root).resolve())
     # The executor's, for this process only: torchrun and the ranks do not inherit it.
     warm_socket = os.environ.pop(SOCKET_ENV, None)
     shim = Shim(run, ShimConfig.read(run), warm_socket, os.environ.pop(COLD_ENV, None))

@@ -47,9 +47,10 @@ def _install() -> None:
     import atexit
     import json
 
-    role = _role(list(getattr(sys, "orig_argv", sys.argv)))
-    if role == "other":
-        return
+    argv = list(getattr(sys, "orig_argv", sys.argv))
+    role = _role(argv)
+    if role == "other" or "--standby" in argv:
+        return  # a standby shim starts before its job (and outside any run directory)
     rank = os.environ.get("RANK")
     path = os.path.join(os.getcwd(), PROBE_FILE)
 

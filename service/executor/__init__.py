@@ -20,5 +20,5 @@ def make_executor(settings: Settings, warm: WarmPool | None = None) -> Executor:
     from service.executor.local import LocalExecutor
 
     if settings.executor == "local":
-        return LocalExecutor(warm=warm)  # the shim runs on the server's python; its torchrun on settings'
+        return LocalExecutor(warm=warm, standby=True)  # the shim runs on the server's python; its torchrun on settings'
     raise ValueError(f"executor: {settings.executor!r} is not one of: local")

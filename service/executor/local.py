@@ -27,6 +27,7 @@ from service.executor.base import (
     Submission,
 )
 from service.executor.process import ProcessGroupHandle, create_time, same_process
+from service.executor.standby import StandbyShim
 from service.warm import COLD_ENV, SOCKET_ENV
 from service.warm.pool import WarmPool
 from torchyard_contract.rundir import RunDir
@@ -67,9 +68,14 @@ class LocalExecutor:
 
     name = NAME
 
-    def __init__(self, python: str | None = None, warm: WarmPool | None = None) -> None:
+    def __init__(
+        self, python: str | None = None, warm: WarmPool | None = None, standby: bool = False
+    ) -> None:
         self.python = python or sys.executable
         self.warm = warm  # warm ranks (docs/warm-ranks.md); None = every job starts cold
+        # A shim started ahead of the next job (``service.executor.standby``); the first job
+        # after start starts its own.
+        self.standby = StandbyShim(self.python) if standby else None
         # Shims this process started (their exit codes can be read) or adopted, by reference.
         self._handles: dict[str, ProcessGroupHandle] = {}
         self._lock = threading.Lock()
@@ -96,16 +102,20 @@ class LocalExecutor:
                 env[SOCKET_ENV] = warm_socket
             else:
                 env[COLD_ENV] = why_cold
-        with open(sub.run.root / "shim.log", "ab") as log:
-            popen = subprocess.Popen(
-                list(plan.argv),
-                cwd=plan.cwd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        popen = self.standby.take(sub.run, env) if self.standby is not None else None
+        if popen is None:
+            with open(sub.run.root / "shim.log", "ab") as log:
+                popen = subprocess.Popen(
+                    list(plan.argv),
+                    cwd=plan.cwd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+        if self.standby is not None:
+            self.standby.refill()
         reference = encode_reference(popen.pid, create_time(popen.pid))
         with self._lock:
             self._handles[reference] = ProcessGroupHandle(pid=popen.pid, popen=popen)
