@@ -37,6 +37,11 @@ if mode == "exit7":
     sys.exit(7)
 if mode == "raise":
     raise ValueError("boom from a warm rank")
+if mode == "unclosed":  # a cold interpreter's teardown flushes it; so must a warm one's
+    f = open(os.environ["OUT"] + ".unclosed", "w")
+    f.write("flushed at exit")
+if mode == "interrupt":
+    raise KeyboardInterrupt
 if mode == "hang":
     import subprocess
     child = subprocess.Popen(["sleep", "300"], start_new_session=True)
@@ -168,14 +173,21 @@ def test_handoff_applies_the_jobs_env_cwd_path_and_threads(
 @pytest.mark.parametrize(("mode", "code", "words"), [
     ("exit7", 7, None),
     ("raise", 1, "ValueError: boom from a warm rank"),
+    ("interrupt", -signal.SIGINT, "KeyboardInterrupt"),
+    ("unclosed", 0, None),
 ])
 def test_exit_codes_and_tracebacks_are_relayed(
     warm_server: str, script: Path, tmp_path: Path, mode: str, code: int, words: str | None
 ) -> None:
     relay = _relay(warm_server, script, tmp_path / "out.json", tmp_path, MODE=mode)
     assert relay.wait(timeout=60) == code
+    stderr = (tmp_path / "stderr.log").read_text()
     if words:
-        assert words in (tmp_path / "stderr.log").read_text()
+        assert words in stderr
+        if mode == "raise":  # (an interrupt's traceback also shows the warm server's frames)
+            assert "service/warm" not in stderr, "the traceback is the job's, not the server's"
+    if mode == "unclosed":
+        assert (tmp_path / "out.json.unclosed").read_text() == "flushed at exit"
 
 
 def test_sigterm_is_forwarded_and_the_signal_is_the_exit(

@@ -5,22 +5,20 @@ and stderr, and runs the program as ``python <argv>`` would, in this process tha
 imported torch: a session of its own; the relay's stdio on fds 0-2 (``-u`` honoured); the job's
 environment, working directory and ``sys.path``; torch's thread count from ``OMP_NUM_THREADS``
 (torch read the variable when the server imported it); fresh random state. Then it exits as the
-interpreter would: ``SystemExit`` code, 1 after an uncaught exception (traceback on stderr),
-killed by SIGINT after an uncaught ``KeyboardInterrupt``; non-daemon threads joined and
-``atexit`` handlers run first. Never returns.
+interpreter would (see :func:`become`): ``SystemExit`` code, 1 after an uncaught exception
+(traceback on stderr), killed by SIGINT after an uncaught ``KeyboardInterrupt``.
 """
 
 from __future__ import annotations
 
-import atexit
 import io
 import os
 import random
 import runpy
 import signal
 import sys
-import threading
-import traceback
+from types import TracebackType
+from typing import NoReturn
 
 
 def _stdio(unbuffered: bool) -> None:
@@ -94,39 +92,26 @@ def _run(argv: list[str]) -> None:
         runpy.run_path(argv[0], run_name="__main__")
 
 
-def _exit_code(exc: SystemExit) -> int:
-    if exc.code is None:
-        return 0
-    if isinstance(exc.code, int):
-        return exc.code & 0xFF
-    print(exc.code, file=sys.stderr)
-    return 1
+def _job_traceback(tb: TracebackType | None) -> TracebackType | None:
+    """The traceback from the job's code on (as a cold interpreter prints it): this module's
+    frames, and the warm server's below them, are not the job's."""
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return tb
 
 
-def become(message: dict, fds: list[int]) -> None:
-    code, interrupted = 0, False
+def become(message: dict, fds: list[int]) -> NoReturn:
+    """Raises ``SystemExit`` (or the job's ``KeyboardInterrupt``), which the caller lets unwind
+    to the top of the interpreter: the process then ends exactly as ``python`` ends a program
+    (non-daemon threads joined, ``atexit``, module teardown flushing unclosed files, stdio
+    flushed; a ``KeyboardInterrupt`` kills it with SIGINT)."""
     try:
         _apply(message, fds)
         _run(list(message["argv"]))
-    except SystemExit as exc:
-        code = _exit_code(exc)
-    except KeyboardInterrupt:
-        traceback.print_exc()
-        code, interrupted = 1, True
-    except BaseException:  # noqa: BLE001  (what an interpreter does with an uncaught exception)
-        sys.excepthook(*sys.exc_info())
-        code = 1
-    try:
-        threading._shutdown()  # type: ignore[attr-defined]  (join non-daemon threads)
-        atexit._run_exitfuncs()
-    except BaseException:  # noqa: BLE001
-        traceback.print_exc()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    if interrupted:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-    os._exit(code)
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as exc:  # noqa: BLE001  (an uncaught exception: traceback, exit 1)
+        tb = _job_traceback(exc.__traceback__)
+        sys.excepthook(type(exc), exc.with_traceback(tb), tb)  # the hook prints exc's own
+        raise SystemExit(1) from None
+    raise SystemExit(0)

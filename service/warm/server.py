@@ -115,8 +115,13 @@ class Server:
             try:
                 parent.close()
                 self._child(child)
-            finally:
-                os._exit(70)
+            except (SystemExit, KeyboardInterrupt):
+                # The job's end (service.warm.child.become): unwind to the top of the
+                # interpreter so the process ends as `python` ends a program.
+                raise
+            except BaseException:  # noqa: BLE001  (before the hand-off: never the job's)
+                traceback.print_exc()
+            os._exit(70)
         child.close()
         self.idle[pid] = parent
         self.sel.register(parent, selectors.EVENT_READ, ("idle", pid))
@@ -144,7 +149,7 @@ class Server:
         if received is None:
             os._exit(0)  # the server let this idle child go
         message, fds = received
-        become(message, fds)  # never returns
+        become(message, fds)  # raises SystemExit: unwinds out of the server's loop and main
 
     def handoff(self, conn: socket.socket, message: dict, fds: list[int]) -> None:
         why = self.refusal(message)
