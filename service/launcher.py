@@ -12,8 +12,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from service.childenv import environ_for_children
 from service.executor.process import ProcessGroupHandle
-from service.settings import environ_for_children
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,8 @@ class LaunchRequest:
     logs_dir: Path
     program: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
+    # Warm ranks (``service.warm``): (relay program, warm server socket); None = cold.
+    relay: tuple[str, str] | None = None
 
 
 def build_command(req: LaunchRequest) -> list[str]:
@@ -36,9 +38,15 @@ def build_command(req: LaunchRequest) -> list[str]:
     ``req.program`` is what each rank runs, after torchrun's options: ``("-m", "worker",
     "--spec", SPEC)`` for the built-in trainer, ``(SCRIPT, *args)`` or ``("-m", MODULE, *args)``
     for a script job (see ``service.scriptpath``). An argv list, never a shell string.
+
+    With ``req.relay`` both torchrun's agent and each rank run through the relay (``python
+    RELAY SOCKET <python args>``), which becomes a process of the warm server: the same
+    torchrun options and rank program, started without importing torch again.
     """
+    relay = list(req.relay) if req.relay is not None else []
     return [
         req.python,
+        *relay,
         "-m",
         "torch.distributed.run",
         "--nnodes=1",
@@ -50,6 +58,7 @@ def build_command(req: LaunchRequest) -> list[str]:
         "--redirects=3",
         "--tee=3",
         "--monitor-interval=0.1",  # torchrun's default: notices a rank exit as plain torchrun does
+        *relay,  # torchrun's -m (if any) is the relay's: ``RELAY SOCKET -m worker ...``
         *req.program,
     ]
 

@@ -136,10 +136,33 @@ class ResourceTotals(BaseModel):
     free: int
 
 
+class WarmRead(BaseModel):
+    """The warm-rank pool of this host (docs/warm-ranks.md)."""
+
+    state: Literal["starting", "ready", "broken"] = Field(
+        description="starting: importing torch (jobs start cold); ready: serving warm ranks; "
+        "broken: being replaced"
+    )
+    pool_size: int = Field(description="idle warm processes kept ready (TORCHYARD_WARM_POOL_SIZE)")
+    idle: int = Field(description="idle warm processes now")
+    active: int = Field(description="warm processes running a job's rank or torchrun agent now")
+    served: int = Field(description="hand-offs by the current warm server")
+    refused: int = Field(description="hand-offs it refused (those processes started cold)")
+    memory_bytes: int = Field(
+        description="RSS of the warm server plus the pages its idle processes do not share"
+    )
+    memory_limit_bytes: int = Field(description="TORCHYARD_WARM_MAX_MEMORY_MIB; 0 = none")
+    cuda_initialized: bool = Field(description="always false: the pool never touches CUDA")
+    restarts: int = Field(description="times the warm server was replaced")
+
+
 class ResourcesRead(BaseModel):
     gpu: ResourceTotals
     cpu: ResourceTotals
     items: list[ResourceRead]
+    warm: WarmRead | None = Field(
+        default=None, description="the warm-rank pool; null when warm ranks are off"
+    )
 
 
 class MetricRead(BaseModel):

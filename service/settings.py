@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
@@ -11,26 +10,15 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from service.childenv import SECRET_ENV_VARS, environ_for_children  # noqa: F401  (re-exported)
 from service.jobtoken import hash_token
 
 API_TOKEN_MIN_CHARS = 16
-# Never passed on to a job's shim or ranks (jobs run user code; see docs/security.md).
-# TORCHYARD_TOKEN is the CLI's (a server started from an operator's shell may have it).
-SECRET_ENV_VARS = frozenset(
-    {"TORCHYARD_API_TOKENS", "TORCHYARD_API_TOKENS_FILE", "TORCHYARD_TOKEN"}
-)
-
-
 def _comma_list(value: object) -> object:
     """``"a, b,,c"`` → ``["a", "b", "c"]`` (env values are comma lists, not JSON)."""
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
     return value
-
-
-def environ_for_children(environ: Mapping[str, str]) -> dict[str, str]:
-    """``environ`` without the server's secrets: what a job's processes may inherit."""
-    return {k: v for k, v in environ.items() if k not in SECRET_ENV_VARS}
 
 
 def split_dirs(value: str | None) -> list[str]:
@@ -101,6 +89,36 @@ class Settings(BaseSettings):
     executor: Literal["local"] = Field(
         default="local",
         description="what runs jobs: 'local' = a torchrun process group per job on this host",
+    )
+    warm_ranks: bool = Field(
+        default=False,
+        description="local executor: start ranks (and torchrun's agent) from a per-host warm "
+        "server that has imported torch already, so a job's code runs within a fraction of a "
+        "second; a job starts cold when the pool is not ready (docs/warm-ranks.md)",
+    )
+    warm_pool_size: int = Field(
+        default=4,
+        ge=0,
+        le=64,
+        description="warm processes kept forked and idle (one per rank plus one per torchrun "
+        "agent; more are forked on demand, refilled in the background)",
+    )
+    warm_max_memory_mib: int = Field(
+        default=4096,
+        ge=0,
+        le=1_048_576,
+        description="memory budget of the warm pool (RSS of the warm server plus the pages "
+        "its idle processes do not share with it, MiB); over it the server is replaced once "
+        "its running ranks end; 0 = none",
+    )
+    warm_preload: Annotated[list[str], NoDecode] = Field(
+        default=[
+            "torch", "torch.distributed", "torch.nn.parallel",
+            "torch.distributed.elastic.multiprocessing.errors", "torch.distributed.launcher.api",
+            "torchvision", "worker.train", "sklearn.datasets",
+        ],
+        description="modules the warm server imports, comma-separated (ranks get them "
+        "already imported: a job's own copy of one of them on its path is not used)",
     )
     script_dirs: str | None = Field(
         default=None,
@@ -174,7 +192,7 @@ class Settings(BaseSettings):
     )
 
     _split_lists = field_validator(
-        "api_tokens", "allowed_hosts", "cors_origins", "data_dirs", mode="before"
+        "api_tokens", "allowed_hosts", "cors_origins", "data_dirs", "warm_preload", mode="before"
     )(_comma_list)
 
     @field_validator("api_tokens")

@@ -35,9 +35,9 @@ from pathlib import Path
 from service.executor.process import ProcessGroupHandle
 from service.failure import describe_exit, failed_rank_exit_codes
 from service.launcher import LaunchRequest, LocalTorchrunLauncher
-from service.scriptpath import builtin_program
 from service.socketport import free_port
 from service.subreaper import become_subreaper, stop_descendants
+from service.warm import COLD_ENV, RELAY_PATH, SOCKET_ENV
 from torchyard_contract import envnames as names
 from torchyard_contract.rundir import RunDir
 
@@ -66,6 +66,10 @@ class ShimConfig:
 
     def rank_program(self, run: RunDir) -> tuple[str, ...]:
         if self.program is None:
+            # Old launch.json only (the supervisor always writes ``program``): not worth
+            # importing the spec model (pydantic) on every job's start path.
+            from service.scriptpath import builtin_program
+
             return builtin_program(run.spec_file).argv
         return tuple(self.program)
 
@@ -97,8 +101,13 @@ def _write_json(path: Path, data: dict) -> None:
 
 
 class Shim:
-    def __init__(self, run: RunDir, config: ShimConfig) -> None:
+    def __init__(
+        self, run: RunDir, config: ShimConfig, warm_socket: str | None = None,
+        why_cold: str | None = None,
+    ) -> None:
         self.run, self.config = run, config
+        self.warm_socket = warm_socket  # warm ranks (service.warm); None = cold
+        self.why_cold = why_cold  # warm ranks are on but the pool could not serve this job
         self.cancelled = False
         self.started = time.time()
 
@@ -122,6 +131,7 @@ class Shim:
             logs_dir=logs,
             program=self.config.rank_program(self.run),
             env=env,
+            relay=(str(RELAY_PATH), self.warm_socket) if self.warm_socket else None,
         )
         record = {
             "number": number,
@@ -132,6 +142,9 @@ class Shim:
             "startup_failure": None,
         }
         _write_json(self.run.attempt_file(number), record)
+        if self.why_cold:
+            with open(logs / "torchrun.log", "a", encoding="utf-8") as log:
+                log.write(f"torchyard: warm start unavailable ({self.why_cold}); starting cold\n")
         handle = LocalTorchrunLauncher().start(req, new_session=False)
         forced_reason: str | None = None
         while (code := handle.poll()) is None:
@@ -213,12 +226,37 @@ class Shim:
         return 0
 
 
+def read_standby_request() -> str:
+    """``--standby`` (``service.executor.standby``): wait for one JSON line on stdin, ``{"run":
+    RUN_DIR, "env": {...}}``, then take that job's environment, directory and log (stdout and
+    stderr to ``RUN_DIR/shim.log``, stdin from /dev/null), as a shim started for it would have
+    them. End of input (the server went away) means exit. Returns RUN_DIR."""
+    line = sys.stdin.buffer.readline()
+    if not line:
+        sys.exit(0)
+    request = json.loads(line)
+    root = str(request["run"])
+    os.environ.clear()
+    os.environ.update({str(k): str(v) for k, v in request["env"].items()})
+    os.chdir(root)
+    log = os.open(os.path.join(root, "shim.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    for fd, target in ((null, 0), (log, 1), (log, 2)):
+        os.dup2(fd, target)
+    os.close(log)
+    os.close(null)
+    return root
+
+
 def main() -> None:
+    root = read_standby_request() if sys.argv[1] == "--standby" else sys.argv[1]
     # Before anything starts: every process of the job then stays in this process's tree.
     if not become_subreaper():
         print("not a child subreaper (no prctl): daemons a job leaves may outlive it", flush=True)
-    run = RunDir(Path(sys.argv[1]).resolve())
-    shim = Shim(run, ShimConfig.read(run))
+    run = RunDir(Path(root).resolve())
+    # The executor's, for this process only: torchrun and the ranks do not inherit it.
+    warm_socket = os.environ.pop(SOCKET_ENV, None)
+    shim = Shim(run, ShimConfig.read(run), warm_socket, os.environ.pop(COLD_ENV, None))
     signal.signal(signal.SIGTERM, shim.on_sigterm)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the server's terminal going away is not a cancel
     sys.exit(shim.main())

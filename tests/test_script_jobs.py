@@ -21,6 +21,7 @@ from service.settings import Settings
 from service.shim import ShimConfig
 from tests.conftest import LiveServer, free_port
 from tests.test_datasets_e2e import write_tiny_mnist
+from tests.test_warm_jobs import WARM_ENV, rank_logs, wait_warm
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.spec import JobSpec
 
@@ -267,8 +268,9 @@ def _submit(server: LiveServer, body: dict) -> int:
     return r.json()["id"]
 
 
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
 def test_parity_plain_torchrun_vs_torchyard_and_sdk_noop_outside(
-    live_server_factory: Callable[..., LiveServer], script_dir: Path, tmp_path: Path
+    live_server_factory: Callable[..., LiveServer], script_dir: Path, tmp_path: Path, warm: bool
 ) -> None:
     args = ["--epochs", "3", "--samples", "256", "--seed", "7"]
     plain = _plain_torchrun(script_dir / "minimal_ddp.py", args, tmp_path)
@@ -281,9 +283,14 @@ def test_parity_plain_torchrun_vs_torchyard_and_sdk_noop_outside(
     # Outside torchyard the SDK is a no-op: one warning per rank process, and the run finished.
     assert plain.stderr.count("metrics are not sent to torchyard") == 2, plain.stderr[-3000:]
 
-    server = live_server_factory(TORCHYARD_SCRIPT_DIRS=str(script_dir), TORCHYARD_API_TOKENS=API_TOKEN)
+    server = live_server_factory(TORCHYARD_SCRIPT_DIRS=str(script_dir), TORCHYARD_API_TOKENS=API_TOKEN,
+                                 **(WARM_ENV if warm else {}))
+    served = wait_warm(server)["served"] if warm else 0
     job_id = _submit(server, {"entrypoint": "minimal_ddp.py", "args": args, "nproc_per_node": 2})
     job = server.wait_for(job_id, {"succeeded"})
+    if warm:  # the agent and both ranks were warm processes, none fell back to a cold start
+        assert wait_warm(server, idle=0)["served"] >= served + 3
+        assert "starting cold" not in rank_logs(server, job_id)
     assert job["running_at"] is not None, "the first report marked the ranks ready"
     reported = {(m["rank"], m["epoch"]): m["value"] for m in _metrics(server, job_id)
                 if m["name"] == "loss"}

@@ -32,6 +32,8 @@ def _exec_time() -> float:
 
 def _role(argv: list[str]) -> str:
     joined = " ".join(argv)
+    if "warm/relay.py" in joined:  # a warm start's relay (torchrun agent or rank): exec only
+        return "relay"
     if "service.shim" in joined:
         return "shim"
     if "torch.distributed.run" in joined or "torchrun" in joined:
@@ -45,9 +47,10 @@ def _install() -> None:
     import atexit
     import json
 
-    role = _role(list(getattr(sys, "orig_argv", sys.argv)))
-    if role == "other":
-        return
+    argv = list(getattr(sys, "orig_argv", sys.argv))
+    role = _role(argv)
+    if role == "other" or "--standby" in argv:
+        return  # a standby shim starts before its job (and outside any run directory)
     rank = os.environ.get("RANK")
     path = os.path.join(os.getcwd(), PROBE_FILE)
 

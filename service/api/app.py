@@ -9,6 +9,7 @@ No module-level state.
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -41,6 +42,7 @@ from service.executor import Executor, make_executor
 from service.resources import make_inventory
 from service.settings import Settings
 from service.supervisor import Supervisor
+from service.warm.pool import WarmPool
 
 
 def create_app(
@@ -52,7 +54,10 @@ def create_app(
     Raises ``ValueError`` when a configured tokens file is unreadable or empty (fail closed).
     """
     tokens = TokenSet(settings.api_token_digests())
-    executor = executor or make_executor(settings)
+    warm = None
+    if executor is None:
+        warm = _warm_pool(settings)
+        executor = make_executor(settings, warm=warm)
     engine = make_engine(settings.resolved_database_url)
     session_factory = make_session_factory(engine)
     read_engine = make_engine(settings.resolved_database_url, readonly=True)
@@ -71,12 +76,16 @@ def create_app(
         settings.runs_dir.mkdir(parents=True, exist_ok=True)
         upgrade(settings.resolved_database_url)
         if run_supervisor:
+            if warm is not None:
+                warm.start()  # in the background: jobs start cold until it is ready
             supervisor.start()
         try:
             yield
         finally:
             app.state.draining.set()
             supervisor.stop()
+            if warm is not None:
+                warm.close()
             engine.dispose()
             read_engine.dispose()
 
@@ -95,8 +104,9 @@ def create_app(
     app.state.supervisor = supervisor
     app.state.draining = threading.Event()  # set on shutdown: streams end (service.api.drain)
     app.state.executor = executor
+    app.state.warm = warm
     errors.install(app)
-    app.state.telemetry = Telemetry(read_session_factory, supervisor.inventory)
+    app.state.telemetry = Telemetry(read_session_factory, supervisor.inventory, warm)
     app.include_router(jobs.router)
     app.include_router(records.router)
     app.include_router(resources.router)
@@ -138,6 +148,17 @@ def create_app(
     app.add_middleware(RequestTimer, telemetry=app.state.telemetry)
     app.openapi = lambda: _openapi(app, tokens.enabled)  # type: ignore[method-assign]
     return app
+
+
+def _warm_pool(settings: Settings) -> WarmPool | None:
+    """The warm-rank pool of the local executor, when ``TORCHYARD_WARM_RANKS`` is on."""
+    if not settings.warm_ranks or settings.executor != "local":
+        return None
+    return WarmPool(
+        python=settings.python_executable or sys.executable, home=settings.home,
+        size=settings.warm_pool_size, preload=settings.warm_preload,
+        max_memory_mib=settings.warm_max_memory_mib,
+    )
 
 
 def _openapi(app: FastAPI, api_tokens: bool) -> dict:

@@ -6,6 +6,9 @@ Series:
 * ``torchyard_queue_length`` — queued jobs.
 * ``torchyard_resources{kind}`` / ``torchyard_resources_allocated{kind}`` — GPUs (``kind="gpu"``)
   or CPU slots (``kind="cpu"``) the host offers / jobs hold now.
+* ``torchyard_warm_processes{state}`` (``idle``/``active``), ``torchyard_warm_memory_bytes``,
+  ``torchyard_warm_handoffs_total`` / ``torchyard_warm_refused_total`` (current warm server),
+  ``torchyard_warm_ready`` — the warm-rank pool, only when warm ranks are on.
 * ``torchyard_metric_records_ingested_total`` — records stored by ``POST /jobs/{id}/records``
   since the process started (replays not counted).
 * ``torchyard_http_request_duration_seconds{route,method,status}`` — time to the response
@@ -23,7 +26,7 @@ from collections.abc import Iterator
 
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session, sessionmaker
@@ -32,6 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service import repository as repo
 from service.resources import Inventory
 from service.state import JobState
+from service.warm.pool import WarmPool, WarmStatus
 
 router = APIRouter(tags=["meta"])
 RESOURCE_KINDS = ("gpu", "cpu")
@@ -40,9 +44,13 @@ RESOURCE_KINDS = ("gpu", "cpu")
 class StateCollector(Collector):
     """Job counts and resource use, read from the database on each scrape."""
 
-    def __init__(self, session_factory: sessionmaker[Session], inventory: Inventory) -> None:
+    def __init__(
+        self, session_factory: sessionmaker[Session], inventory: Inventory,
+        warm: WarmPool | None = None,
+    ) -> None:
         self._session_factory = session_factory
         self._inventory = inventory
+        self._warm = warm
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         with self._session_factory() as session:
@@ -66,14 +74,39 @@ class StateCollector(Collector):
             allocated.add_metric([kind], sum(1 for r in held if r.startswith(f"{kind}:")))
         yield total
         yield allocated
+        if self._warm is not None:
+            yield from _warm_metrics(self._warm.status())
+
+
+def _warm_metrics(status: WarmStatus) -> Iterator[Metric]:
+    procs = GaugeMetricFamily(
+        "torchyard_warm_processes", "Warm-rank processes, idle or running a rank.",
+        labels=["state"],
+    )
+    procs.add_metric(["idle"], status.idle)
+    procs.add_metric(["active"], status.active)
+    yield procs
+    yield GaugeMetricFamily("torchyard_warm_ready", "1 while the warm server serves.",
+                            value=1 if status.state == "ready" else 0)
+    yield GaugeMetricFamily("torchyard_warm_memory_bytes",
+                            "RSS of the warm server plus its idle processes' own pages.",
+                            value=status.memory_bytes)
+    yield CounterMetricFamily("torchyard_warm_handoffs", "Warm hand-offs (current server).",
+                              value=status.served)
+    yield CounterMetricFamily("torchyard_warm_refused",
+                              "Hand-offs refused, started cold (current server).",
+                              value=status.refused)
 
 
 class Telemetry:
     """The app's registry and the instruments code paths update."""
 
-    def __init__(self, session_factory: sessionmaker[Session], inventory: Inventory) -> None:
+    def __init__(
+        self, session_factory: sessionmaker[Session], inventory: Inventory,
+        warm: WarmPool | None = None,
+    ) -> None:
         self.registry = CollectorRegistry()  # no auto_describe: it would query the DB at startup
-        self.registry.register(StateCollector(session_factory, inventory))
+        self.registry.register(StateCollector(session_factory, inventory, warm))
         self.records_ingested = Counter(
             "torchyard_metric_records_ingested", "Metric records stored (replays not counted).",
             registry=self.registry,

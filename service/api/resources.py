@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from dataclasses import asdict
+
+from fastapi import APIRouter, Request
 
 from service.api.deps import SupervisorDep
-from service.schemas import ResourceRead, ResourcesRead, ResourceTotals
+from service.schemas import ResourceRead, ResourcesRead, ResourceTotals, WarmRead
 
 router = APIRouter(tags=["scheduling"])
 
 
 @router.get("/resources", response_model=ResourcesRead)
-def read_resources(supervisor: SupervisorDep) -> ResourcesRead:
-    """Totals per kind, and every resource with the job holding it (null when free)."""
+def read_resources(supervisor: SupervisorDep, request: Request) -> ResourcesRead:
+    """Totals per kind, every resource with the job holding it (null when free), and the
+    warm-rank pool (null when warm ranks are off)."""
     kinds, held = supervisor.resources()
     items = [
         ResourceRead(name=name, kind=kind, job_id=held.get(name))  # type: ignore[arg-type]
@@ -23,4 +26,10 @@ def read_resources(supervisor: SupervisorDep) -> ResourcesRead:
     for kind, names in kinds.items():
         allocated = sum(1 for n in names if n in held)
         totals[kind] = ResourceTotals(total=len(names), allocated=allocated, free=len(names) - allocated)
-    return ResourcesRead(gpu=totals["gpu"], cpu=totals["cpu"], items=items)
+    pool = request.app.state.warm
+    warm = None
+    if pool is not None:
+        status = asdict(pool.status())
+        status.pop("pid")
+        warm = WarmRead(**status)
+    return ResourcesRead(gpu=totals["gpu"], cpu=totals["cpu"], items=items, warm=warm)

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from service.childenv import environ_for_children
 from service.executor.base import (
     DryRun,
     LogStreamName,
@@ -26,7 +27,9 @@ from service.executor.base import (
     Submission,
 )
 from service.executor.process import ProcessGroupHandle, create_time, same_process
-from service.settings import environ_for_children
+from service.executor.standby import StandbyShim
+from service.warm import COLD_ENV, SOCKET_ENV
+from service.warm.pool import WarmPool
 from torchyard_contract.rundir import RunDir
 
 logger = logging.getLogger(__name__)
@@ -65,8 +68,14 @@ class LocalExecutor:
 
     name = NAME
 
-    def __init__(self, python: str | None = None) -> None:
+    def __init__(
+        self, python: str | None = None, warm: WarmPool | None = None, standby: bool = False
+    ) -> None:
         self.python = python or sys.executable
+        self.warm = warm  # warm ranks (docs/warm-ranks.md); None = every job starts cold
+        # A shim started ahead of the next job (``service.executor.standby``); the first job
+        # after start starts its own.
+        self.standby = StandbyShim(self.python) if standby else None
         # Shims this process started (their exit codes can be read) or adopted, by reference.
         self._handles: dict[str, ProcessGroupHandle] = {}
         self._lock = threading.Lock()
@@ -84,16 +93,29 @@ class LocalExecutor:
 
     def submit(self, sub: Submission) -> str:
         plan = self.dry_run(sub)
-        with open(sub.run.root / "shim.log", "ab") as log:
-            popen = subprocess.Popen(
-                list(plan.argv),
-                cwd=plan.cwd,
-                env={**environ_for_children(os.environ), **sub.env},
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        env = {**environ_for_children(os.environ), **sub.env}
+        env.pop(SOCKET_ENV, None)
+        env.pop(COLD_ENV, None)
+        if self.warm is not None:  # read (and removed) by the shim
+            warm_socket, why_cold = self.warm.socket_for_launch()
+            if warm_socket is not None:
+                env[SOCKET_ENV] = warm_socket
+            else:
+                env[COLD_ENV] = why_cold
+        popen = self.standby.take(sub.run, env) if self.standby is not None else None
+        if popen is None:
+            with open(sub.run.root / "shim.log", "ab") as log:
+                popen = subprocess.Popen(
+                    list(plan.argv),
+                    cwd=plan.cwd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+        if self.standby is not None:
+            self.standby.refill()
         reference = encode_reference(popen.pid, create_time(popen.pid))
         with self._lock:
             self._handles[reference] = ProcessGroupHandle(pid=popen.pid, popen=popen)

@@ -1,0 +1,20 @@
+"""What a job's processes inherit from the server's environment: everything but its secrets.
+
+Kept apart from ``service.settings`` (pydantic) so the per-job shim can use it without paying
+that import on every job's start path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+# Never passed on to a job's shim or ranks (jobs run user code; see docs/security.md).
+# TORCHYARD_TOKEN is the CLI's (a server started from an operator's shell may have it).
+SECRET_ENV_VARS = frozenset(
+    {"TORCHYARD_API_TOKENS", "TORCHYARD_API_TOKENS_FILE", "TORCHYARD_TOKEN"}
+)
+
+
+def environ_for_children(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without the server's secrets: what a job's processes may inherit."""
+    return {k: v for k, v in environ.items() if k not in SECRET_ENV_VARS}

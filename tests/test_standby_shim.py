@@ -1,0 +1,75 @@
+"""The standby shim: a job's shim started ahead of the job takes the job's environment,
+directory and log, runs it as an ordinary shim would, and a server going away lets it go."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from service.executor.base import Phase, Submission
+from service.executor.local import LocalExecutor
+from service.executor.standby import StandbyShim
+from service.shim import ShimConfig
+from torchyard_contract.rundir import RunDir
+
+SCRIPT = "import os\nopen('seen.txt', 'w').write(os.environ.get('MARKER', '') + ' ' + os.getcwd())\n"
+
+
+def _run_dir(tmp_path: Path, job_id: int) -> RunDir:
+    script = tmp_path / "first.py"
+    script.write_text(SCRIPT)
+    run = RunDir(tmp_path / "runs" / str(job_id))
+    run.prepare()
+    ShimConfig(job_id=job_id, python=sys.executable, nproc_per_node=1, max_restarts=0,
+               max_runtime_s=60, heartbeat_timeout_s=None, stop_grace_s=2,
+               program=[str(script)]).write(run)
+    return run
+
+
+def _wait_standby(executor: LocalExecutor) -> None:
+    deadline = time.monotonic() + 30
+    while executor.standby is None or executor.standby._proc is None:
+        assert time.monotonic() < deadline, "no standby shim was started"
+        time.sleep(0.05)
+
+
+def test_second_job_runs_in_the_standby_shim_with_its_own_env_and_log(tmp_path: Path) -> None:
+    executor = LocalExecutor(standby=True)
+    try:
+        refs = {}
+        for job_id in (1, 2):
+            run = _run_dir(tmp_path, job_id)
+            if job_id == 2:
+                _wait_standby(executor)
+                standby_pid = executor.standby._proc.pid  # type: ignore[union-attr]
+            refs[job_id] = executor.submit(Submission(
+                job_id=job_id, run=run, env={"MARKER": f"job-{job_id}"}, nproc_per_node=1))
+        assert json.loads(refs[2])["pid"] == standby_pid
+        deadline = time.monotonic() + 120
+        while any(s.phase is not Phase.ended for s in executor.describe(refs).values()):
+            assert time.monotonic() < deadline, "jobs did not end"
+            time.sleep(0.2)
+        for job_id in (1, 2):
+            run = RunDir(tmp_path / "runs" / str(job_id))
+            assert json.loads(run.exit_file.read_text())["state"] == "succeeded"
+            assert (run.root / "seen.txt").read_text() == f"job-{job_id} {run.root}"
+            assert (run.root / "shim.log").exists()
+    finally:
+        if executor.standby is not None:
+            executor.standby.close()
+
+
+def test_a_standby_whose_server_went_away_exits(tmp_path: Path) -> None:
+    standby = StandbyShim(sys.executable)
+    standby.refill()
+    deadline = time.monotonic() + 30
+    while standby._proc is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    proc = standby._proc
+    standby.close()  # closes its stdin, as the server's exit would
+    assert proc.wait(timeout=30) == 0
+    assert standby.take(RunDir(tmp_path), dict(os.environ)) is None
