@@ -1,0 +1,138 @@
+"""The Slurm executor's pure parts: batch script, srun argv, sbatch environment, and the
+parsing of squeue / scontrol / sinfo / sacct output (captured from Slurm 22.05)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from service.executor.slurmcli import (
+    parse_exit_code,
+    parse_sacct,
+    parse_scontrol_record,
+    parse_sinfo,
+    parse_squeue,
+)
+from service.executor.slurmscript import (
+    BatchRequest,
+    StepRequest,
+    build_batch_script,
+    build_srun_command,
+    job_id_from_name,
+    rank_location,
+    sbatch_environment,
+    time_limit,
+)
+
+RUN = Path("/shared/torchyard/runs/12")
+
+
+def test_batch_script_is_a_fixed_text_with_validated_options() -> None:
+    script = build_batch_script(BatchRequest(
+        job_id=12, run_dir=RUN, python="/opt/venv/bin/python", nnodes=2, nproc_per_node=2,
+        max_runtime_s=3600, stop_grace_s=10, partition="gpu-a100", account="ml_team",
+    ))
+    lines = script.splitlines()
+    assert lines[0] == "#!/bin/sh"
+    assert "#SBATCH --job-name=ty-12" in lines
+    assert "#SBATCH --nodes=2" in lines
+    assert "#SBATCH --ntasks-per-node=1" in lines
+    assert "#SBATCH --cpus-per-task=2" in lines
+    assert "#SBATCH --time=0-01:02:00" in lines  # 3600 + 10 grace + 60 margin, in minutes up
+    assert "#SBATCH --partition=gpu-a100" in lines and "#SBATCH --account=ml_team" in lines
+    assert "#SBATCH --no-requeue" in lines
+    assert lines[-1] == (
+        "exec '/opt/venv/bin/python' '-m' 'service.shim' '--launcher=slurm' "
+        "'/shared/torchyard/runs/12'"
+    )
+    assert "TOKEN" not in script
+
+
+def test_gpu_partition_asks_for_gpus_per_node() -> None:
+    script = build_batch_script(BatchRequest(
+        job_id=3, run_dir=RUN, python="python", nnodes=4, nproc_per_node=8, gpus_per_node=8,
+    ))
+    assert "#SBATCH --gpus-per-node=8" in script
+    assert "--time" not in script  # no max_runtime_s: the partition's limit
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("partition", "gpu --wrap=rm"), ("account", "a;b"), ("qos", "x\n#SBATCH --uid=0"),
+     ("constraint", "a b"), ("partition", "")],
+)
+def test_no_free_form_sbatch_flags(field: str, value: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        BatchRequest(job_id=1, run_dir=RUN, python="python", nnodes=1, nproc_per_node=1,
+                     **{field: value})
+
+
+def test_time_limit_rounds_up_to_whole_minutes_and_days() -> None:
+    assert time_limit(None, 10) is None
+    assert time_limit(1, 0) == "0-00:02:00"
+    assert time_limit(2 * 86400, 0) == "2-00:01:00"
+
+
+def test_srun_starts_one_torchrun_per_node_with_static_rendezvous() -> None:
+    argv = build_srun_command(StepRequest(
+        python="/venv/bin/python", nnodes=2, nproc_per_node=3, master_addr="node-a",
+        master_port=29511, logs_dir=RUN / "logs/attempt-1", program=("-m", "worker", "--spec", "s"),
+    ))
+    assert argv[:2] == ["srun", "--kill-on-bad-exit=1"]
+    assert "--nodes=2" in argv and "--ntasks=2" in argv and "--cpus-per-task=3" in argv
+    sh = argv.index("sh")
+    wrapper = argv[sh + 2]
+    assert '--node-rank="$SLURM_NODEID"' in wrapper and "29511" not in wrapper  # values are args
+    assert argv[sh + 3:sh + 6] == ["sh", str(RUN / "logs/attempt-1"), "/venv/bin/python"]
+    assert "--nnodes=2" in argv and "--master-addr=node-a" in argv
+    assert "--master-port=29511" in argv
+    assert argv[-4:] == ["-m", "worker", "--spec", "s"]
+
+
+def test_sbatch_environment_keeps_nothing_of_the_server_but_the_basics() -> None:
+    server = {"PATH": "/usr/bin", "SLURM_CONF": "/etc/s.conf", "TORCHYARD_API_TOKENS": "secret",
+              "TORCHYARD_DATABASE_URL": "postgresql://u:p@db/x", "AWS_SECRET_ACCESS_KEY": "k"}
+    env = sbatch_environment(server, {"TORCHYARD_JOB_TOKEN": "job-token"})
+    assert env == {"PATH": "/usr/bin", "SLURM_CONF": "/etc/s.conf",
+                   "TORCHYARD_JOB_TOKEN": "job-token"}
+
+
+def test_rank_location_is_node_major() -> None:
+    assert [rank_location(r, 2) for r in range(4)] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert job_id_from_name("ty-42") == 42 and job_id_from_name("other") is None
+
+
+def test_parse_squeue_rows_and_noise() -> None:
+    text = (
+        "17|PENDING|Resources|n/a|\n"
+        "18|RUNNING|None|n1|n[1-2]\n"
+        "19|COMPLETED|None|n2|n2\n"
+        "slurm_load_jobs error: something\n"
+    )
+    rows = parse_squeue(text)
+    assert set(rows) == {"17", "18", "19"}
+    assert rows["17"].pending and rows["17"].reason == "Resources" and rows["17"].batch_host is None
+    assert not rows["18"].pending and not rows["18"].terminal and rows["18"].nodes == "n[1-2]"
+    assert rows["19"].terminal
+
+
+def test_parse_scontrol_values_with_spaces_and_equals() -> None:
+    line = (
+        "JobId=7 JobName=ty-7 UserId=root(0) JobState=FAILED Reason=NonZeroExitCode "
+        "ExitCode=3:0 BatchHost=n1 Command=/runs/a b/job.sbatch TRES=cpu=2,mem=2M,node=2 "
+        "Socks/Node=* NodeList=n[1-2]"
+    )
+    rec = parse_scontrol_record(line)
+    assert rec["JobState"] == "FAILED" and rec["ExitCode"] == "3:0"
+    assert rec["Command"] == "/runs/a b/job.sbatch"
+    assert rec["TRES"] == "cpu=2,mem=2M,node=2" and rec["Socks/Node"] == "*"
+    assert parse_exit_code(rec["ExitCode"]) == (3, 0) and parse_exit_code(None) is None
+
+
+def test_parse_sinfo_and_sacct() -> None:
+    nodes = parse_sinfo("n1|idle|2|(null)|debug*\nn2|allocated*|2|gpu:a100:4|debug*\nbad line\n")
+    assert [(n.name, n.state, n.cpus, n.gres, n.partition) for n in nodes] == [
+        ("n1", "idle", 2, None, "debug"), ("n2", "allocated", 2, "gpu:a100:4", "debug")]
+    found = parse_sacct("5|COMPLETED|0:0\n6|CANCELLED by 0|0:15\n")
+    assert found == {"5": ("COMPLETED", (0, 0)), "6": ("CANCELLED", (0, 15))}
