@@ -4,7 +4,7 @@ so a dry run prints exactly what ``submit`` would do, and tests read it as text.
 
 The shape of a Slurm job (one per torchyard job, named ``ty-<id>``):
 
-* the batch script runs on the allocation's first node (the batch host) and ``exec``\\ s the
+* the batch script runs on the allocation's first node (the batch host) and ``exec``s the
   job's attempt loop (``python -m service.shim --launcher=slurm RUN_DIR``), so the script's exit
   code is the attempt loop's, which is the last attempt's real exit code;
 * each attempt is one job step: ``srun --kill-on-bad-exit=1`` starts one ``torchrun`` per node
