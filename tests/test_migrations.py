@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 
-from service.db import make_engine, upgrade
+from service.db import alembic_config, make_engine, upgrade
+from service.executor.local import decode_reference, encode_reference, shim_pid
 from service.models import Base
 
 
@@ -38,3 +40,52 @@ def test_upgrade_twice_is_a_noop(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'c.db'}"
     upgrade(url)
     upgrade(url)
+
+
+def test_0005_turns_a_pid_into_the_local_executors_reference(tmp_path: Path) -> None:
+    """A job launched before 0005 keeps its process: the reference the local executor adopts
+    from is made of its pid and start time, and its metric records survive the migration."""
+    url = f"sqlite:///{tmp_path / 'd.db'}"
+    upgrade(url, "0004")
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO jobs (id, name, state, priority, spec, created_at, pid, pid_create_time)"
+            " VALUES (1, 'old', 'running', 0, '{}', '2026-12-01 00:00:00', 4242, 1700000000.25),"
+            " (2, 'queued', 'queued', 0, '{}', '2026-12-01 00:00:00', NULL, NULL)"
+        ))
+        conn.execute(text(
+            "INSERT INTO metric_records (job_id, attempt, rank, epoch, step, name, value, time)"
+            " VALUES (1, 1, 0, 0, -1, 'loss', 0.5, 1.0)"
+        ))
+    engine.dispose()
+    upgrade(url)
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT id, executor, executor_ref FROM jobs ORDER BY id")).all()
+        records = conn.execute(text("SELECT count(*) FROM metric_records")).scalar()
+        columns = {c["name"] for c in inspect(conn).get_columns("jobs")}
+    engine.dispose()
+    assert rows[1] == (2, None, None)
+    assert rows[0][1] == "local"
+    assert decode_reference(rows[0][2]) == (4242, 1700000000.25)
+    assert shim_pid(rows[0][1], rows[0][2]) == 4242
+    assert records == 1
+    assert not columns & {"pid", "pid_create_time"}
+
+
+def test_0005_downgrade_restores_the_pid(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'e.db'}"
+    upgrade(url)
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO jobs (id, name, state, priority, spec, created_at, executor, executor_ref)"
+            " VALUES (1, 'j', 'running', 0, '{}', '2026-12-01 00:00:00', 'local', :ref)"
+        ), {"ref": encode_reference(77, 5.5)})
+    engine.dispose()
+    command.downgrade(alembic_config(url), "0004")
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT pid, pid_create_time FROM jobs")).one() == (77, 5.5)
+    engine.dispose()
