@@ -107,10 +107,26 @@ class ResourceTotals(BaseModel):
     free: int
 
 
+class NodeRead(BaseModel):
+    name: str
+    state: str = Field(description="Slurm's node state: idle, mixed, allocated, down, drained, …")
+    partition: str
+    cpus: int
+    cpus_allocated: int
+    gpus: int = Field(description="GPUs in the node's GRES")
+
+
 class ResourcesRead(BaseModel):
+    executor: str = Field(
+        default="local",
+        description="'local': this host's GPUs and CPU slots, booked by torchyard (items); "
+        "'slurm': Slurm allocates, nodes lists the partition's nodes (from sinfo) and items "
+        "is empty",
+    )
     gpu: ResourceTotals
     cpu: ResourceTotals
     items: list[ResourceRead]
+    nodes: list[NodeRead] = Field(default_factory=list, description="slurm executor: the nodes")
 
 
 class MetricRead(BaseModel):

@@ -11,6 +11,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from service.jobtoken import hash_token
+from torchyard_contract.spec import SLURM_CONSTRAINT_PATTERN, SLURM_NAME_PATTERN
 
 API_TOKEN_MIN_CHARS = 16
 # Never passed on to a job's shim or ranks (jobs run user code; see docs/security.md).
@@ -97,8 +98,10 @@ class Settings(BaseSettings):
         description="Python interpreter that runs torchrun and the ranks; unset = the server's "
         "own",
     )
-    executor: Literal["local"] = Field(
-        default="local", description="what runs jobs: 'local' = process groups on this host"
+    executor: Literal["local", "slurm"] = Field(
+        default="local",
+        description="what runs jobs: 'local' = process groups on this host; 'slurm' = batch jobs "
+        "on a Slurm cluster (docs/slurm.md)",
     )
     script_dirs: str | None = Field(
         default=None,
@@ -121,6 +124,37 @@ class Settings(BaseSettings):
     def script_dir_list(self) -> list[Path]:
         """The resolved script directories, in order; empty = script jobs disabled."""
         return [Path(part).resolve() for part in split_dirs(self.script_dirs)]
+    # --- Slurm executor (docs/slurm.md) ---------------------------------------------------------
+    slurm_partition: str | None = Field(
+        default=None,
+        pattern=SLURM_NAME_PATTERN,
+        description="slurm executor: partition of jobs that name none; unset = the cluster's "
+        "default partition",
+    )
+    slurm_account: str | None = Field(
+        default=None, pattern=SLURM_NAME_PATTERN,
+        description="slurm executor: account of jobs that name none; unset = the user's default",
+    )
+    slurm_qos: str | None = Field(
+        default=None, pattern=SLURM_NAME_PATTERN,
+        description="slurm executor: QOS of jobs that name none; unset = the default",
+    )
+    slurm_constraint: str | None = Field(
+        default=None, pattern=SLURM_CONSTRAINT_PATTERN,
+        description="slurm executor: node features of jobs that name none (--constraint)",
+    )
+    slurm_bin_dir: Path | None = Field(
+        default=None,
+        description="slurm executor: directory of sbatch, squeue, scontrol, scancel, sinfo and "
+        "sacct; unset = found on PATH",
+    )
+    slurm_shared_runs: bool = Field(
+        default=False,
+        description="slurm executor: HOME/runs is on a filesystem every node mounts at the same "
+        "path, though its type is not one torchyard recognises as shared (NFS, Lustre, GPFS, "
+        "BeeGFS, CephFS, …); the server refuses to start otherwise",
+    )
+
     # --- security (docs/security.md) ------------------------------------------------------------
     api_tokens: Annotated[list[str], NoDecode] = Field(
         default_factory=list,

@@ -131,8 +131,12 @@ def test_parse_scontrol_values_with_spaces_and_equals() -> None:
 
 
 def test_parse_sinfo_and_sacct() -> None:
-    nodes = parse_sinfo("n1|idle|2|(null)|debug*\nn2|allocated*|2|gpu:a100:4|debug*\nbad line\n")
-    assert [(n.name, n.state, n.cpus, n.gres, n.partition) for n in nodes] == [
-        ("n1", "idle", 2, None, "debug"), ("n2", "allocated", 2, "gpu:a100:4", "debug")]
+    nodes = parse_sinfo(
+        "n1|vm|idle|0/2/0/2|(null)|debug*\n"
+        "n2|vm|allocated*|2/0/0/2|gpu:a100:4(S:0-1),gpu:t4:2|debug*\nbad line\n"
+    )
+    assert [(n.name, n.hostname, n.state, n.cpus_allocated, n.cpus, n.gpus, n.partition)
+            for n in nodes] == [("n1", "vm", "idle", 0, 2, 0, "debug"),
+                                ("n2", "vm", "allocated", 2, 2, 6, "debug")]
     found = parse_sacct("5|COMPLETED|0:0\n6|CANCELLED by 0|0:15\n")
     assert found == {"5": ("COMPLETED", (0, 0)), "6": ("CANCELLED", (0, 15))}

@@ -54,6 +54,17 @@ class Backend(str, Enum):
     nccl = "nccl"
 
 
+# Slurm names (partition, account, QOS) and node-feature expressions (constraint): what Slurm
+# accepts, minus anything a shell or an #SBATCH line could read as syntax. Never free-form flags.
+SLURM_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$"
+SLURM_CONSTRAINT_PATTERN = r"^[A-Za-z0-9_.&|,()\[\]*-]{1,256}$"
+SlurmName = Annotated[str, StringConstraints(pattern=SLURM_NAME_PATTERN)]
+SlurmConstraint = Annotated[str, StringConstraints(pattern=SLURM_CONSTRAINT_PATTERN)]
+NNODES_MAX = 1024
+# Fields that only the Slurm executor reads; left out of a stored spec while unset, so a spec
+# that does not use them looks (and validates) as it did before they existed.
+SLURM_FIELDS = ("partition", "account", "qos", "constraint")
+
 JobName = Annotated[
     str, StringConstraints(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 ]
@@ -126,6 +137,33 @@ class JobSpec(BaseModel):
     weight_decay: float = Field(default=0.0, ge=0, le=1, allow_inf_nan=False)
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
     nproc_per_node: int = Field(default=1, ge=1, le=64)
+    nnodes: int = Field(
+        default=1,
+        ge=1,
+        le=NNODES_MAX,
+        description="nodes the job spans, nproc_per_node ranks on each (one torchrun per node); "
+        "more than 1 needs the slurm executor",
+    )
+    partition: SlurmName | None = Field(
+        default=None,
+        description="slurm executor: partition to run in; null = TORCHYARD_SLURM_PARTITION, "
+        "else the cluster's default",
+    )
+    account: SlurmName | None = Field(
+        default=None,
+        description="slurm executor: account to charge; null = TORCHYARD_SLURM_ACCOUNT, else "
+        "the user's default",
+    )
+    qos: SlurmName | None = Field(
+        default=None,
+        description="slurm executor: quality of service; null = TORCHYARD_SLURM_QOS, else the "
+        "default",
+    )
+    constraint: SlurmConstraint | None = Field(
+        default=None,
+        description="slurm executor: node features the nodes must have (Slurm's --constraint "
+        "syntax: names joined by & | ,)",
+    )
     device: Device = Device.auto
     backend: Backend = Backend.auto
     dataset_root: str | None = Field(
@@ -226,6 +264,12 @@ class JobSpec(BaseModel):
         """A script spec is stored and shown without the built-in trainer's fields, so it
         validates again unchanged (those fields are forbidden next to ``entrypoint``)."""
         data = handler(self)
+        if isinstance(data, dict):
+            if data.get("nnodes") == 1:
+                data.pop("nnodes")
+            for name in SLURM_FIELDS:
+                if data.get(name) is None:
+                    data.pop(name, None)
         if self.is_script and isinstance(data, dict):
             for name in BUILTIN_ONLY_FIELDS:
                 data.pop(name, None)

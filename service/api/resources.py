@@ -5,14 +5,21 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from service.api.deps import SupervisorDep
-from service.schemas import ResourceRead, ResourcesRead, ResourceTotals
+from service.api.errors import ApiError
+from service.executor.slurmcli import SlurmError
+from service.schemas import NodeRead, ResourceRead, ResourcesRead, ResourceTotals
+from service.supervisor import Supervisor
 
 router = APIRouter(tags=["scheduling"])
 
 
 @router.get("/resources", response_model=ResourcesRead)
 def read_resources(supervisor: SupervisorDep) -> ResourcesRead:
-    """Totals per kind, and every resource with the job holding it (null when free)."""
+    """Totals per kind, and every resource with the job holding it (null when free). On the
+    slurm executor: the partition's nodes and their state (``sinfo``); GPU ``allocated``
+    counts the GPUs of nodes that are not idle (Slurm's per-GPU use is not asked for)."""
+    if supervisor.slurm:
+        return _slurm_resources(supervisor)
     kinds, held = supervisor.resources()
     items = [
         ResourceRead(name=name, kind=kind, job_id=held.get(name))  # type: ignore[arg-type]
@@ -24,3 +31,26 @@ def read_resources(supervisor: SupervisorDep) -> ResourcesRead:
         allocated = sum(1 for n in names if n in held)
         totals[kind] = ResourceTotals(total=len(names), allocated=allocated, free=len(names) - allocated)
     return ResourcesRead(gpu=totals["gpu"], cpu=totals["cpu"], items=items)
+
+
+def _slurm_resources(supervisor: Supervisor) -> ResourcesRead:
+    try:
+        rows = supervisor.slurm_nodes()
+    except SlurmError as exc:
+        raise ApiError(503, "slurm_unavailable", f"cannot ask Slurm: {exc}") from exc
+    nodes = [
+        NodeRead(name=n.name, state=n.state, partition=n.partition, cpus=n.cpus,
+                 cpus_allocated=n.cpus_allocated, gpus=n.gpus)
+        for n in rows
+    ]
+    cpus = sum(n.cpus for n in nodes)
+    cpus_used = sum(n.cpus_allocated for n in nodes)
+    gpus = sum(n.gpus for n in nodes)
+    gpus_used = sum(n.gpus for n in nodes if n.state != "idle")
+    return ResourcesRead(
+        executor="slurm",
+        gpu=ResourceTotals(total=gpus, allocated=gpus_used, free=gpus - gpus_used),
+        cpu=ResourceTotals(total=cpus, allocated=cpus_used, free=cpus - cpus_used),
+        items=[],
+        nodes=nodes,
+    )

@@ -26,6 +26,16 @@ from pathlib import Path
 
 from service.executor.base import DryRun, LogStreamName, Phase, RankLog, Status, Submission
 from service.executor.slurmcli import NodeRow, SlurmCli, SlurmError, parse_exit_code
+from service.executor.slurmpreflight import (
+    PreflightError,
+    all_nodes_here,
+    check_public_url,
+    check_shared_runs,
+    mount_type,
+    read_mounts,
+    resolve_runs_dir,
+    this_host_names,
+)
 from service.executor.slurmscript import (
     BatchRequest,
     build_batch_script,
@@ -34,6 +44,7 @@ from service.executor.slurmscript import (
     sbatch_environment,
 )
 from torchyard_contract.rundir import RunDir
+from torchyard_contract.spec import Device, JobSpec
 
 logger = logging.getLogger(__name__)
 
@@ -44,15 +55,13 @@ CANCEL_POLL_S = 0.2
 
 
 @dataclass(frozen=True)
-class SlurmJobOptions:
-    """Per-job Slurm choices (from the spec, else the server's defaults); validated names."""
+class SlurmDefaults:
+    """The server's choices for jobs whose spec names none (validated Slurm names)."""
 
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
     constraint: str | None = None
-    gpus: bool = False  # one GPU per rank (--gpus-per-node) rather than one CPU per rank
-    max_runtime_s: float | None = None
 
 
 class SlurmExecutor:
@@ -63,34 +72,67 @@ class SlurmExecutor:
 
     def __init__(
         self, cli: SlurmCli, python: str, server_env: Mapping[str, str], stop_grace_s: float,
-        options_for: Callable[[Submission], SlurmJobOptions] | None = None,
+        defaults: SlurmDefaults | None = None, shared_runs: bool = False,
     ) -> None:
         self.cli, self.python, self.server_env = cli, python, dict(server_env)
         self.stop_grace_s = stop_grace_s
-        self.options_for = options_for or (lambda _sub: SlurmJobOptions())
+        self.defaults = defaults or SlurmDefaults()
+        self.shared_runs = shared_runs
         self._last: dict[str, Status] = {}  # reference → last status seen (Slurm unreachable)
+        self._gpu_partitions: dict[str | None, bool] = {}
         self._lock = threading.Lock()
+
+    def preflight(self, runs_dir: Path, api_url: str) -> None:
+        """Refuse to start (``PreflightError``) when the nodes could not reach the API at
+        ``api_url`` or could not see ``runs_dir``; ``SlurmError`` when Slurm cannot be asked."""
+        nodes = self.cli.sinfo(self.defaults.partition)
+        if not nodes:
+            raise PreflightError(
+                f"Slurm lists no nodes in partition {self.defaults.partition or '(default)'}"
+            )
+        here = all_nodes_here((n.hostname for n in nodes), this_host_names())
+        check_public_url(api_url, here)
+        runs = resolve_runs_dir(runs_dir)
+        check_shared_runs(runs, mount_type(runs, read_mounts()), here, self.shared_runs)
 
     def watch(self, wake: Callable[[], None]) -> None:
         """Slurm has no push channel worth its cost here; the supervisor's poll is the watch."""
 
     # --- submit -----------------------------------------------------------------------------
     def batch_request(self, sub: Submission) -> BatchRequest:
-        opts = self.options_for(sub)
+        """The allocation for ``sub``, from the spec in its run directory (written before
+        ``submit``) and the server's defaults."""
+        spec = JobSpec.model_validate_json(sub.run.spec_file.read_text())
+        partition = spec.partition or self.defaults.partition
         return BatchRequest(
             job_id=sub.job_id,
             run_dir=sub.run.root,
             python=self.python,
             nnodes=sub.nnodes,
             nproc_per_node=sub.nproc_per_node,
-            gpus_per_node=sub.nproc_per_node if opts.gpus else 0,
-            max_runtime_s=opts.max_runtime_s,
+            gpus_per_node=sub.nproc_per_node if self._wants_gpus(spec, partition) else 0,
+            max_runtime_s=spec.max_runtime_s,
             stop_grace_s=self.stop_grace_s,
-            partition=opts.partition,
-            account=opts.account,
-            qos=opts.qos,
-            constraint=opts.constraint,
+            partition=partition,
+            account=spec.account or self.defaults.account,
+            qos=spec.qos or self.defaults.qos,
+            constraint=spec.constraint or self.defaults.constraint,
         )
+
+    def _wants_gpus(self, spec: JobSpec, partition: str | None) -> bool:
+        """``cuda`` → GPUs; ``cpu`` → CPUs; ``auto`` → GPUs when the partition's nodes have some."""
+        if spec.device is not Device.auto:
+            return spec.device is Device.cuda
+        with self._lock:
+            known = self._gpu_partitions.get(partition)
+        if known is None:
+            try:
+                known = any(n.gpus for n in self.cli.sinfo(partition))
+            except SlurmError:
+                return False
+            with self._lock:
+                self._gpu_partitions[partition] = known
+        return known
 
     def dry_run(self, sub: Submission) -> DryRun:
         script_path = sub.run.root / SCRIPT_FILE
@@ -129,7 +171,7 @@ class SlurmExecutor:
         answer: dict[int, Status] = {}
         for job_id, ref in references.items():
             row = rows.get(ref)
-            if ref not in refs:
+            if not ref.isdigit():
                 status = Status(Phase.ended, reason=f"not a Slurm job id: {ref!r}")
             elif row is None:
                 status = self._forgotten(ref)

@@ -19,8 +19,9 @@ COMMAND_TIMEOUT_S = 30.0
 SEP = "|"
 # squeue: job id, state, reason, batch host, node list.
 SQUEUE_FORMAT = SEP.join(("%i", "%T", "%r", "%B", "%N"))
-# sinfo, one line per node and partition: node, state, CPUs, GRES, partition.
-SINFO_FORMAT = SEP.join(("%N", "%T", "%c", "%G", "%P"))
+# sinfo, one line per node and partition: node, its host name, state, CPUs as
+# allocated/idle/other/total, GRES, partition.
+SINFO_FORMAT = SEP.join(("%N", "%n", "%T", "%C", "%G", "%P"))
 SACCT_FIELDS = "JobIDRaw,State,ExitCode"
 
 PENDING_STATES = frozenset({
@@ -99,26 +100,37 @@ def parse_exit_code(value: str | None) -> tuple[int, int] | None:
 @dataclass(frozen=True)
 class NodeRow:
     name: str
+    hostname: str
     state: str  # idle, mixed, allocated, down, drained, … (sinfo's long form, lower case)
+    cpus_allocated: int
     cpus: int
-    gres: str | None
+    gres: str | None  # e.g. "gpu:a100:4(S:0-1)"; None without GRES
     partition: str
+
+    @property
+    def gpus(self) -> int:
+        """GPUs of the node's GRES (``gpu:4``, ``gpu:a100:4``, several entries summed)."""
+        total = 0
+        for entry in (self.gres or "").split(","):
+            m = re.match(r"gpu(?::[^:(]+)?:(\d+)", entry.strip())
+            total += int(m.group(1)) if m else 0
+        return total
 
 
 def parse_sinfo(text: str) -> list[NodeRow]:
-    """Rows of ``sinfo -h -N -o SINFO_FORMAT``; the default partition's ``*`` is dropped."""
+    """Rows of ``sinfo -h -N -o SINFO_FORMAT``; the default partition's ``*`` and the state's
+    flag suffixes (``*`` not responding, ``~`` powered off, …) are dropped."""
     rows = []
     for line in text.splitlines():
         parts = line.strip().split(SEP)
-        if len(parts) != 5 or not parts[0]:
+        if len(parts) != 6 or not parts[0]:
             continue
-        name, state, cpus, gres, partition = (p.strip() for p in parts)
-        try:
-            ncpus = int(cpus)
-        except ValueError:
+        name, host, state, cpus, gres, partition = (p.strip() for p in parts)
+        counts = cpus.split("/")  # allocated/idle/other/total
+        if len(counts) != 4 or not all(c.isdigit() for c in counts):
             continue
-        rows.append(NodeRow(name, state.rstrip("*~#!%$@^-"), ncpus, _none(gres),
-                            partition.rstrip("*")))
+        rows.append(NodeRow(name, host, state.rstrip("*~#!%$@^-+"), int(counts[0]),
+                            int(counts[3]), _none(gres), partition.rstrip("*")))
     return rows
 
 

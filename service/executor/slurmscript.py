@@ -25,17 +25,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-# Partition, account, QOS names: what Slurm itself accepts, minus anything a shell or an
-# #SBATCH line could read as syntax.
-SLURM_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$"
-# Node features for --constraint: names joined by & | , with optional [..]/(..)/*N counts.
-SLURM_CONSTRAINT_PATTERN = r"^[A-Za-z0-9_.&|,()\[\]*-]{1,256}$"
+from torchyard_contract.spec import SLURM_CONSTRAINT_PATTERN, SLURM_NAME_PATTERN
+
 # Seconds on top of max_runtime_s before Slurm's own --time ends the allocation: the attempt
 # loop enforces the deadline itself (SIGTERM → grace → SIGKILL); Slurm's limit is the backstop.
 TIME_LIMIT_MARGIN_S = 60.0
 # Variables of the server's environment an sbatch call (and so the job) may keep: enough to find
 # programs and the Slurm configuration, nothing the server was given (tokens, database URL).
 KEPT_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "HOME", "USER", "LOGNAME", "SLURM_CONF")
+# The worker's test hooks (``worker.env.WorkerEnv``) pass through as they do to a local job, so
+# the test suite can drive a Slurm job as it drives a local one; they hold no secret.
+KEPT_PREFIXES = ("TORCHYARD_TEST_",)
 NODE_LOG_DIR = "node-{k}"  # per node, under logs/attempt-<n>/
 
 
@@ -145,7 +145,7 @@ def sbatch_environment(server_env: Mapping[str, str], job_env: Mapping[str, str]
     """The environment ``sbatch`` runs with, and so the job's (``--export`` defaults to ALL):
     the few variables of ``KEPT_ENV`` from the server, then the job's own. Nothing else of the
     server's environment (its API tokens, database URL, cloud credentials) reaches a rank."""
-    kept = {k: server_env[k] for k in KEPT_ENV if k in server_env}
+    kept = {k: v for k, v in server_env.items() if k in KEPT_ENV or k.startswith(KEPT_PREFIXES)}
     return {**kept, **job_env}
 
 
