@@ -83,20 +83,22 @@ def _exactly_once(items: list[dict]) -> None:
     assert max(keys.values()) == 1, [k for k, n in keys.items() if n > 1]
 
 
-def _job_processes(job_id: int) -> list[psutil.Process]:
-    """Every process of the job on any node (the nodes are emulated on this host)."""
+def _job_processes(server: LiveServer, job_id: int) -> list[psutil.Process]:
+    """Every process of the job on any node (the nodes are emulated on this host), told apart
+    from other servers' jobs with the same id by the job's run directory."""
+    run_dir = str((server.home / "runs" / str(job_id)).resolve())
     found = []
     for proc in psutil.process_iter(["pid"]):
         try:
-            if proc.environ().get("TORCHYARD_JOB_ID") == str(job_id):
+            if proc.environ().get("TORCHYARD_RUN_DIR") == run_dir:
                 found.append(proc)
         except (psutil.Error, OSError):
             continue
     return found
 
 
-def _rank_process(job_id: int, rank: int) -> psutil.Process:
-    for proc in _job_processes(job_id):
+def _rank_process(server: LiveServer, job_id: int, rank: int) -> psutil.Process:
+    for proc in _job_processes(server, job_id):
         try:
             env = proc.environ()
             if env.get("RANK") == str(rank) and "torch.distributed.run" not in proc.cmdline():
@@ -106,17 +108,27 @@ def _rank_process(job_id: int, rank: int) -> psutil.Process:
     raise AssertionError(f"no process of rank {rank} of job {job_id}")
 
 
-def _assert_no_process_left(job_id: int, timeout_s: float = 20) -> None:
+def _assert_no_process_left(server: LiveServer, job_id: int, timeout_s: float = 20) -> None:
     deadline = time.monotonic() + timeout_s
-    while alive := [p for p in _job_processes(job_id) if p.status() != psutil.STATUS_ZOMBIE]:
+    while alive := [p for p in _job_processes(server, job_id) if _alive(p)]:
         assert time.monotonic() < deadline, f"left running: {[p.cmdline() for p in alive]}"
         time.sleep(0.2)
 
 
-def _slurm_state(slurm: SlurmCluster, job_id: int) -> str | None:
-    out = slurm.run("squeue", "-h", "-t", "all", "-n", f"ty-{job_id}", "-o", "%T",
-                    check=False).stdout.split()
-    return out[-1] if out else None
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _slurm_state(slurm: SlurmCluster, server: LiveServer, job_id: int) -> str | None:
+    """Slurm's state of the job, found by its working directory (every test's server numbers
+    its jobs from 1, and they all share one cluster); None once Slurm has forgotten it."""
+    run_dir = str((server.home / "runs" / str(job_id)).resolve())
+    out = slurm.run("squeue", "-h", "-t", "all", "-o", "%T|%Z", check=False).stdout
+    states = [line.split("|")[0] for line in out.splitlines() if line.endswith(f"|{run_dir}")]
+    return states[-1] if states else None
 
 
 def test_cluster_runs_a_batch_job_across_both_nodes(slurm: SlurmCluster, tmp_path: Path) -> None:
@@ -153,7 +165,7 @@ def test_two_node_builtin_job_reports_every_rank_from_both_nodes(
     assert [(e["count"], sorted(e["ranks"])) for e in summary["items"]] == [(2, ["0", "1"])] * 3
     assert {r: log["node"] for r, log in logs.items()} == {0: "n1", 1: "n2"}  # rank 0: batch host
     assert all(log["complete"] and log["text"] for log in logs.values())
-    assert _slurm_state(slurm, job_id) in ("COMPLETED", None)
+    assert _slurm_state(slurm, server, job_id) in ("COMPLETED", None)
     script = (server.home / "runs" / str(job_id) / "job.sbatch").read_text()
     assert "#SBATCH --nodes=2" in script and "TOKEN" not in script
 
@@ -190,7 +202,7 @@ def test_sigkill_rank_on_second_node_restarts_from_checkpoint(
         job_id = c.post("/jobs", json=spec).json()["id"]
     server.wait_for(job_id, {"running"}, timeout_s=60)
     _wait_records(server, job_id, lambda rs: sum(r["name"] == "loss" for r in rs) >= 4)
-    victim = _rank_process(job_id, 1)
+    victim = _rank_process(server, job_id, 1)
     assert victim.environ()["SLURMD_NODENAME"] == "n2"
     victim.send_signal(signal.SIGKILL)
 
@@ -216,15 +228,15 @@ def test_cancel_leaves_no_process_on_any_node(
         job_id = c.post("/jobs", json={"nnodes": 2, "dataset": "synthetic", "epochs": 3,
                                        "device": "cpu"}).json()["id"]
         server.wait_for(job_id, {"running"}, timeout_s=60)
-        nodes = {p.environ().get("SLURMD_NODENAME") for p in _job_processes(job_id)}
+        nodes = {p.environ().get("SLURMD_NODENAME") for p in _job_processes(server, job_id)}
         assert {"n1", "n2"} <= nodes
         assert c.post(f"/jobs/{job_id}/cancel").json()["state"] == "cancelled"
     job = server.wait_for(job_id, {"cancelled"}, allowed=set())
     assert job["reason"] == "cancelled by user"
-    _assert_no_process_left(job_id)
+    _assert_no_process_left(server, job_id)
     deadline = time.monotonic() + 20
-    while _slurm_state(slurm, job_id) not in ("CANCELLED", None):
-        assert time.monotonic() < deadline, _slurm_state(slurm, job_id)
+    while _slurm_state(slurm, server, job_id) not in ("CANCELLED", None):
+        assert time.monotonic() < deadline, _slurm_state(slurm, server, job_id)
         time.sleep(0.2)
 
 
@@ -241,7 +253,7 @@ def test_server_sigkill_and_restart_readopts_by_slurm_job_id(
     os.killpg(server.proc.pid, signal.SIGKILL)
     server.proc.wait()
     time.sleep(1)
-    assert _job_processes(job_id), "the job died with the server"
+    assert _job_processes(server, job_id), "the job died with the server"
 
     again = slurm_server(server.home, server.port, TORCHYARD_TEST_EPOCH_SLEEP_S="0.5")
     job = again.wait_for(job_id, {"succeeded"}, timeout_s=120)
@@ -288,8 +300,8 @@ def test_job_slurm_purged_while_the_server_was_down_still_ends_right(
     server.proc.wait()
     # MinJobAge=2: Slurm forgets the finished job within seconds (no accounting database).
     deadline = time.monotonic() + 120
-    while _slurm_state(slurm, job_id) is not None or _job_processes(job_id):
-        assert time.monotonic() < deadline, _slurm_state(slurm, job_id)
+    while _slurm_state(slurm, server, job_id) is not None or _job_processes(server, job_id):
+        assert time.monotonic() < deadline, _slurm_state(slurm, server, job_id)
         time.sleep(0.5)
 
     again = slurm_server(server.home, server.port)
