@@ -14,6 +14,13 @@ from service.executor.slurmcli import (
     parse_sinfo,
     parse_squeue,
 )
+from service.executor.slurmpreflight import (
+    PreflightError,
+    all_nodes_here,
+    check_public_url,
+    check_shared_runs,
+    mount_type,
+)
 from service.executor.slurmscript import (
     BatchRequest,
     StepRequest,
@@ -140,3 +147,67 @@ def test_parse_sinfo_and_sacct() -> None:
                                 ("n2", "vm", "allocated", 2, 2, 6, "debug")]
     found = parse_sacct("5|COMPLETED|0:0\n6|CANCELLED by 0|0:15\n")
     assert found == {"5": ("COMPLETED", (0, 0)), "6": ("CANCELLED", (0, 15))}
+
+
+# --- start-up checks (service.executor.slurmpreflight) ----------------------------------------
+
+MOUNTS = """\
+overlay / overlay rw 0 0
+/dev/sda1 /srv ext4 rw 0 0
+fs1:/export /srv/shared nfs4 rw 0 0
+"""
+
+
+def test_mount_type_is_the_longest_mount_prefix() -> None:
+    assert mount_type(Path("/srv/shared/torchyard/runs"), MOUNTS) == "nfs4"
+    assert mount_type(Path("/srv/sharedx/runs"), MOUNTS) == "ext4"
+    assert mount_type(Path("/tmp/runs"), MOUNTS) == "overlay"
+
+
+def test_run_directories_must_be_shared_unless_every_node_is_this_host() -> None:
+    check_shared_runs(Path("/srv/shared/runs"), "nfs4", nodes_here=False,
+                      operator_says_shared=False)
+    check_shared_runs(Path("/tmp/runs"), "ext4", nodes_here=True, operator_says_shared=False)
+    check_shared_runs(Path("/srv/runs"), "ext4", nodes_here=False, operator_says_shared=True)
+    with pytest.raises(PreflightError, match="TORCHYARD_SLURM_SHARED_RUNS"):
+        check_shared_runs(Path("/srv/runs"), "ext4", nodes_here=False,
+                          operator_says_shared=False)
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8000", "http://localhost:8000",
+                                 "http://0.0.0.0:8000", "http://[::1]:8000"])
+def test_loopback_public_url_is_refused_when_nodes_are_elsewhere(url: str) -> None:
+    with pytest.raises(PreflightError, match="TORCHYARD_PUBLIC_URL"):
+        check_public_url(url, nodes_here=False)
+    check_public_url(url, nodes_here=True)  # a one-host cluster reaches loopback
+
+
+def test_reachable_public_url_passes_and_nonsense_is_refused() -> None:
+    check_public_url("http://head.cluster.example:8000", nodes_here=False)
+    with pytest.raises(PreflightError, match="not an http"):
+        check_public_url("ftp://head:21", nodes_here=False)
+    assert all_nodes_here(["vm", "vm"], {"vm"}) and not all_nodes_here(["vm", "n2"], {"vm"})
+    assert not all_nodes_here([], {"vm"})
+
+
+# --- what the local executor refuses (422 naming the field and why) ---------------------------
+
+
+def test_local_executor_refuses_nnodes_and_slurm_fields(api) -> None:  # type: ignore[no-untyped-def]
+    r = api.post("/jobs", json={"nnodes": 2})
+    assert r.status_code == 422, r.text
+    assert "nnodes" in r.text and "TORCHYARD_EXECUTOR=slurm" in r.text
+    r = api.post("/jobs", json={"partition": "gpu"})
+    assert r.status_code == 422 and "partition" in r.text and "slurm executor" in r.text
+    r = api.post("/jobs", json={"partition": "gpu --uid=0"})
+    assert r.status_code == 422 and "partition" in r.text
+    assert api.post("/jobs", json={"nnodes": 0}).status_code == 422
+    job = api.post("/jobs", json={"nnodes": 1}).json()
+    assert "nnodes" not in job["spec"]  # defaults of the Slurm fields are not stored
+
+
+def test_openapi_states_the_slurm_field_bounds(api) -> None:  # type: ignore[no-untyped-def]
+    spec = api.get("/openapi.json").json()["components"]["schemas"]["JobSpec"]["properties"]
+    assert spec["nnodes"]["minimum"] == 1 and spec["nnodes"]["maximum"] == 1024
+    partition = next(s for s in spec["partition"]["anyOf"] if s.get("type") == "string")
+    assert partition["pattern"].startswith("^[A-Za-z0-9_]")
