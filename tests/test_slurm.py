@@ -257,6 +257,7 @@ def test_server_sigkill_and_restart_readopts_by_slurm_job_id(
 
     again = slurm_server(server.home, server.port, TORCHYARD_TEST_EPOCH_SLEEP_S="0.5")
     job = again.wait_for(job_id, {"succeeded"}, timeout_s=120)
+    assert job["exit_code"] == 0 and [a["number"] for a in job["attempts"]] == [1]
     items = _records(again, job_id)
     _exactly_once(items)
     losses = {(i["rank"], i["epoch"]) for i in items if i["name"] == "loss"}
@@ -306,6 +307,7 @@ def test_job_slurm_purged_while_the_server_was_down_still_ends_right(
 
     again = slurm_server(server.home, server.port)
     job = again.wait_for(job_id, {"succeeded"}, timeout_s=60)
+    assert job["exit_code"] == 0 and job["attempts"][0]["rank_exit_codes"] == {"0": 0, "1": 0}
     items = _records(again, job_id)
     _exactly_once(items)
     assert {(i["rank"], i["epoch"]) for i in items if i["name"] == "loss"} == {
