@@ -114,6 +114,8 @@ class Supervisor:
     # Jobs whose processes the executor runs for us: job id → the executor's opaque reference.
     _refs: dict[int, str] = field(default_factory=dict)
     _stopping: set[int] = field(default_factory=set)
+    # Slurm jobs already moved out of ``queued`` (so a tick writes only what changed).
+    _seen_started: set[int] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
     _wake: threading.Event = field(default_factory=threading.Event)
@@ -277,6 +279,7 @@ class Supervisor:
                 continue
             del self._refs[job_id]
             self._stopping.discard(job_id)
+            self._seen_started.discard(job_id)
             self._finish(job_id, status.exit_code, status.reason)
 
     def _sync_slurm_queue(self, statuses: dict[int, Status]) -> None:
@@ -287,12 +290,14 @@ class Supervisor:
         for position, job_id in enumerate(pending, start=1):
             reason = statuses[job_id].reason or "None"
             waiting[job_id] = scheduler.Waiting(position, f"Slurm: {reason}")
-        started = [j for j, st in statuses.items() if st.phase is not Phase.pending]
+        started = [j for j, st in statuses.items()
+                   if st.phase is not Phase.pending and j not in self._seen_started]
         if started:
             with self.session_factory() as session:
                 for job_id in started:
                     repo.transition(session, job_id, JobState.starting, started_at=repo.utcnow())
                 session.commit()
+            self._seen_started.update(started)
         self._waiting = waiting
 
     def _finish(self, job_id: int, shim_code: int | None, why: str | None = None) -> None:

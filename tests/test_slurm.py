@@ -223,13 +223,23 @@ def test_sigkill_rank_on_second_node_restarts_from_checkpoint(
 def test_cancel_leaves_no_process_on_any_node(
     slurm: SlurmCluster, slurm_server: Callable[..., LiveServer]
 ) -> None:
-    server = slurm_server(TORCHYARD_TEST_EPOCH_SLEEP_S="120")
+    server = slurm_server(TORCHYARD_TEST_EPOCH_SLEEP_S="120", TORCHYARD_API_TOKENS=API_TOKEN,
+                          AWS_SECRET_ACCESS_KEY="the-servers-own-secret")
     with server.client() as c:
         job_id = c.post("/jobs", json={"nnodes": 2, "dataset": "synthetic", "epochs": 3,
                                        "device": "cpu"}).json()["id"]
         server.wait_for(job_id, {"running"}, timeout_s=60)
-        nodes = {p.environ().get("SLURMD_NODENAME") for p in _job_processes(server, job_id)}
-        assert {"n1", "n2"} <= nodes
+        procs = _job_processes(server, job_id)
+        assert {p.environ().get("SLURMD_NODENAME") for p in procs} >= {"n1", "n2"}
+        # The server's secrets never reach the job; its token only through the environment.
+        token = _rank_process(server, job_id, 1).environ()["TORCHYARD_JOB_TOKEN"]
+        for proc in procs:
+            env = proc.environ()
+            assert "TORCHYARD_API_TOKENS" not in env and "AWS_SECRET_ACCESS_KEY" not in env
+            assert token not in " ".join(proc.cmdline())
+        run_dir = server.home / "runs" / str(job_id)
+        assert not any(token in p.read_text(errors="replace")
+                       for p in run_dir.rglob("*") if p.is_file() and p.suffix != ".pt")
         assert c.post(f"/jobs/{job_id}/cancel").json()["state"] == "cancelled"
     job = server.wait_for(job_id, {"cancelled"}, allowed=set())
     assert job["reason"] == "cancelled by user"
@@ -312,3 +322,14 @@ def test_job_slurm_purged_while_the_server_was_down_still_ends_right(
     _exactly_once(items)
     assert {(i["rank"], i["epoch"]) for i in items if i["name"] == "loss"} == {
         (r, e) for r in (0, 1) for e in (1, 2)}
+
+
+def test_a_job_slurm_refuses_fails_with_sbatchs_reason(
+    slurm_server: Callable[..., LiveServer],
+) -> None:
+    server = slurm_server()
+    with server.client() as c:
+        job_id = c.post("/jobs", json={"partition": "nosuch", "epochs": 1}).json()["id"]
+    job = server.wait_for(job_id, {"failed"}, timeout_s=30, allowed={"queued"})
+    assert job["reason"].startswith("could not submit: sbatch exited 1"), job["reason"]
+    assert "partition" in job["reason"].lower(), job["reason"]
