@@ -220,6 +220,7 @@ def test_sigkill_rank_on_second_node_restarts_from_checkpoint(
     assert final == {(r, e) for r in (0, 1) for e in range(start + 1, 7)}
 
 
+@pytest.mark.slow
 def test_cancel_leaves_no_process_on_any_node(
     slurm: SlurmCluster, slurm_server: Callable[..., LiveServer]
 ) -> None:
