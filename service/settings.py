@@ -100,8 +100,8 @@ class Settings(BaseSettings):
     )
     executor: Literal["local", "slurm"] = Field(
         default="local",
-        description="what runs jobs: 'local' = process groups on this host; 'slurm' = batch jobs "
-        "on a Slurm cluster (docs/slurm.md)",
+        description="what runs jobs: 'local' = a torchrun process group per job on this host; "
+        "'slurm' = a batch job per job on a Slurm cluster (docs/slurm.md)",
     )
     script_dirs: str | None = Field(
         default=None,

@@ -89,3 +89,30 @@ def test_0005_downgrade_restores_the_pid(tmp_path: Path) -> None:
     with engine.connect() as conn:
         assert conn.execute(text("SELECT pid, pid_create_time FROM jobs")).one() == (77, 5.5)
     engine.dispose()
+
+
+def test_upgrading_a_populated_database_keeps_every_child_row(tmp_path: Path) -> None:
+    """0003 rebuilds ``jobs`` (SQLite batch mode): with foreign keys on, that DROP used to
+    cascade into every job's records. Upgrading from 0002 with data must keep all of it."""
+    url = f"sqlite:///{tmp_path / 'f.db'}"
+    upgrade(url, "0002")
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO jobs (id, name, state, spec, created_at, pid, pid_create_time)"
+            " VALUES (1, 'old', 'succeeded', '{}', '2026-12-01 00:00:00', NULL, NULL)"
+        ))
+        conn.execute(text(
+            "INSERT INTO metric_records (job_id, attempt, rank, epoch, step, name, value, time)"
+            " VALUES (1, 1, 0, 0, -1, 'loss', 0.5, 1.0), (1, 1, 1, 0, -1, 'loss', 0.25, 1.0)"
+        ))
+    engine.dispose()
+    upgrade(url)
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        records = conn.execute(text("SELECT count(*) FROM metric_records")).scalar()
+        jobs = conn.execute(text("SELECT count(*) FROM jobs")).scalar()
+        foreign_keys = conn.exec_driver_sql("PRAGMA foreign_keys").scalar()
+    engine.dispose()
+    assert (jobs, records) == (1, 2)
+    assert foreign_keys == 1
