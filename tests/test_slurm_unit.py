@@ -3,11 +3,15 @@ parsing of squeue / scontrol / sinfo / sacct output (captured from Slurm 22.05).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from service.executor.base import RankLog
+from service.executor.slurm import SlurmExecutor
 from service.executor.slurmcli import (
+    SlurmCli,
     parse_exit_code,
     parse_sacct,
     parse_scontrol_record,
@@ -31,6 +35,7 @@ from service.executor.slurmscript import (
     sbatch_environment,
     time_limit,
 )
+from torchyard_contract.rundir import RunDir
 
 RUN = Path("/shared/torchyard/runs/12")
 
@@ -211,3 +216,31 @@ def test_openapi_states_the_slurm_field_bounds(api) -> None:  # type: ignore[no-
     assert spec["nnodes"]["minimum"] == 1 and spec["nnodes"]["maximum"] == 1024
     partition = next(s for s in spec["partition"]["anyOf"] if s.get("type") == "string")
     assert partition["pattern"].startswith("^[A-Za-z0-9_]")
+
+
+def test_rank_log_maps_global_rank_to_node_and_refuses_symlinks_out(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "runs" / "7")
+    run.prepare()
+    run.launch_file.write_text(json.dumps({"nproc_per_node": 2}))
+    for node, name in ((0, "n1"), (1, "n2")):
+        node_dir = run.logs_dir / "attempt-1" / f"node-{node}"
+        for local in (0, 1):
+            log = node_dir / "none_abc" / "attempt_0" / str(local) / "stderr.log"
+            log.parent.mkdir(parents=True)
+            log.write_text(f"rank {node * 2 + local}\n")
+        (node_dir / "node").write_text(f"{name}\n")
+    executor = SlurmExecutor(SlurmCli(env={}), python="python", server_env={}, stop_grace_s=1)
+    where = executor.rank_log(run, 1, 3, "stderr")
+    assert where.node == "n2" and where.path is not None
+    assert where.path.read_text() == "rank 3\n"
+    assert executor.rank_log(run, 1, 0, "stderr").node == "n1"
+    assert executor.rank_log(run, 2, 0, "stderr") == RankLog(rank=0, node=None, path=None)
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not the job's")
+    planted = run.logs_dir / "attempt-1" / "node-1" / "none_abc" / "attempt_0" / "1" / "stderr.log"
+    planted.unlink()
+    planted.symlink_to(secret)
+    (run.logs_dir / "attempt-1" / "node-1" / "node").unlink()
+    (run.logs_dir / "attempt-1" / "node-1" / "node").symlink_to(secret)
+    assert executor.rank_log(run, 1, 3, "stderr") == RankLog(rank=3, node=None, path=None)

@@ -249,12 +249,20 @@ class SlurmExecutor:
         nproc = _nproc_per_node(run)
         node_index, local_rank = rank_location(rank, nproc)
         node_dir = run.logs_dir / f"attempt-{int(attempt)}" / f"node-{node_index}"
-        try:
-            node = (node_dir / "node").read_text().strip()[:256] or None
-        except OSError:
-            node = None
+        root = run.root.resolve()
+        # The job writes these files: one that is (or passes through) a symlink out of the run
+        # directory is not read.
+        name_file = node_dir / "node"
+        node = None
+        if _inside(name_file, root):
+            try:
+                node = name_file.read_text(errors="replace").strip()[:256] or None
+            except OSError:
+                node = None
         pattern = f"*/attempt_*/{int(local_rank)}/{stream}.log"
-        found = sorted(node_dir.glob(pattern), key=lambda p: p.stat().st_mtime)
+        found = sorted(
+            (p for p in node_dir.glob(pattern) if _inside(p, root)), key=lambda p: p.stat().st_mtime
+        )
         return RankLog(rank=rank, node=node, path=found[-1] if found else None)
 
     def nodes(self, partition: str | None) -> list[NodeRow]:
@@ -266,6 +274,13 @@ def _ended_status(state: str, code: tuple[int, int] | None) -> Status:
     detail = f"Slurm: {state}" + (f" (exit {code[0]}:{code[1]})" if code else "")
     exit_code = None if code is None else (-code[1] if code[1] else code[0])
     return Status(Phase.ended, exit_code=exit_code, reason=detail)
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        return path.resolve().is_relative_to(root)
+    except (OSError, RuntimeError):
+        return False
 
 
 def _nproc_per_node(run: RunDir) -> int:
