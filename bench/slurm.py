@@ -62,9 +62,9 @@ def run_once(server: Server, nnodes: int, nproc: int) -> dict[str, float]:
         job_id = r.json()["id"]
         seen_metric = None
         while True:
-            if seen_metric is None and client.get(f"/jobs/{job_id}/metrics").json()["items"]:
-                seen_metric = time.time() - t0
             job = client.get(f"/jobs/{job_id}").json()
+            if seen_metric is None and client.get(f"/jobs/{job_id}/metrics").json()["items"]:
+                seen_metric = time.time() - t0  # read after the state: an end implies it is seen
             if job["state"] in ("succeeded", "failed", "cancelled"):
                 break
             time.sleep(CLIENT_POLL_S)

@@ -41,6 +41,9 @@ logger = logging.getLogger(__name__)
 
 # A scheduling pass runs when the queue or free resources change, and at least this often.
 REPLAN_S = 2.0
+# Slurm: how long a job Slurm calls finished may wait for its outcome file to show up on the
+# shared filesystem (NFS caches directory entries) before it ends as "no outcome".
+OUTCOME_WAIT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,8 @@ class Supervisor:
     _stopping: set[int] = field(default_factory=set)
     # Slurm jobs already moved out of ``queued`` (so a tick writes only what changed).
     _seen_started: set[int] = field(default_factory=set)
+    # Slurm jobs seen ended whose exit.json is not visible yet: job id → first seen (monotonic).
+    _awaiting_outcome: dict[int, float] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
     _wake: threading.Event = field(default_factory=threading.Event)
@@ -275,12 +280,21 @@ class Supervisor:
         if self.slurm:
             self._sync_slurm_queue(statuses)
         for job_id, status in statuses.items():
-            if status.phase is not Phase.ended:
+            if status.phase is not Phase.ended or self._outcome_pending(job_id):
                 continue
+            self._awaiting_outcome.pop(job_id, None)
             del self._refs[job_id]
             self._stopping.discard(job_id)
             self._seen_started.discard(job_id)
             self._finish(job_id, status.exit_code, status.reason)
+
+    def _outcome_pending(self, job_id: int) -> bool:
+        """Slurm only: the job ended but its outcome file is not visible here yet (and the
+        wait for it has not run out)."""
+        if not self.slurm or RunDir.for_job(self.settings.runs_dir, job_id).exit_file.exists():
+            return False
+        first = self._awaiting_outcome.setdefault(job_id, time.monotonic())
+        return time.monotonic() - first < OUTCOME_WAIT_S
 
     def _sync_slurm_queue(self, statuses: dict[int, Status]) -> None:
         """Jobs Slurm holds pending stay ``queued`` with Slurm's reason; started ones (or ones

@@ -334,3 +334,23 @@ def test_a_job_slurm_refuses_fails_with_sbatchs_reason(
     job = server.wait_for(job_id, {"failed"}, timeout_s=30, allowed={"queued"})
     assert job["reason"].startswith("could not submit: sbatch exited 1"), job["reason"]
     assert "partition" in job["reason"].lower(), job["reason"]
+
+
+def test_a_failing_rank_fails_the_job_and_slurms_own_record(
+    slurm: SlurmCluster, slurm_server: Callable[..., LiveServer]
+) -> None:
+    server = slurm_server(TORCHYARD_TEST_FAIL_RANK="1")
+    with server.client() as c:
+        job_id = c.post("/jobs", json={"nnodes": 2, "dataset": "synthetic", "epochs": 2,
+                                       "device": "cpu"}).json()["id"]
+    job = server.wait_for(job_id, {"failed"}, timeout_s=90)
+    assert "rank 1" in job["reason"], job["reason"]
+    assert job["exit_code"] not in (None, 0)
+    # The batch script exec's the attempt loop, which exits with the attempt's code: Slurm's
+    # record says FAILED too (a script ending in srun would say COMPLETED 0:0).
+    # (Checked at once: MinJobAge=2 leaves the finished job listed for a few seconds.)
+    deadline = time.monotonic() + 10
+    while (state := _slurm_state(slurm, server, job_id)) in ("RUNNING", "COMPLETING"):
+        assert time.monotonic() < deadline, state
+        time.sleep(0.1)
+    assert state == "FAILED"

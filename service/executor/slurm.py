@@ -1,5 +1,5 @@
 """The Slurm executor: each torchyard job is one Slurm batch job named ``ty-<id>`` whose batch
-script ``exec``\\s the job's attempt loop on the allocation's batch host
+script ``exec``s the job's attempt loop on the allocation's batch host
 (``service.executor.slurmscript`` builds everything it runs; ``service.executor.slurmcli`` talks
 to Slurm).
 
@@ -146,9 +146,7 @@ class SlurmExecutor:
 
     def submit(self, sub: Submission) -> str:
         plan = self.dry_run(sub)
-        script_path = Path(plan.argv[-1])
-        assert plan.script is not None
-        script_path.write_text(plan.script)
+        Path(plan.argv[-1]).write_text(plan.script or "")
         # The job token is in sub.env: it reaches the job only through sbatch's environment.
         job_id = self.cli.sbatch(plan.argv, env=sbatch_environment(self.server_env, sub.env))
         with self._lock:
