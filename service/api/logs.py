@@ -38,8 +38,8 @@ class LogChunk(BaseModel):
     attempt: int
     node: str | None = Field(
         default=None,
-        description="the node the rank ran on (slurm executor); null on the local executor "
-        "(this host) or before the rank started",
+        description="the node the rank ran on (slurm executor); absent on the local executor "
+        "(this host) and before the rank started",
     )
     offset: int = Field(description="byte offset this text starts at")
     next_offset: int = Field(description="pass as ?offset= next time")
@@ -63,7 +63,9 @@ def read_chunk(path: Path | None, offset: int, limit: int, final: bool) -> tuple
     return text, offset + len(data) - pending, at_end and pending == 0
 
 
-@router.get("/{job_id}/logs", response_model=LogChunk)
+# node is left out while unknown (always, on the local executor: the chunk is as it was before
+# executors had nodes); LogChunk has no other optional field.
+@router.get("/{job_id}/logs", response_model=LogChunk, response_model_exclude_none=True)
 def read_logs(
     job_id: int,
     request: Request,
