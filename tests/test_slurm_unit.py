@@ -212,7 +212,9 @@ def test_local_executor_refuses_nnodes_and_slurm_fields(api) -> None:  # type: i
 
 
 def test_openapi_states_the_slurm_field_bounds(api) -> None:  # type: ignore[no-untyped-def]
-    spec = api.get("/openapi.json").json()["components"]["schemas"]["JobSpec"]["properties"]
+    doc = api.get("/openapi.json").json()
+    spec = doc["paths"]["/jobs"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    spec = spec["properties"]
     assert spec["nnodes"]["minimum"] == 1 and spec["nnodes"]["maximum"] == 1024
     partition = next(s for s in spec["partition"]["anyOf"] if s.get("type") == "string")
     assert partition["pattern"].startswith("^[A-Za-z0-9_]")

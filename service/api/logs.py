@@ -9,6 +9,7 @@ an integer or a fixed name; no client string reaches the filesystem.
 from __future__ import annotations
 
 import codecs
+import os
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -17,8 +18,8 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
 from service import repository as repo
-from service.api.deps import SessionDep
-from service.api.errors import ApiError
+from service.api.deps import JobId, SessionDep
+from service.api.errors import ERROR_RESPONSES, ApiError
 from service.executor.base import Executor
 from service.state import TERMINAL_STATES, JobState
 from torchyard_contract.rundir import RunDir
@@ -26,6 +27,7 @@ from torchyard_contract.rundir import RunDir
 router = APIRouter(prefix="/jobs", tags=["logs"])
 LOG_PAGE_DEFAULT = 64 * 1024
 LOG_PAGE_MAX = 1024 * 1024
+LOG_OFFSET_MAX = 2**53  # the largest integer a JSON client (JavaScript) holds exactly
 
 
 class LogStream(str, Enum):
@@ -53,6 +55,10 @@ def read_chunk(path: Path | None, offset: int, limit: int, final: bool) -> tuple
     if path is None:
         return "", offset, True
     with path.open("rb") as f:
+        # Past the end there is nothing to read; seeking there can fail (EINVAL past the
+        # filesystem's largest file), so do not.
+        if offset >= os.fstat(f.fileno()).st_size:
+            return "", offset, True
         f.seek(offset)
         data = f.read(limit + 1)
     at_end = len(data) <= limit
@@ -65,14 +71,21 @@ def read_chunk(path: Path | None, offset: int, limit: int, final: bool) -> tuple
 
 # node is left out while unknown (always, on the local executor: the chunk is as it was before
 # executors had nodes); LogChunk has no other optional field.
-@router.get("/{job_id}/logs", response_model=LogChunk, response_model_exclude_none=True)
+@router.get(
+    "/{job_id}/logs",
+    response_model=LogChunk,
+    response_model_exclude_none=True,
+    responses={404: {**ERROR_RESPONSES[404], "description": "no such job, rank or attempt"}},
+)
 def read_logs(
-    job_id: int,
+    job_id: JobId,
     request: Request,
     session: SessionDep,
     rank: Annotated[int, Query(ge=0, le=65_535)] = 0,
     attempt: Annotated[int | None, Query(ge=1, le=10_000, description="default: latest")] = None,
-    offset: Annotated[int, Query(ge=0, le=2**53)] = 0,
+    offset: Annotated[
+        int, Query(ge=0, le=LOG_OFFSET_MAX, description="byte offset; past the end: empty text")
+    ] = 0,
     limit: Annotated[int, Query(ge=1, le=LOG_PAGE_MAX)] = LOG_PAGE_DEFAULT,
     stream: LogStream = LogStream.stderr,
 ) -> LogChunk:
