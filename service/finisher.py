@@ -42,10 +42,12 @@ _STOP = -1
 
 @dataclass(frozen=True)
 class Ended:
-    """A job whose attempt loop ended; ``shim_code`` None when it ended unwatched."""
+    """A job whose attempt loop ended; ``shim_code`` None when it ended unwatched; ``why``: the
+    executor's account of the end (Slurm's state), used when there is no outcome file."""
 
     job_id: int
     shim_code: int | None
+    why: str | None = None
 
 
 @dataclass
@@ -73,13 +75,13 @@ class Finisher:
         if self._thread is not None:
             self._thread.join(timeout=timeout_s)
 
-    def enqueue(self, job_id: int, shim_code: int | None) -> None:
+    def enqueue(self, job_id: int, shim_code: int | None, why: str | None = None) -> None:
         """Finish ``job_id`` soon (once: a job already waiting is not queued twice)."""
         with self._lock:
             if job_id in self._pending:
                 return
             self._pending.add(job_id)
-        self._queue.put(Ended(job_id, shim_code))
+        self._queue.put(Ended(job_id, shim_code, why))
 
     def is_pending(self, job_id: int) -> bool:
         with self._lock:
@@ -88,7 +90,7 @@ class Finisher:
     def _run(self) -> None:
         while isinstance(item := self._queue.get(), Ended) and not self._halt.is_set():
             try:
-                self.finish(item.job_id, item.shim_code)
+                self.finish(item.job_id, item.shim_code, item.why)
             except Exception as exc:  # one job's failure must not stop the others'
                 logger.exception("job %s: finishing failed", item.job_id)
                 self._fail(item.job_id, f"torchyard could not finish this job: {exc!r}")
@@ -97,13 +99,16 @@ class Finisher:
                     self._pending.discard(item.job_id)
             self.on_finished()
 
-    def finish(self, job_id: int, shim_code: int | None) -> None:
+    def finish(self, job_id: int, shim_code: int | None, why: str | None = None) -> None:
         """Steps 1–3 of the module docstring, for one job (callable directly, e.g. by tests)."""
         run = RunDir.for_job(self.runs_dir, job_id)
         with self.session_factory() as session:
             job = repo.get_job(session, job_id)
             if job is None:
                 return
+            # It ended before a tick saw it start (a Slurm job, fast or purged meanwhile): a
+            # queued job becomes starting first, so its spools are stored and it may end.
+            repo.transition(session, job_id, JobState.starting, started_at=repo.utcnow())
             spec = dict(job.spec or {})
             ranks = world_size(spec)
             max_attempts = int(spec.get("max_restarts", 0) or 0) + 1
@@ -122,7 +127,7 @@ class Finisher:
                 added += stored
             if note := tally.describe(run.spool_file(rank)):
                 notes.append(note)
-        self._end(job_id, run, shim_code, notes)
+        self._end(job_id, run, shim_code, notes, why)
         logger.info("job %s: finished; %d spooled records recovered", job_id, added)
 
     def _store(self, job_id: int, chunk: SpoolChunk) -> int | None:
@@ -139,16 +144,19 @@ class Finisher:
             session.commit()
             return added
 
-    def _end(self, job_id: int, run: RunDir, shim_code: int | None, notes: list[str]) -> None:
+    def _end(
+        self, job_id: int, run: RunDir, shim_code: int | None, notes: list[str], why: str | None,
+    ) -> None:
         outcome = read_outcome(run)
         if outcome is None:
             state = JobState.failed
             exit_code = None
             reason = (
                 "the job's shim ended without a readable outcome"
-                if shim_code is not None
+                if shim_code is not None or why is not None
                 else "the job ended while the server was down and left no readable outcome"
             )
+            reason = f"{reason} ({why})" if why else reason
         else:
             state = JobState(outcome.state)
             exit_code = outcome.exit_code

@@ -107,6 +107,18 @@ def active_jobs(session: Session) -> Sequence[Job]:
     return session.scalars(select(Job).where(Job.state.in_(states)).order_by(Job.id)).all()
 
 
+def queued_with_reference(session: Session) -> Sequence[Job]:
+    """Queued jobs already handed to an executor (on Slurm: pending in Slurm's queue)."""
+    q = select(Job).where(Job.state == JobState.queued.value, Job.executor_ref.is_not(None))
+    return session.scalars(q.order_by(Job.id)).all()
+
+
+def queued_unsubmitted(session: Session) -> Sequence[Job]:
+    """Queued jobs not yet handed to an executor, highest priority first, then oldest."""
+    q = select(Job).where(Job.state == JobState.queued.value, Job.executor_ref.is_(None))
+    return session.scalars(q.order_by(Job.priority.desc(), Job.id)).all()
+
+
 def transition(session: Session, job_id: int, to: JobState, **fields: object) -> bool:
     """Move a job to ``to`` only from a state allowed by ``ALLOWED_FROM``; True if this call won.
 

@@ -156,13 +156,29 @@ class WarmRead(BaseModel):
     restarts: int = Field(description="times the warm server was replaced")
 
 
+class NodeRead(BaseModel):
+    name: str
+    state: str = Field(description="Slurm's node state: idle, mixed, allocated, down, drained, …")
+    partition: str
+    cpus: int
+    cpus_allocated: int
+    gpus: int = Field(description="GPUs in the node's GRES")
+
+
 class ResourcesRead(BaseModel):
+    executor: str = Field(
+        default="local",
+        description="'local': this host's GPUs and CPU slots, booked by torchyard (items); "
+        "'slurm': Slurm allocates, nodes lists the partition's nodes (from sinfo) and items "
+        "is empty",
+    )
     gpu: ResourceTotals
     cpu: ResourceTotals
     items: list[ResourceRead]
     warm: WarmRead | None = Field(
         default=None, description="the warm-rank pool; null when warm ranks are off"
     )
+    nodes: list[NodeRead] = Field(default_factory=list, description="slurm executor: the nodes")
 
 
 class MetricRead(BaseModel):

@@ -12,6 +12,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from service.childenv import SECRET_ENV_VARS, environ_for_children  # noqa: F401  (re-exported)
 from service.jobtoken import hash_token
+from torchyard_contract.spec import SLURM_CONSTRAINT_PATTERN, SLURM_NAME_PATTERN
 
 API_TOKEN_MIN_CHARS = 16
 def _comma_list(value: object) -> object:
@@ -86,9 +87,10 @@ class Settings(BaseSettings):
         description="Python interpreter that runs torchrun and the ranks; unset = the server's "
         "own",
     )
-    executor: Literal["local"] = Field(
+    executor: Literal["local", "slurm"] = Field(
         default="local",
-        description="what runs jobs: 'local' = a torchrun process group per job on this host",
+        description="what runs jobs: 'local' = a torchrun process group per job on this host; "
+        "'slurm' = a batch job per job on a Slurm cluster (docs/slurm.md)",
     )
     warm_ranks: bool = Field(
         default=False,
@@ -141,6 +143,37 @@ class Settings(BaseSettings):
     def script_dir_list(self) -> list[Path]:
         """The resolved script directories, in order; empty = script jobs disabled."""
         return [Path(part).resolve() for part in split_dirs(self.script_dirs)]
+    # --- Slurm executor (docs/slurm.md) ---------------------------------------------------------
+    slurm_partition: str | None = Field(
+        default=None,
+        pattern=SLURM_NAME_PATTERN,
+        description="slurm executor: partition of jobs that name none; unset = the cluster's "
+        "default partition",
+    )
+    slurm_account: str | None = Field(
+        default=None, pattern=SLURM_NAME_PATTERN,
+        description="slurm executor: account of jobs that name none; unset = the user's default",
+    )
+    slurm_qos: str | None = Field(
+        default=None, pattern=SLURM_NAME_PATTERN,
+        description="slurm executor: QOS of jobs that name none; unset = the default",
+    )
+    slurm_constraint: str | None = Field(
+        default=None, pattern=SLURM_CONSTRAINT_PATTERN,
+        description="slurm executor: node features of jobs that name none (--constraint)",
+    )
+    slurm_bin_dir: Path | None = Field(
+        default=None,
+        description="slurm executor: directory of sbatch, squeue, scontrol, scancel, sinfo and "
+        "sacct; unset = found on PATH",
+    )
+    slurm_shared_runs: bool = Field(
+        default=False,
+        description="slurm executor: HOME/runs is on a filesystem every node mounts at the same "
+        "path, though its type is not one torchyard recognises as shared (NFS, Lustre, GPFS, "
+        "BeeGFS, CephFS, …); the server refuses to start otherwise",
+    )
+
     # --- security (docs/security.md) ------------------------------------------------------------
     api_tokens: Annotated[list[str], NoDecode] = Field(
         default_factory=list,

@@ -10,6 +10,12 @@ its ready marker), enforces ``max_runtime_s`` and ``heartbeat_timeout_s``, and w
   as torchrun's failure summary gives them; all 0 on success), reason, startup_failure;
 * ``exit.json`` — the job's outcome: state (succeeded|failed|cancelled), exit_code, reason.
 
+Launchers (``--launcher``): ``local`` (default) runs each attempt's torchrun on this host;
+``slurm`` — inside a Slurm allocation, on its batch host — runs each attempt as one job step,
+``srun`` starting torchrun on every node with a static rendezvous here
+(``service.executor.slurmscript``), and exits with the outcome's exit code (the batch script
+``exec``s the shim, so Slurm's record of the job carries the last attempt's real exit code).
+
 Input: ``RUN_DIR/launch.json`` (see ``ShimConfig``: among others the rank program argv, the
 built-in trainer or a script job's resolved script and args) and the rank environment in its own
 environment (the job token never touches the disk). SIGTERM means cancel: the group gets
@@ -23,9 +29,11 @@ next attempt starts or the outcome is written, so no process of the job outlives
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -33,6 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from service.executor.process import ProcessGroupHandle
+from service.executor.slurmscript import StepRequest, build_srun_command
 from service.failure import describe_exit, failed_rank_exit_codes
 from service.launcher import LaunchRequest, LocalTorchrunLauncher
 from service.socketport import free_port
@@ -59,6 +68,12 @@ class ShimConfig:
     # None = the built-in trainer (also what a launch.json from before script jobs means).
     program: list[str] | None = None
     pythonpath: str | None = None  # ``-m`` script jobs: the script directory holding the module
+    nnodes: int = 1  # > 1 only under the slurm launcher
+    gpus_per_node: int = 0  # slurm launcher: GPUs each node's step asks for (0 = CPUs)
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
 
     @classmethod
     def read(cls, run: RunDir) -> ShimConfig:
@@ -102,11 +117,11 @@ def _write_json(path: Path, data: dict) -> None:
 
 class Shim:
     def __init__(
-        self, run: RunDir, config: ShimConfig, warm_socket: str | None = None,
-        why_cold: str | None = None,
+        self, run: RunDir, config: ShimConfig, launcher: str = "local",
+        warm_socket: str | None = None, why_cold: str | None = None,
     ) -> None:
-        self.run, self.config = run, config
-        self.warm_socket = warm_socket  # warm ranks (service.warm); None = cold
+        self.run, self.config, self.launcher = run, config, launcher
+        self.warm_socket = warm_socket  # warm ranks (service.warm, local only); None = cold
         self.why_cold = why_cold  # warm ranks are on but the pool could not serve this job
         self.cancelled = False
         self.started = time.time()
@@ -122,17 +137,6 @@ class Shim:
             names.ATTEMPT: str(number),
             **self.config.rank_env(os.environ.get("PYTHONPATH")),
         }
-        req = LaunchRequest(
-            job_id=self.config.job_id,
-            python=self.config.python,
-            nproc_per_node=self.config.nproc_per_node,
-            master_port=free_port(),
-            run_dir=self.run.root,
-            logs_dir=logs,
-            program=self.config.rank_program(self.run),
-            env=env,
-            relay=(str(RELAY_PATH), self.warm_socket) if self.warm_socket else None,
-        )
         record = {
             "number": number,
             "started_at": time.time(),
@@ -145,7 +149,7 @@ class Shim:
         if self.why_cold:
             with open(logs / "torchrun.log", "a", encoding="utf-8") as log:
                 log.write(f"torchyard: warm start unavailable ({self.why_cold}); starting cold\n")
-        handle = LocalTorchrunLauncher().start(req, new_session=False)
+        handle = self._start(logs, env)
         forced_reason: str | None = None
         while (code := handle.poll()) is None:
             forced_reason = self._why_stop(number)
@@ -162,19 +166,21 @@ class Shim:
             print(f"attempt {number}: stopped {len(strays)} leftover process(es) of the job",
                   flush=True)
         ready = all(
-            self.run.ready_marker(number, r).exists() for r in range(self.config.nproc_per_node)
+            self.run.ready_marker(number, r).exists() for r in range(self.config.world_size)
         )
         if forced_reason is not None:
             reason = forced_reason  # torchrun may exit 0 on SIGTERM; the stop still failed it
         elif code == 0:
             reason = None
         else:
-            reason = describe_exit(code, logs, logs / "torchrun.log")
+            reason = describe_exit(code, logs, self._launcher_logs(logs)[0])
         if code == 0:
-            rank_codes = {str(r): 0 for r in range(self.config.nproc_per_node)}
+            rank_codes = {str(r): 0 for r in range(self.config.world_size)}
         else:
             rank_codes = {
-                str(r): c for r, c in failed_rank_exit_codes(logs / "torchrun.log").items()
+                str(r): c
+                for log in self._launcher_logs(logs)
+                for r, c in failed_rank_exit_codes(log).items()
             }
         record.update(
             ended_at=time.time(),
@@ -186,6 +192,52 @@ class Shim:
         _write_json(self.run.attempt_file(number), record)
         return code, reason, bool(record["startup_failure"])
 
+    def _start(self, logs: Path, env: dict[str, str]) -> ProcessGroupHandle:
+        """Start one attempt's group: torchrun here, or (slurm) one torchrun per node via srun."""
+        program = self.config.rank_program(self.run)
+        if self.launcher != "slurm":
+            req = LaunchRequest(
+                job_id=self.config.job_id,
+                python=self.config.python,
+                nproc_per_node=self.config.nproc_per_node,
+                master_port=free_port(),
+                run_dir=self.run.root,
+                logs_dir=logs,
+                program=program,
+                env=env,
+                relay=(str(RELAY_PATH), self.warm_socket) if self.warm_socket else None,
+            )
+            return LocalTorchrunLauncher().start(req, new_session=False)
+        step = StepRequest(
+            python=self.config.python,
+            nnodes=self.config.nnodes,
+            nproc_per_node=self.config.nproc_per_node,
+            # Rank 0's store listens here, the batch host, on a port free here now.
+            master_addr=socket.gethostname(),
+            master_port=free_port(""),
+            logs_dir=logs,
+            program=program,
+            gpus_per_node=self.config.gpus_per_node,
+        )
+        with open(logs / "srun.log", "ab") as log:
+            popen = subprocess.Popen(
+                build_srun_command(step),
+                cwd=self.run.root,
+                env={**os.environ, **env},
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        return ProcessGroupHandle(pid=popen.pid, popen=popen)
+
+    def _launcher_logs(self, logs: Path) -> list[Path]:
+        """torchrun's own output: one file here, one per node (``node-<k>.log``) on Slurm; the
+        first one names the failure when no rank left an error file."""
+        if self.launcher != "slurm":
+            return [logs / "torchrun.log"]
+        nodes = sorted(logs.glob("node-*.log"), key=lambda p: p.name)
+        return [*nodes, logs / "srun.log"] if nodes else [logs / "srun.log"]
+
     def _why_stop(self, number: int) -> str | None:
         if self.cancelled:
             return "cancelled"
@@ -194,7 +246,7 @@ class Shim:
             return DEADLINE_REASON
         if cfg.heartbeat_timeout_s is not None:
             now = time.time()
-            for rank in range(cfg.nproc_per_node):
+            for rank in range(cfg.world_size):
                 marker = self.run.ready_marker(number, rank)
                 try:
                     idle = now - marker.stat().st_mtime
@@ -223,7 +275,16 @@ class Shim:
             number += 1
         outcome.update(attempts=number, ended_at=time.time())
         _write_json(self.run.exit_file, outcome)
-        return 0
+        if self.launcher != "slurm":
+            return 0
+        return exit_status(outcome["exit_code"])
+
+
+def exit_status(code: int | None) -> int:
+    """A process exit status for an attempt's exit code (a signal -N becomes 128+N)."""
+    if code is None:
+        return 1
+    return 128 - code if code < 0 else min(code, 255)
 
 
 def read_standby_request() -> str:
@@ -249,14 +310,25 @@ def read_standby_request() -> str:
 
 
 def main() -> None:
-    root = read_standby_request() if sys.argv[1] == "--standby" else sys.argv[1]
+    parser = argparse.ArgumentParser(prog="python -m service.shim")
+    parser.add_argument("--launcher", choices=("local", "slurm"), default="local")
+    parser.add_argument(
+        "--standby", action="store_true",
+        help="wait for a run directory and environment on stdin (service.executor.standby)",
+    )
+    parser.add_argument("run_dir", type=Path, nargs="?")
+    args = parser.parse_args()
+    root = Path(read_standby_request()) if args.standby else args.run_dir
+    if root is None:
+        parser.error("run_dir is required without --standby")
     # Before anything starts: every process of the job then stays in this process's tree.
     if not become_subreaper():
         print("not a child subreaper (no prctl): daemons a job leaves may outlive it", flush=True)
-    run = RunDir(Path(root).resolve())
+    run = RunDir(root.resolve())
     # The executor's, for this process only: torchrun and the ranks do not inherit it.
     warm_socket = os.environ.pop(SOCKET_ENV, None)
-    shim = Shim(run, ShimConfig.read(run), warm_socket, os.environ.pop(COLD_ENV, None))
+    why_cold = os.environ.pop(COLD_ENV, None)
+    shim = Shim(run, ShimConfig.read(run), args.launcher, warm_socket, why_cold)
     signal.signal(signal.SIGTERM, shim.on_sigterm)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the server's terminal going away is not a cancel
     sys.exit(shim.main())

@@ -1,11 +1,12 @@
-"""Free TCP ports on loopback, for each attempt's rendezvous."""
+"""Free TCP ports, for each attempt's rendezvous."""
 
 from __future__ import annotations
 
 import socket
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on ``host`` now (``""``: on every interface, for a multi-node rendezvous)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]

@@ -25,7 +25,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from service import repository as repo
 from service import scheduler
 from service.admission import admit
-from service.executor.base import Executor, Phase, Submission
+from service.executor.base import Executor, Phase, Status, Submission
+from service.executor.slurmcli import NodeRow, SlurmError
 from service.finisher import Finisher
 from service.jobtoken import new_token
 from service.models import Job
@@ -38,12 +39,15 @@ from service.shim import ShimConfig
 from service.state import JobState
 from torchyard_contract import envnames as names
 from torchyard_contract.rundir import RunDir
-from torchyard_contract.spec import Backend, Device, JobSpec
+from torchyard_contract.spec import SLURM_FIELDS, Backend, Device, JobSpec
 
 logger = logging.getLogger(__name__)
 
 # A scheduling pass runs when the queue or free resources change, and at least this often.
 REPLAN_S = 2.0
+# Slurm: how long a job Slurm calls finished may wait for its outcome file to show up on the
+# shared filesystem (NFS caches directory entries) before it ends as "no outcome".
+OUTCOME_WAIT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,22 @@ def check_capacity(spec: JobSpec, inventory: Inventory) -> None:
         )
 
 
+def check_local(spec: JobSpec) -> None:
+    """Refuse what only the Slurm executor can run (422, naming the field and why)."""
+    if spec.nnodes > 1:
+        raise SubmitRejected(
+            "unschedulable",
+            f"nnodes: {spec.nnodes} nodes need the slurm executor (TORCHYARD_EXECUTOR=slurm); "
+            "this server's local executor runs each job on this one host (nnodes 1)",
+        )
+    for name in SLURM_FIELDS:
+        if getattr(spec, name) is not None:
+            raise SubmitRejected(
+                "invalid_request",
+                f"{name}: only the slurm executor reads it; this server runs jobs locally",
+            )
+
+
 @dataclass
 class Supervisor:
     settings: Settings
@@ -101,6 +121,10 @@ class Supervisor:
     # Jobs whose processes the executor runs for us: job id → the executor's opaque reference.
     _refs: dict[int, str] = field(default_factory=dict)
     _stopping: set[int] = field(default_factory=set)
+    # Slurm jobs already moved out of ``queued`` (so a tick writes only what changed).
+    _seen_started: set[int] = field(default_factory=set)
+    # Slurm jobs seen ended whose exit.json is not visible yet: job id → first seen (monotonic).
+    _awaiting_outcome: dict[int, float] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
     _wake: threading.Event = field(default_factory=threading.Event)
@@ -121,6 +145,11 @@ class Supervisor:
             on_finished=self._queue_changed,
         )
 
+    @property
+    def slurm(self) -> bool:
+        """Slurm allocates and queues: no local scheduling pass, no local resources booked."""
+        return self.executor.name == "slurm"
+
     # --- called by routes -------------------------------------------------------------------
     def submit(self, spec: JobSpec, idempotency_key: str | None = None) -> tuple[Job, bool]:
         """Store a queued job; returns (job, created).
@@ -135,7 +164,11 @@ class Supervisor:
             existing = self._job_for_key(idempotency_key, spec)
             if existing is not None:
                 return existing, False
-        check_capacity(spec, self.inventory)
+        if self.slurm:
+            pass  # Slurm allocates: a job too big for the cluster is refused by sbatch
+        else:
+            check_local(spec)
+            check_capacity(spec, self.inventory)
         if spec.is_script:  # refuse what could never launch; resolved again at launch
             try:
                 script_program(spec, self.settings.script_dir_list)
@@ -180,6 +213,10 @@ class Supervisor:
             held = repo.allocated_resources(session)
         kinds = {kind: self.inventory.resource_names(kind) for kind in (scheduler.GPU, scheduler.CPU)}
         return kinds, held
+
+    def slurm_nodes(self) -> list[NodeRow]:
+        """The Slurm partition's nodes (``sinfo``); raises ``SlurmError``."""
+        return self.executor.nodes(self.settings.slurm_partition)  # type: ignore[attr-defined]
 
     def cancel(self, job_id: int) -> Job | None:
         """Cancel: the database decides (CAS), then the group gets SIGTERM → grace → SIGKILL.
@@ -231,6 +268,8 @@ class Supervisor:
         with self.session_factory() as session:
             holders = set(repo.allocated_resources(session).values())
             jobs = {job.id: job for job in repo.active_jobs(session)}
+            # Queued but already handed to the executor (Slurm: pending in its queue).
+            jobs.update({job.id: job for job in repo.queued_with_reference(session)})
             for job_id in holders - set(jobs):
                 job = repo.get_job(session, job_id)
                 if job is not None:
@@ -261,21 +300,53 @@ class Supervisor:
     def _reap_finished(self) -> None:
         if not self._refs:
             return
-        for job_id, status in self.executor.describe(dict(self._refs)).items():
-            if status.phase is not Phase.ended:
+        statuses = self.executor.describe(dict(self._refs))
+        if self.slurm:
+            self._sync_slurm_queue(statuses)
+        for job_id, status in statuses.items():
+            if status.phase is not Phase.ended or self._outcome_pending(job_id):
                 continue
+            self._awaiting_outcome.pop(job_id, None)
             del self._refs[job_id]
             self._stopping.discard(job_id)
-            self._finish(job_id, status.exit_code)
+            self._seen_started.discard(job_id)
+            self._finish(job_id, status.exit_code, status.reason)
 
-    def _finish(self, job_id: int, shim_code: int | None) -> None:
+    def _outcome_pending(self, job_id: int) -> bool:
+        """Slurm only: the job ended but its outcome file is not visible here yet (and the
+        wait for it has not run out)."""
+        if not self.slurm or RunDir.for_job(self.settings.runs_dir, job_id).exit_file.exists():
+            return False
+        first = self._awaiting_outcome.setdefault(job_id, time.monotonic())
+        return time.monotonic() - first < OUTCOME_WAIT_S
+
+    def _sync_slurm_queue(self, statuses: dict[int, Status]) -> None:
+        """Jobs Slurm holds pending stay ``queued`` with Slurm's reason; started ones (or ones
+        that ended before a tick saw them run) become ``starting``."""
+        waiting: dict[int, scheduler.Waiting] = {}
+        pending = sorted(j for j, st in statuses.items() if st.phase is Phase.pending)
+        for position, job_id in enumerate(pending, start=1):
+            reason = statuses[job_id].reason or "None"
+            waiting[job_id] = scheduler.Waiting(position, f"Slurm: {reason}")
+        started = [j for j, st in statuses.items()
+                   if st.phase is not Phase.pending and j not in self._seen_started]
+        if started:
+            with self.session_factory() as session:
+                for job_id in started:
+                    repo.transition(session, job_id, JobState.starting, started_at=repo.utcnow())
+                session.commit()
+            self._seen_started.update(started)
+        self._waiting = waiting
+
+    def _finish(self, job_id: int, shim_code: int | None, why: str | None = None) -> None:
         """Free the job's resources now; the finisher re-ingests its spools and makes it
         terminal, off this thread (``service.finisher``). ``shim_code``: the attempt loop's exit
-        code, None when unknown (it ended unwatched)."""
+        code, None when unknown (it ended unwatched); ``why``: the executor's account of the end
+        (Slurm's state), used when there is no outcome file."""
         with self.session_factory() as session:
             repo.release(session, job_id)
             session.commit()
-        self._finisher.enqueue(job_id, shim_code)
+        self._finisher.enqueue(job_id, shim_code, why)
         self._queue_changed()
 
     def _mark_running(self) -> None:
@@ -312,6 +383,10 @@ class Supervisor:
         changed, or every ``REPLAN_S`` so waiting reasons stay fresh."""
         now = time.time()
         if not self._queue_dirty and now - self._last_plan < REPLAN_S:
+            return
+        if self.slurm:
+            self._queue_dirty, self._last_plan = False, now
+            self._submit_to_slurm()
             return
         self._queue_dirty, self._last_plan = False, now
         # Read without the write lock: only this thread allocates, so what it reads stays true
@@ -353,6 +428,32 @@ class Supervisor:
                 spec = JobSpec.model_validate(job.spec)
                 self._launch(session, job, spec, placement_for(spec, launch.resources))
         self._waiting = decision.waiting
+
+    def _submit_to_slurm(self) -> None:
+        """Hand every queued job not yet submitted to Slurm, highest priority first. The job
+        stays ``queued`` (Slurm's queue is the queue) and gets its token now: the token travels
+        in sbatch's environment."""
+        with self.session_factory() as session:
+            for job in repo.queued_unsubmitted(session):
+                if job.id in self._refs:
+                    continue
+                spec = JobSpec.model_validate(job.spec)
+                token, token_hash = new_token()
+                job.token_hash = token_hash
+                session.commit()
+                try:
+                    ref = self._start_shim(job.id, token, spec, None)
+                except Exception as exc:  # whatever failed, the job must not stay queued
+                    if not isinstance(exc, ScriptRefused | OSError | SlurmError | ValueError):
+                        logger.exception("job %s: submit failed", job.id)
+                    repo.transition(session, job.id, JobState.failed,
+                                    reason=f"could not submit: {exc}")
+                    session.commit()
+                    continue
+                self._refs[job.id] = ref
+                job.executor, job.executor_ref = self.executor.name, ref
+                session.commit()
+                logger.info("job %s: submitted (%s %s)", job.id, self.executor.name, ref)
 
     def _fail_if_never_fits(self, job: scheduler.QueuedJob) -> bool:
         have = len(self.inventory.resource_names(job.kind))
@@ -419,7 +520,7 @@ class Supervisor:
                     placement.resources)
 
     def _start_shim(
-        self, job_id: int, token: str, spec: JobSpec, placement: Placement
+        self, job_id: int, token: str, spec: JobSpec, placement: Placement | None
     ) -> str:
         """Write the run directory and submit the job's shim; its reference, or raises."""
         run = RunDir.for_job(self.settings.runs_dir, job_id)
@@ -437,34 +538,60 @@ class Supervisor:
             stop_grace_s=self.settings.stop_grace_s,
             program=list(program.argv),
             pythonpath=program.pythonpath,
+            nnodes=spec.nnodes,
         ).write(run)
         env = self._rank_env(job_id, token, run, spec, placement)
-        return self.executor.submit(
-            Submission(job_id=job_id, run=run, env=env, nproc_per_node=spec.nproc_per_node)
-        )
+        return self.executor.submit(Submission(
+            job_id=job_id, run=run, env=env, nproc_per_node=spec.nproc_per_node,
+            nnodes=spec.nnodes,
+        ))
 
     def _rank_env(
-        self, job_id: int, token: str, run: RunDir, spec: JobSpec, placement: Placement
+        self, job_id: int, token: str, run: RunDir, spec: JobSpec, placement: Placement | None
     ) -> dict[str, str]:
+        """``placement`` None: Slurm places the job (and sets CUDA_VISIBLE_DEVICES itself); the
+        device and backend are set only where the spec names them, else each rank picks."""
+        if placement is None:
+            return self._slurm_rank_env(job_id, token, run, spec)
         cores = self.inventory.cpu_slots
         # CPU jobs: one thread per slot held; GPU jobs: share the host's cores among the ranks.
         threads = 1 if placement.device == "cpu" else max(1, cores // spec.nproc_per_node)
+        env = self._common_env(job_id, token, run, spec)
+        env.update({
+            names.DEVICE: placement.device,
+            names.BACKEND: placement.backend,
+            "OMP_NUM_THREADS": str(threads),
+            "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in placement.gpu_indices),
+        })
+        return env
+
+    def _slurm_rank_env(
+        self, job_id: int, token: str, run: RunDir, spec: JobSpec
+    ) -> dict[str, str]:
+        env = self._common_env(job_id, token, run, spec)
+        if spec.device is not Device.auto:
+            env[names.DEVICE] = spec.device.value
+        if spec.backend is not Backend.auto:
+            env[names.BACKEND] = spec.backend.value
+        elif spec.device is Device.cpu:
+            env[names.BACKEND] = Backend.gloo.value
+        if spec.device is Device.cpu:
+            env["OMP_NUM_THREADS"] = "1"  # one CPU per rank (--cpus-per-task=nproc_per_node)
+        return env
+
+    def _common_env(self, job_id: int, token: str, run: RunDir, spec: JobSpec) -> dict[str, str]:
         env = {
             **spec.env,  # a script job's own variables; never torchyard's (JobSpec refuses them)
             names.API_URL: self.api_url,
             names.JOB_ID: str(job_id),
             names.JOB_TOKEN: token,
             names.RUN_DIR: str(run.root),
-            names.DEVICE: placement.device,
-            names.BACKEND: placement.backend,
             names.ERROR_FILE: str(run.error_file),
-            "OMP_NUM_THREADS": str(threads),
             "PYTHONUNBUFFERED": "1",
         }
         if spec.resume_from is not None:
             source = RunDir.for_job(self.settings.runs_dir, spec.resume_from)
             env[names.RESUME_DIR] = str(source.checkpoints_dir)
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in placement.gpu_indices)
         return env
 
     def _stop_cancelled(self) -> None:

@@ -18,6 +18,7 @@ HEADLINE = {
     "ingest": "records/s",
     "polling": "concurrent: errors",
     "scheduling": "one scheduling pass (supervisor)",
+    "slurm": "local: submit → first metric (server)",
 }
 
 

@@ -54,6 +54,18 @@ class Backend(str, Enum):
     nccl = "nccl"
 
 
+# Slurm names (partition, account, QOS) and node-feature expressions (constraint): what Slurm
+# accepts, minus anything a shell or an #SBATCH line could read as syntax. Never free-form flags.
+SLURM_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$"
+SLURM_CONSTRAINT_PATTERN = r"^[A-Za-z0-9_.&|,()\[\]*-]{1,256}$"
+SlurmName = Annotated[str, StringConstraints(pattern=SLURM_NAME_PATTERN)]
+SlurmConstraint = Annotated[str, StringConstraints(pattern=SLURM_CONSTRAINT_PATTERN)]
+NNODES_MAX = 1024
+# Fields that only the Slurm executor reads; left out of a stored spec while unset, so a spec
+# that does not use them looks (and validates) as it did before they existed.
+SLURM_FIELDS = ("partition", "account", "qos", "constraint")
+
+
 def refuse_coercion(data: object, numbers: frozenset[str]) -> None:
     """Numbers are numbers: ``true`` or ``"5"`` for a field in ``numbers`` is refused, not coerced
     (pydantic's lax mode would take them). ``5.0`` is still the integer 5, as JSON Schema's
@@ -200,6 +212,33 @@ class JobSpec(BaseModel):
         description="ranks (processes) to launch; each takes one GPU, or one CPU slot on CPU. "
         "Refused (422) when this host could never fit them",
     )
+    nnodes: int = Field(
+        default=1,
+        ge=1,
+        le=NNODES_MAX,
+        description="nodes the job spans, nproc_per_node ranks on each (one torchrun per node); "
+        "more than 1 needs the slurm executor (422 on the local one)",
+    )
+    partition: SlurmName | None = Field(
+        default=None,
+        description="slurm executor: partition to run in; null = TORCHYARD_SLURM_PARTITION, "
+        "else the cluster's default. Refused (422) on the local executor",
+    )
+    account: SlurmName | None = Field(
+        default=None,
+        description="slurm executor: account to charge; null = TORCHYARD_SLURM_ACCOUNT, else "
+        "the user's default. Refused (422) on the local executor",
+    )
+    qos: SlurmName | None = Field(
+        default=None,
+        description="slurm executor: quality of service; null = TORCHYARD_SLURM_QOS, else the "
+        "default. Refused (422) on the local executor",
+    )
+    constraint: SlurmConstraint | None = Field(
+        default=None,
+        description="slurm executor: node features the nodes must have (Slurm's --constraint "
+        "syntax: names joined by & | ,). Refused (422) on the local executor",
+    )
     device: Device = Field(
         default=Device.auto, description="where ranks train; auto = cuda when GPUs are configured"
     )
@@ -322,12 +361,14 @@ class JobSpec(BaseModel):
     @classmethod
     def __get_pydantic_json_schema__(cls, core_schema, handler):  # type: ignore[no-untyped-def]
         """As a response, a spec carries every field (a script spec: all but the built-in
-        trainer's), so the output schema requires them; as a request, defaulted fields are
-        optional. FastAPI then publishes ``JobSpec-Input`` and ``JobSpec-Output``."""
+        trainer's; any spec: ``nnodes`` and the Slurm fields only when set), so the output schema
+        requires them; as a request, defaulted fields are optional. FastAPI then publishes
+        ``JobSpec-Input`` and ``JobSpec-Output``."""
         schema = handler(core_schema)
         target = handler.resolve_ref_schema(schema)
         if handler.mode == "serialization":
-            target["required"] = [n for n in cls.model_fields if n not in BUILTIN_ONLY_FIELDS]
+            optional = BUILTIN_ONLY_FIELDS | {"nnodes", *SLURM_FIELDS}
+            target["required"] = [n for n in cls.model_fields if n not in optional]
             target["title"] = "JobSpecOutput"  # generators name classes by title: no clash
         else:  # the model validators' rules, so a schema-valid spec is one they accept
             target["allOf"] = [
@@ -349,6 +390,12 @@ class JobSpec(BaseModel):
         """A script spec is stored and shown without the built-in trainer's fields, so it
         validates again unchanged (those fields are forbidden next to ``entrypoint``)."""
         data = handler(self)
+        if isinstance(data, dict):
+            if data.get("nnodes") == 1:
+                data.pop("nnodes")
+            for name in SLURM_FIELDS:
+                if data.get(name) is None:
+                    data.pop(name, None)
         if self.is_script and isinstance(data, dict):
             for name in BUILTIN_ONLY_FIELDS:
                 data.pop(name, None)

@@ -39,6 +39,7 @@ from service.api.prometheus import RequestTimer, Telemetry
 from service.api.prometheus import router as prometheus_router
 from service.db import make_engine, make_session_factory, upgrade
 from service.executor import Executor, make_executor
+from service.executor.slurmcli import SlurmError
 from service.resources import make_inventory
 from service.settings import Settings
 from service.supervisor import Supervisor
@@ -70,6 +71,12 @@ def create_app(
         executor=executor,
         api_url=api_url or settings.api_url_for_workers(),
     )
+    if run_supervisor:
+        # Refuse to start rather than accept jobs that could not run (ValueError, named).
+        try:
+            executor.preflight(settings.runs_dir, supervisor.api_url)
+        except SlurmError as exc:
+            raise ValueError(f"executor {executor.name}: cannot ask Slurm: {exc}") from exc
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

@@ -53,7 +53,8 @@ def _job_or_404(session: SessionDep, job_id: int):  # type: ignore[no-untyped-de
         422: {**ERROR_RESPONSES[422], "description": "an invalid spec; or a valid one this "
               "server cannot run: nproc_per_node more than this host has, dataset_root outside "
               "TORCHYARD_DATA_DIRS, entrypoint not a file in the script directories, "
-              "resume_from naming no job"},
+              "resume_from naming no job, nnodes > 1 or a Slurm field (partition, account, "
+              "qos, constraint) on the local executor"},
     },
 )
 def submit_job(

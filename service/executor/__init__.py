@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from service.executor.base import Executor
 
 if TYPE_CHECKING:
+    from service.executor.slurm import SlurmExecutor
     from service.settings import Settings
     from service.warm.pool import WarmPool
 
@@ -21,4 +22,34 @@ def make_executor(settings: Settings, warm: WarmPool | None = None) -> Executor:
 
     if settings.executor == "local":
         return LocalExecutor(warm=warm, standby=True)  # the shim runs on the server's python; its torchrun on settings'
-    raise ValueError(f"executor: {settings.executor!r} is not one of: local")
+    if settings.executor == "slurm":
+        return make_slurm_executor(settings)
+    raise ValueError(f"executor: {settings.executor!r} is not one of: local, slurm")
+
+
+def make_slurm_executor(settings: Settings) -> SlurmExecutor:
+    """Slurm's commands run with the server's environment less its secrets; ``sbatch`` gets
+    far less (``slurmscript.sbatch_environment``)."""
+    import os
+    import sys
+
+    from service.executor.slurm import SlurmDefaults, SlurmExecutor
+    from service.executor.slurmcli import SlurmCli
+    from service.settings import environ_for_children
+
+    cli = SlurmCli(
+        env=environ_for_children(os.environ),
+        bin_dir=str(settings.slurm_bin_dir) if settings.slurm_bin_dir else None,
+    )
+    return SlurmExecutor(
+        cli,
+        # The shim and torchrun run on the nodes with this interpreter: the same path there.
+        python=settings.python_executable or sys.executable,
+        server_env=os.environ,
+        stop_grace_s=settings.stop_grace_s,
+        defaults=SlurmDefaults(
+            partition=settings.slurm_partition, account=settings.slurm_account,
+            qos=settings.slurm_qos, constraint=settings.slurm_constraint,
+        ),
+        shared_runs=settings.slurm_shared_runs,
+    )

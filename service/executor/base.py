@@ -113,6 +113,11 @@ class Executor(Protocol):
         """Where ``rank`` (global) of ``attempt`` wrote ``stream``."""
         ...
 
+    def preflight(self, runs_dir: Path, api_url: str) -> None:
+        """Before the server starts: raise ``ValueError`` naming what to change when jobs could
+        not run (on Slurm: nodes that cannot reach ``api_url`` or see ``runs_dir``)."""
+        ...
+
     def watch(self, wake: Callable[[], None]) -> None:
         """Call ``wake()`` (from any thread) when a job may have changed phase, so the caller
         need not wait for its next poll. Best effort: the caller polls ``describe`` anyway."""

@@ -81,6 +81,9 @@ class LocalExecutor:
         self._lock = threading.Lock()
         self._wake: Callable[[], None] | None = None
 
+    def preflight(self, runs_dir: Path, api_url: str) -> None:
+        """Nothing to check: the shim and the ranks run on this host."""
+
     def watch(self, wake: Callable[[], None]) -> None:
         self._wake = wake
 

@@ -1,0 +1,289 @@
+"""The Slurm executor: each torchyard job is one Slurm batch job named ``ty-<id>`` whose batch
+script ``exec``s the job's attempt loop on the allocation's batch host
+(``service.executor.slurmscript`` builds everything it runs; ``service.executor.slurmcli`` talks
+to Slurm).
+
+Reference: the Slurm job id. Phases: Slurm's PENDING (and requeue/hold states) is ``pending``
+with Slurm's reason; a finished state, or a job Slurm no longer lists (purged after
+``MinJobAge``), is ``ended`` — the job's outcome is its ``RUN_DIR/exit.json``, which the attempt
+loop writes on the shared filesystem; Slurm's own verdict (``scontrol``, else ``sacct``) only
+explains a job that left none. Anything else is ``running``. One ``squeue`` call answers every
+job of a tick. When Slurm cannot be asked (``slurmctld`` down), every job keeps the phase it had.
+
+Logs: ``RUN_DIR/logs/attempt-<n>/node-<k>/`` per node (torchrun's per-local-rank files below it,
+the node's name in ``node``), ``node-<k>.log`` with each node's torchrun output.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from service.executor.base import DryRun, LogStreamName, Phase, RankLog, Status, Submission
+from service.executor.slurmcli import NodeRow, SlurmCli, SlurmError, parse_exit_code
+from service.executor.slurmpreflight import (
+    PreflightError,
+    all_nodes_here,
+    check_public_url,
+    check_shared_runs,
+    mount_type,
+    read_mounts,
+    resolve_runs_dir,
+    this_host_names,
+)
+from service.executor.slurmscript import (
+    BatchRequest,
+    build_batch_script,
+    build_sbatch_command,
+    rank_location,
+    sbatch_environment,
+)
+from torchyard_contract.rundir import RunDir
+from torchyard_contract.spec import Device, JobSpec
+
+logger = logging.getLogger(__name__)
+
+NAME = "slurm"
+SCRIPT_FILE = "job.sbatch"
+CANCEL_WAIT_S = 120.0  # after scancel: Slurm's KillWait plus the time to reap every node
+CANCEL_POLL_S = 0.2
+
+
+@dataclass(frozen=True)
+class SlurmDefaults:
+    """The server's choices for jobs whose spec names none (validated Slurm names)."""
+
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+
+
+class SlurmExecutor:
+    """Jobs as Slurm batch jobs. ``python``: the interpreter on the nodes (same path there);
+    ``server_env``: the server's environment, of which ``sbatch`` keeps only ``KEPT_ENV``."""
+
+    name = NAME
+
+    def __init__(
+        self, cli: SlurmCli, python: str, server_env: Mapping[str, str], stop_grace_s: float,
+        defaults: SlurmDefaults | None = None, shared_runs: bool = False,
+    ) -> None:
+        self.cli, self.python, self.server_env = cli, python, dict(server_env)
+        self.stop_grace_s = stop_grace_s
+        self.defaults = defaults or SlurmDefaults()
+        self.shared_runs = shared_runs
+        self._last: dict[str, Status] = {}  # reference → last status seen (Slurm unreachable)
+        self._gpu_partitions: dict[str | None, bool] = {}
+        self._lock = threading.Lock()
+
+    def preflight(self, runs_dir: Path, api_url: str) -> None:
+        """Refuse to start (``PreflightError``) when the nodes could not reach the API at
+        ``api_url`` or could not see ``runs_dir``; ``SlurmError`` when Slurm cannot be asked."""
+        nodes = self.cli.sinfo(self.defaults.partition)
+        if not nodes:
+            raise PreflightError(
+                f"Slurm lists no nodes in partition {self.defaults.partition or '(default)'}"
+            )
+        here = all_nodes_here((n.hostname for n in nodes), this_host_names())
+        check_public_url(api_url, here)
+        runs = resolve_runs_dir(runs_dir)
+        check_shared_runs(runs, mount_type(runs, read_mounts()), here, self.shared_runs)
+
+    def watch(self, wake: Callable[[], None]) -> None:
+        """Slurm has no push channel worth its cost here; the supervisor's poll is the watch."""
+
+    # --- submit -----------------------------------------------------------------------------
+    def batch_request(self, sub: Submission) -> BatchRequest:
+        """The allocation for ``sub``, from the spec in its run directory (written before
+        ``submit``) and the server's defaults."""
+        spec = JobSpec.model_validate_json(sub.run.spec_file.read_text())
+        partition = spec.partition or self.defaults.partition
+        return BatchRequest(
+            job_id=sub.job_id,
+            run_dir=sub.run.root,
+            python=self.python,
+            nnodes=sub.nnodes,
+            nproc_per_node=sub.nproc_per_node,
+            gpus_per_node=sub.nproc_per_node if self._wants_gpus(spec, partition) else 0,
+            max_runtime_s=spec.max_runtime_s,
+            stop_grace_s=self.stop_grace_s,
+            partition=partition,
+            account=spec.account or self.defaults.account,
+            qos=spec.qos or self.defaults.qos,
+            constraint=spec.constraint or self.defaults.constraint,
+        )
+
+    def _wants_gpus(self, spec: JobSpec, partition: str | None) -> bool:
+        """``cuda`` → GPUs; ``cpu`` → CPUs; ``auto`` → GPUs when the partition's nodes have some."""
+        if spec.device is not Device.auto:
+            return spec.device is Device.cuda
+        with self._lock:
+            known = self._gpu_partitions.get(partition)
+        if known is None:
+            try:
+                known = any(n.gpus for n in self.cli.sinfo(partition))
+            except SlurmError:
+                return False
+            with self._lock:
+                self._gpu_partitions[partition] = known
+        return known
+
+    def dry_run(self, sub: Submission) -> DryRun:
+        script_path = sub.run.root / SCRIPT_FILE
+        env = sbatch_environment(self.server_env, sub.env)
+        return DryRun(
+            argv=tuple(build_sbatch_command(script_path)),
+            cwd=sub.run.root,
+            env_names=tuple(sorted(env)),
+            script=build_batch_script(self.batch_request(sub)),
+        )
+
+    def submit(self, sub: Submission) -> str:
+        plan = self.dry_run(sub)
+        Path(plan.argv[-1]).write_text(plan.script or "")
+        # The job token is in sub.env: it reaches the job only through sbatch's environment.
+        job_id = self.cli.sbatch(plan.argv, env=sbatch_environment(self.server_env, sub.env))
+        with self._lock:
+            self._last[job_id] = Status(Phase.pending)
+        logger.info("job %s: submitted as Slurm job %s", sub.job_id, job_id)
+        return job_id
+
+    # --- watch ------------------------------------------------------------------------------
+    def describe(self, references: Mapping[int, str]) -> dict[int, Status]:
+        refs = {job_id: ref for job_id, ref in references.items() if ref.isdigit()}
+        try:
+            rows = self.cli.squeue(refs.values())
+        except SlurmError as exc:
+            logger.warning("squeue failed (jobs keep their phase): %s", exc)
+            with self._lock:
+                return {
+                    job_id: self._last.get(ref, Status(Phase.pending))
+                    for job_id, ref in references.items()
+                }
+        answer: dict[int, Status] = {}
+        for job_id, ref in references.items():
+            row = rows.get(ref)
+            if not ref.isdigit():
+                status = Status(Phase.ended, reason=f"not a Slurm job id: {ref!r}")
+            elif row is None:
+                status = self._forgotten(ref)
+            elif row.pending:
+                status = Status(Phase.pending, reason=row.reason)
+            elif row.terminal:
+                status = self._ended(ref, row.state)
+            else:
+                status = Status(Phase.running)
+            answer[job_id] = status
+        with self._lock:
+            for job_id, ref in references.items():
+                if answer[job_id].phase is Phase.ended:
+                    self._last.pop(ref, None)
+                else:
+                    self._last[ref] = answer[job_id]
+        return answer
+
+    def _ended(self, ref: str, state: str) -> Status:
+        """A job Slurm lists as finished: its exit code and state from ``scontrol``."""
+        try:
+            record = self.cli.show_job(ref)
+        except SlurmError:
+            record = None
+        code = parse_exit_code((record or {}).get("ExitCode"))
+        return _ended_status(state, code)
+
+    def _forgotten(self, ref: str) -> Status:
+        """A job Slurm no longer lists: purged after MinJobAge. Accounting (or the completion
+        log) may still know how it ended; either way it is over."""
+        try:
+            found = self.cli.sacct(ref)
+        except SlurmError:
+            found = None
+        if found is None:
+            return Status(Phase.ended, reason="Slurm no longer knows the job (purged)")
+        return _ended_status(*found)
+
+    def adopt(self, reference: str) -> bool:
+        """Alive when Slurm lists it as pending or running; when Slurm cannot be asked, assumed
+        alive (``describe`` settles it once Slurm answers) rather than ended by guesswork."""
+        if not reference.isdigit():
+            return False
+        try:
+            row = self.cli.squeue([reference]).get(reference)
+        except SlurmError as exc:
+            logger.warning("Slurm job %s: squeue failed at adoption (%s); watching it", reference,
+                           exc)
+            return True
+        return row is not None and not row.terminal
+
+    def cancel(self, reference: str, grace_s: float) -> None:
+        """``scancel``: Slurm sends every step and the batch script SIGTERM, then SIGKILL after
+        the cluster's ``KillWait``; returns once Slurm lists the job as finished (nothing of it
+        runs on any node) or after ``CANCEL_WAIT_S``. A job already gone is not an error."""
+        if not reference.isdigit():
+            return
+        self.cli.scancel(reference)
+        deadline = time.monotonic() + max(grace_s, 0) + CANCEL_WAIT_S
+        while time.monotonic() < deadline:
+            try:
+                row = self.cli.squeue([reference]).get(reference)
+            except SlurmError:
+                row = None  # keep trying until the deadline
+            else:
+                if row is None or row.terminal:
+                    return
+            time.sleep(CANCEL_POLL_S)
+        logger.warning("Slurm job %s: still not finished %.0f s after scancel", reference,
+                       CANCEL_WAIT_S)
+
+    # --- output -----------------------------------------------------------------------------
+    def rank_log(self, run: RunDir, attempt: int, rank: int, stream: LogStreamName) -> RankLog:
+        """Global ``rank`` → node ``rank // nproc_per_node``, local rank ``rank % nproc``."""
+        nproc = _nproc_per_node(run)
+        node_index, local_rank = rank_location(rank, nproc)
+        node_dir = run.logs_dir / f"attempt-{int(attempt)}" / f"node-{node_index}"
+        root = run.root.resolve()
+        # The job writes these files: one that is (or passes through) a symlink out of the run
+        # directory is not read.
+        name_file = node_dir / "node"
+        node = None
+        if _inside(name_file, root):
+            try:
+                node = name_file.read_text(errors="replace").strip()[:256] or None
+            except OSError:
+                node = None
+        pattern = f"*/attempt_*/{int(local_rank)}/{stream}.log"
+        found = sorted(
+            (p for p in node_dir.glob(pattern) if _inside(p, root)), key=lambda p: p.stat().st_mtime
+        )
+        return RankLog(rank=rank, node=node, path=found[-1] if found else None)
+
+    def nodes(self, partition: str | None) -> list[NodeRow]:
+        """The partition's nodes and their state (``sinfo``), for ``/resources``."""
+        return self.cli.sinfo(partition)
+
+
+def _ended_status(state: str, code: tuple[int, int] | None) -> Status:
+    detail = f"Slurm: {state}" + (f" (exit {code[0]}:{code[1]})" if code else "")
+    exit_code = None if code is None else (-code[1] if code[1] else code[0])
+    return Status(Phase.ended, exit_code=exit_code, reason=detail)
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        return path.resolve().is_relative_to(root)
+    except (OSError, RuntimeError):
+        return False
+
+
+def _nproc_per_node(run: RunDir) -> int:
+    """From the attempt loop's ``launch.json`` (written before submit; no secrets)."""
+    try:
+        return max(1, int(json.loads(run.launch_file.read_text())["nproc_per_node"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return 1

@@ -1,0 +1,210 @@
+"""What the Slurm executor runs, as pure functions: the batch script, the ``sbatch`` argv, the
+cleaned ``sbatch`` environment and each attempt's ``srun`` argv. Nothing here starts a process,
+so a dry run prints exactly what ``submit`` would do, and tests read it as text.
+
+The shape of a Slurm job (one per torchyard job, named ``ty-<id>``):
+
+* the batch script runs on the allocation's first node (the batch host) and ``exec``s the
+  job's attempt loop (``python -m service.shim --launcher=slurm RUN_DIR``), so the script's exit
+  code is the attempt loop's, which is the last attempt's real exit code;
+* each attempt is one job step: ``srun --kill-on-bad-exit=1`` starts one ``torchrun`` per node
+  (``--nnodes``, ``--node-rank=$SLURM_NODEID``) with a static rendezvous on the batch host at a
+  port the attempt loop picked there — so global rank 0 is always on the batch host;
+* each node's torchrun writes its ranks' logs under ``logs/attempt-<n>/node-<k>/`` and the node's
+  name to ``logs/attempt-<n>/node-<k>/node``; its own output goes to ``…/node-<k>.log``.
+
+Every value that reaches a ``#SBATCH`` line is validated (``SLURM_NAME_PATTERN``) before it gets
+here; a job can never add free-form ``sbatch`` flags.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchyard_contract.spec import SLURM_CONSTRAINT_PATTERN, SLURM_NAME_PATTERN
+
+# Seconds on top of max_runtime_s before Slurm's own --time ends the allocation: the attempt
+# loop enforces the deadline itself (SIGTERM → grace → SIGKILL); Slurm's limit is the backstop.
+TIME_LIMIT_MARGIN_S = 60.0
+# Variables of the server's environment an sbatch call (and so the job) may keep: enough to find
+# programs and the Slurm configuration, nothing the server was given (tokens, database URL).
+KEPT_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "HOME", "USER", "LOGNAME", "SLURM_CONF")
+# The worker's test hooks (``worker.env.WorkerEnv``) pass through as they do to a local job, so
+# the test suite can drive a Slurm job as it drives a local one; they hold no secret.
+KEPT_PREFIXES = ("TORCHYARD_TEST_",)
+NODE_LOG_DIR = "node-{k}"  # per node, under logs/attempt-<n>/
+
+
+def job_name(job_id: int) -> str:
+    return f"ty-{int(job_id)}"
+
+
+def job_id_from_name(name: str) -> int | None:
+    m = re.fullmatch(r"ty-(\d+)", name)
+    return int(m.group(1)) if m else None
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    """One torchyard job as a Slurm allocation. ``gpus_per_node`` > 0 asks for GPUs (a GPU
+    partition); otherwise ``cpus_per_node`` CPUs (one per rank) on each node."""
+
+    job_id: int
+    run_dir: Path
+    python: str
+    nnodes: int
+    nproc_per_node: int
+    gpus_per_node: int = 0
+    max_runtime_s: float | None = None
+    stop_grace_s: float = 10.0
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("partition", "account", "qos"):
+            value = getattr(self, name)
+            if value is not None and not re.fullmatch(SLURM_NAME_PATTERN, value):
+                raise ValueError(f"{name}: {value!r} is not a Slurm name ({SLURM_NAME_PATTERN})")
+        if self.constraint is not None and not re.fullmatch(
+            SLURM_CONSTRAINT_PATTERN, self.constraint
+        ):
+            raise ValueError(f"constraint: {self.constraint!r} is not a Slurm feature expression")
+        if any(c.isspace() for c in str(self.run_dir)):
+            raise ValueError(f"run directory {self.run_dir} contains whitespace")
+
+
+def time_limit(max_runtime_s: float | None, stop_grace_s: float) -> str | None:
+    """``--time`` in Slurm's ``D-HH:MM:SS`` (whole minutes, rounded up); None = the partition's."""
+    if max_runtime_s is None:
+        return None
+    minutes = math.ceil((max_runtime_s + stop_grace_s + TIME_LIMIT_MARGIN_S) / 60)
+    days, rest = divmod(minutes, 24 * 60)
+    return f"{days}-{rest // 60:02d}:{rest % 60:02d}:00"
+
+
+def sbatch_directives(req: BatchRequest) -> list[str]:
+    """The ``#SBATCH`` options, in a fixed order."""
+    opts = [
+        f"--job-name={job_name(req.job_id)}",
+        f"--nodes={req.nnodes}",
+        "--ntasks-per-node=1",  # one torchrun per node; it starts the node's ranks
+        f"--chdir={req.run_dir}",
+        f"--output={req.run_dir}/logs/batch.log",
+        "--open-mode=append",
+        "--kill-on-invalid-dep=yes",
+        "--no-requeue",  # a requeued job would rerun from scratch behind the attempt loop's back
+    ]
+    if req.gpus_per_node:
+        opts += [f"--gpus-per-node={req.gpus_per_node}", f"--cpus-per-task={req.gpus_per_node}"]
+    else:
+        opts.append(f"--cpus-per-task={req.nproc_per_node}")
+    if (limit := time_limit(req.max_runtime_s, req.stop_grace_s)) is not None:
+        opts.append(f"--time={limit}")
+    for name in ("partition", "account", "qos", "constraint"):
+        if (value := getattr(req, name)) is not None:
+            opts.append(f"--{name}={value}")
+    return opts
+
+
+def shim_argv(python: str, run_dir: Path) -> list[str]:
+    """The attempt loop, as the batch script starts it."""
+    return [python, "-m", "service.shim", "--launcher=slurm", str(run_dir)]
+
+
+def _sh_quote(word: str) -> str:
+    return "'" + word.replace("'", "'\\''") + "'"
+
+
+def build_batch_script(req: BatchRequest) -> str:
+    """The batch script ``sbatch`` reads; pure. It holds no secret: the job token reaches the
+    job only through the environment ``sbatch`` is given (``sbatch_environment``)."""
+    directives = "\n".join(f"#SBATCH {opt}" for opt in sbatch_directives(req))
+    command = " ".join(_sh_quote(w) for w in shim_argv(req.python, req.run_dir))
+    return (
+        "#!/bin/sh\n"
+        f"{directives}\n"
+        f"# torchyard job {req.job_id}: the attempt loop runs on this (the batch) host and starts\n"
+        "# each attempt on every node with srun; exec, so this script exits with its exit code,\n"
+        "# the last attempt's own (a script ending in srun would report 0:0 whatever a rank did).\n"
+        f"exec {command}\n"
+    )
+
+
+def build_sbatch_command(script_path: Path) -> list[str]:
+    """``sbatch --parsable SCRIPT``: prints ``<job id>[;<cluster>]``."""
+    return ["sbatch", "--parsable", str(script_path)]
+
+
+def sbatch_environment(server_env: Mapping[str, str], job_env: Mapping[str, str]) -> dict[str, str]:
+    """The environment ``sbatch`` runs with, and so the job's (``--export`` defaults to ALL):
+    the few variables of ``KEPT_ENV`` from the server, then the job's own. Nothing else of the
+    server's environment (its API tokens, database URL, cloud credentials) reaches a rank."""
+    kept = {k: v for k, v in server_env.items() if k in KEPT_ENV or k.startswith(KEPT_PREFIXES)}
+    return {**kept, **job_env}
+
+
+# One torchrun per node: records the node's name, then execs torchrun with this node's rank
+# and log directory. Positional: $1 = the attempt's log dir, $2 = python, the rest = torchrun's
+# other options and the rank program. A fixed string: no value is ever spliced into it.
+NODE_WRAPPER = (
+    'd="$1/node-$SLURM_NODEID"; py="$2"; shift 2; mkdir -p "$d" && '
+    'printf "%s\\n" "$SLURMD_NODENAME" > "$d/node" && '
+    'exec "$py" -m torch.distributed.run --node-rank="$SLURM_NODEID" --log-dir="$d" "$@"'
+)
+
+
+@dataclass(frozen=True)
+class StepRequest:
+    """One attempt as a job step (built by the attempt loop on the batch host)."""
+
+    python: str
+    nnodes: int
+    nproc_per_node: int
+    master_addr: str
+    master_port: int
+    logs_dir: Path  # logs/attempt-<n>
+    program: Sequence[str]
+    gpus_per_node: int = 0
+
+
+def build_srun_command(req: StepRequest) -> list[str]:
+    """``srun`` starting one torchrun per node; pure, an argv list (no shell string built from
+    values: the node wrapper is a constant and every value is a positional argument)."""
+    cpus = req.gpus_per_node or req.nproc_per_node
+    srun = [
+        "srun",
+        "--kill-on-bad-exit=1",  # one node's torchrun failing stops the others: the attempt ends
+        f"--nodes={req.nnodes}",
+        f"--ntasks={req.nnodes}",
+        "--ntasks-per-node=1",
+        f"--cpus-per-task={cpus}",
+        f"--output={req.logs_dir}/node-%n.log",
+        "--export=ALL",
+    ]
+    if req.gpus_per_node:
+        srun.append(f"--gpus-per-node={req.gpus_per_node}")
+    torchrun_opts = [
+        f"--nnodes={req.nnodes}",
+        f"--nproc-per-node={req.nproc_per_node}",
+        f"--master-addr={req.master_addr}",
+        f"--master-port={req.master_port}",
+        "--max-restarts=0",
+        "--redirects=3",
+        "--tee=3",
+        "--monitor-interval=0.1",
+    ]
+    return [
+        *srun, "sh", "-c", NODE_WRAPPER, "sh", str(req.logs_dir), req.python,
+        *torchrun_opts, *req.program,
+    ]
+
+
+def rank_location(rank: int, nproc_per_node: int) -> tuple[int, int]:
+    """(node index, local rank) of a global rank under static rendezvous (node-major)."""
+    return divmod(int(rank), int(nproc_per_node))
