@@ -176,6 +176,7 @@ def _end_stream(app: FastAPI, case: schemathesis.Case) -> None:
             case.path_parameters = {**case.path_parameters, "job_id": app.state.fuzz_done_job}
 
 
+@pytest.mark.slow  # it reads what test_every_operation (slow) fuzzed, so it is selected with it
 def test_the_schema_covers_every_operation(api_schema) -> None:  # type: ignore[no-untyped-def]
     """The fuzzer saw every operation (a new route is fuzzed without anyone adding it here)."""
     paths = api_schema.raw_schema["paths"]
