@@ -22,6 +22,8 @@ POOL_SIZE = 40
 # with 200 pollers: every request stalled for the 30 s checkout timeout). Extra connections are
 # opened on demand and closed on return.
 POOL_OVERFLOW = -1
+# PostgreSQL: connections kept open per engine (each is a server process; more open on demand).
+SERVER_POOL_SIZE = 10
 _HOLDS_WRITE_LOCK = "torchyard_holds_write_lock"
 
 
@@ -32,7 +34,7 @@ def make_engine(url: str, *, readonly: bool = False) -> Engine:
     accidental write fail loudly instead of upgrading a read lock under load.
     """
     if not url.startswith("sqlite"):
-        return create_engine(url, pool_pre_ping=True)
+        return _server_engine(url, readonly=readonly)
     if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(
@@ -105,6 +107,26 @@ def _serialize_writers(engine: Engine) -> None:
     def _returned(_dbapi_conn, record, *_args) -> None:  # type: ignore[no-untyped-def]
         if record is not None:
             _release(record.info)
+
+
+def _server_engine(url: str, *, readonly: bool) -> Engine:
+    """A client/server database (PostgreSQL): no writer lock, the server orders writers itself.
+
+    READ COMMITTED (PostgreSQL's default) is what the compare-and-set transitions need: an
+    ``UPDATE … WHERE state IN (…)`` that waited on a concurrent one re-reads the row and matches
+    nothing if the other won. Readers get ``SET TRANSACTION READ ONLY`` so a stray write fails.
+    """
+    engine = create_engine(
+        url,
+        pool_pre_ping=True,
+        # Each connection is a server process: keep fewer idle than SQLite's, never wait for one.
+        pool_size=SERVER_POOL_SIZE,
+        max_overflow=POOL_OVERFLOW,
+        isolation_level="READ COMMITTED",
+    )
+    if readonly:
+        return engine.execution_options(postgresql_readonly=True)
+    return engine
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:

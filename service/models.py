@@ -6,6 +6,7 @@ from datetime import datetime
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     DateTime,
     Float,
     ForeignKey,
@@ -82,6 +83,11 @@ class Allocation(Base):
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
 
 
+# 64-bit on PostgreSQL; SQLite's INTEGER is 64-bit already (and only ``INTEGER PRIMARY KEY``,
+# not BIGINT, is SQLite's rowid that AUTOINCREMENT needs).
+Int64 = BigInteger().with_variant(Integer, "sqlite")
+
+
 class MetricRecord(Base):
     """Append-only; ``seq`` grows with insertion. ``step`` is -1 for per-epoch records."""
 
@@ -92,12 +98,12 @@ class MetricRecord(Base):
         {"sqlite_autoincrement": True},
     )
 
-    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    seq: Mapped[int] = mapped_column(Int64, primary_key=True, autoincrement=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     attempt: Mapped[int] = mapped_column(Integer)
     rank: Mapped[int] = mapped_column(Integer)
     epoch: Mapped[int] = mapped_column(Integer)
-    step: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(Int64)
     name: Mapped[str] = mapped_column(String(64))
     value: Mapped[float | None] = mapped_column(Float)
     # SQLite turns NaN into NULL, so non-finite values are kept by name: 'NaN', 'Infinity', '-Infinity'.

@@ -54,8 +54,9 @@ class Settings(BaseSettings):
     )
     database_url: str | None = Field(
         default=None,
-        description="any SQLAlchemy URL; unset = SQLite at HOME/torchyard.db (WAL, foreign keys, "
-        "busy timeout)",
+        description="SQLAlchemy URL of the store: unset = SQLite at HOME/torchyard.db (WAL, "
+        "foreign keys, busy timeout); or PostgreSQL as postgresql+psycopg://USER:PASSWORD@HOST/DB "
+        "(the `postgres` extra; docs/operations.md)",
     )
     host: str = Field(
         default="127.0.0.1",

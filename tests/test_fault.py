@@ -10,7 +10,7 @@ from collections import Counter
 import httpx
 import psutil
 
-from tests.conftest import LiveServer
+from tests.conftest import LiveServer, both_stores
 
 
 def _rank_pids(shim_pid: int) -> dict[int, int]:
@@ -79,6 +79,7 @@ def test_sigkill_one_rank_restarts_from_checkpoint(live_server_factory) -> None:
     assert final == {(r, e) for r in (0, 1) for e in range(start + 1, 7)}
 
 
+@both_stores
 def test_server_sigkill_and_restart_keeps_job_and_every_record(live_server_factory) -> None:  # type: ignore[no-untyped-def]
     server = live_server_factory(TORCHYARD_TEST_EPOCH_SLEEP_S="0.5")
     with server.client() as c:
@@ -100,6 +101,7 @@ def test_server_sigkill_and_restart_keeps_job_and_every_record(live_server_facto
     assert len(items) == len({(i["rank"], i["epoch"], i["name"]) for i in items})
 
 
+@both_stores
 def test_server_down_for_the_end_of_a_job(live_server_factory) -> None:  # type: ignore[no-untyped-def]
     server = live_server_factory(TORCHYARD_TEST_EPOCH_SLEEP_S="0.3")
     with server.client() as c:
