@@ -109,3 +109,20 @@ class MetricRecord(Base):
     # SQLite turns NaN into NULL, so non-finite values are kept by name: 'NaN', 'Infinity', '-Infinity'.
     nonfinite: Mapped[str | None] = mapped_column(String(9))
     time: Mapped[float] = mapped_column(Float)
+
+
+class SupervisorLease(Base):
+    """Who supervises, until when (``service.lease``). One row, ``name='supervisor'``.
+
+    Times are seconds since the epoch on the database's clock, never a server's, so hosts with
+    skewed clocks still agree on expiry. ``generation`` grows with every change of owner.
+    """
+
+    __tablename__ = "supervisor_lease"
+
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    owner: Mapped[str | None] = mapped_column(String(200))
+    host: Mapped[str | None] = mapped_column(String(200))
+    generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    expires_at: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    renewed_at: Mapped[float | None] = mapped_column(Float)
