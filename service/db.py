@@ -13,6 +13,8 @@ from pathlib import Path
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.changefeed import ChangeFeed, attach
+
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 # Connections kept open: one per thread of Starlette's pool (40), so a reader rarely reopens one.
 POOL_SIZE = 40
@@ -129,8 +131,14 @@ def _server_engine(url: str, *, readonly: bool) -> Engine:
     return engine
 
 
-def make_session_factory(engine: Engine) -> sessionmaker[Session]:
-    return sessionmaker(engine, expire_on_commit=False)
+def make_session_factory(
+    engine: Engine, feed: ChangeFeed | None = None
+) -> sessionmaker[Session]:
+    """Sessions; with ``feed``, their commits tell waiting routes which jobs changed."""
+    factory = sessionmaker(engine, expire_on_commit=False)
+    if feed is not None:
+        attach(factory, feed)
+    return factory
 
 
 def alembic_config(url: str):  # type: ignore[no-untyped-def]

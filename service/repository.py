@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import Row, delete, func, select, update
 from sqlalchemy.orm import Session
 
+from service.changefeed import note_change
 from service.models import Allocation, Job, JobLabel, MetricRecord
 from service.spec import JobSpec
 from service.state import ALLOWED_FROM, TERMINAL_STATES, JobState
@@ -47,6 +48,7 @@ def create_job(session: Session, spec: JobSpec, idempotency_key: str | None = No
     session.flush()
     session.add_all(JobLabel(job_id=job.id, key=k, value=v) for k, v in spec.labels.items())
     session.flush()
+    note_change(session, job.id)
     return job
 
 
@@ -114,11 +116,15 @@ def transition(session: Session, job_id: int, to: JobState, **fields: object) ->
     result = session.execute(
         update(Job).where(Job.id == job_id, Job.state.in_(allowed)).values(**values)
     )
-    return result.rowcount == 1
+    if result.rowcount != 1:
+        return False
+    note_change(session, job_id)
+    return True
 
 
 def set_attempts(session: Session, job_id: int, attempts: list[dict]) -> None:
     session.execute(update(Job).where(Job.id == job_id).values(attempts=attempts))
+    note_change(session, job_id)
 
 
 def allocated_resources(session: Session) -> dict[str, int]:
@@ -191,12 +197,17 @@ def insert_records(session: Session, job_id: int, records: Sequence[RecordIn]) -
             {"cls": _RECORDS_LOCK_CLASS, "job_id": job_id},
         )
         columns = {name: [row[name] for row in rows] for name in _ARRAY_COLUMNS}
-        added = conn.exec_driver_sql(_POSTGRES_INSERT_RECORDS, {"job_id": job_id, **columns})
-        return int(added.scalar_one())
-    # One statement run with a parameter list (executemany), on the driver directly:
-    # SQLAlchemy's per-row parameter processing costs as much as SQLite's own insert work, and
-    # a multi-row VALUES clause would be compiled anew for every batch (docs/benchmarks.md).
-    return conn.exec_driver_sql(_SQLITE_INSERT_RECORD, rows).rowcount
+        result = conn.exec_driver_sql(_POSTGRES_INSERT_RECORDS, {"job_id": job_id, **columns})
+        added = int(result.scalar_one())
+    else:
+        # One statement run with a parameter list (executemany), on the driver directly:
+        # SQLAlchemy's per-row parameter processing costs as much as SQLite's own insert work,
+        # and a multi-row VALUES clause would be compiled anew for every batch
+        # (docs/benchmarks.md).
+        added = conn.exec_driver_sql(_SQLITE_INSERT_RECORD, rows).rowcount
+    if added:
+        note_change(session, job_id)
+    return added
 
 
 _ARRAY_COLUMNS = ("attempt", "rank", "epoch", "step", "name", "value", "nonfinite", "time")

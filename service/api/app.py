@@ -22,6 +22,7 @@ from service.api.bodylimit import BodyLimitMiddleware
 from service.api.deps import reject_unknown_query
 from service.api.prometheus import RequestTimer, Telemetry
 from service.api.prometheus import router as prometheus_router
+from service.changefeed import ChangeFeed, PgListener
 from service.db import make_engine, make_session_factory, upgrade
 from service.launcher import Launcher, LocalTorchrunLauncher
 from service.resources import make_inventory
@@ -39,7 +40,8 @@ def create_app(
     """
     tokens = TokenSet(settings.api_token_digests())
     engine = make_engine(settings.resolved_database_url)
-    session_factory = make_session_factory(engine)
+    changes = ChangeFeed()
+    session_factory = make_session_factory(engine, changes)
     read_engine = make_engine(settings.resolved_database_url, readonly=True)
     read_session_factory = make_session_factory(read_engine)
     supervisor = Supervisor(
@@ -55,12 +57,19 @@ def create_app(
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         settings.runs_dir.mkdir(parents=True, exist_ok=True)
         upgrade(settings.resolved_database_url)
+        # PostgreSQL: hear every process's commits (SQLite: only this process's, see changefeed).
+        listener = None
+        if engine.dialect.name == "postgresql":
+            listener = PgListener(settings.resolved_database_url, changes)
+            listener.start()
         if run_supervisor:
             supervisor.start()
         try:
             yield
         finally:
             supervisor.stop()
+            if listener is not None:
+                listener.stop()
             engine.dispose()
             read_engine.dispose()
 
@@ -70,6 +79,7 @@ def create_app(
     )
     app.state.settings = settings
     app.state.session_factory = session_factory
+    app.state.changes = changes
     app.state.read_session_factory = read_session_factory
     app.state.supervisor = supervisor
     errors.install(app)

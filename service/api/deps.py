@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.changefeed import ChangeFeed
 from service.settings import Settings
 from service.supervisor import Supervisor
 
@@ -50,10 +51,16 @@ def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
+def get_changes(request: Request) -> ChangeFeed:
+    """Wakes long polls and event streams when a job changes (``service.changefeed``)."""
+    return request.app.state.changes
+
+
 SessionDep = Annotated[Session, Depends(get_session)]
 SessionFactoryDep = Annotated[sessionmaker[Session], Depends(get_session_factory)]
 SupervisorDep = Annotated[Supervisor, Depends(get_supervisor)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
+ChangesDep = Annotated[ChangeFeed, Depends(get_changes)]
 
 
 def _query_names(dependant: Dependant) -> set[str]:

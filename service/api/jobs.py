@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 from typing import Annotated
@@ -11,7 +10,7 @@ from fastapi import APIRouter, Header, Query, Response
 from starlette.concurrency import run_in_threadpool
 
 from service import repository as repo
-from service.api.deps import SessionDep, SessionFactoryDep, SupervisorDep
+from service.api.deps import ChangesDep, SessionDep, SessionFactoryDep, SupervisorDep
 from service.api.errors import ApiError
 from service.schemas import AttemptRead, JobList, JobRead, MetricRead, MetricsPage
 from service.spec import JobSpec
@@ -23,6 +22,7 @@ METRICS_PAGE_DEFAULT = 1000
 METRICS_PAGE_MAX = 10_000
 WAIT_DEFAULT_S = 30.0
 WAIT_MAX_S = 300.0
+# Woken by the change feed; this poll only covers writers in other processes on SQLite.
 WAIT_POLL_S = 0.25
 LABEL_FILTER = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}(=[^\x00-\x1f]{0,200})?$"
 IDEMPOTENCY_KEY = r"^[\x21-\x7e]{1,200}$"
@@ -109,16 +109,19 @@ async def wait_for_job(
     job_id: int,
     session_factory: SessionFactoryDep,
     supervisor: SupervisorDep,
+    changes: ChangesDep,
     timeout: Annotated[float, Query(ge=0, le=WAIT_MAX_S, allow_inf_nan=False)] = WAIT_DEFAULT_S,
 ) -> JobRead:
     """Long-poll: answers as soon as the job is terminal, or after ``timeout`` seconds with
     the job as it is then (check ``state``). Never an error for a job that is still running."""
     deadline = time.monotonic() + timeout
     while True:
+        seen = changes.version(job_id)
         job = await run_in_threadpool(_read_job, session_factory, job_id)
         if JobState(job.state) in TERMINAL_STATES or time.monotonic() >= deadline:
             return JobRead.from_row(job, supervisor.queue_status(job_id))
-        await asyncio.sleep(min(WAIT_POLL_S, max(0.0, deadline - time.monotonic())))
+        left = max(0.0, deadline - time.monotonic())
+        await changes.wait(job_id, seen, min(changes.fallback_s(WAIT_POLL_S), left))
 
 
 def _read_job(session_factory: SessionFactoryDep, job_id: int):  # type: ignore[no-untyped-def]
