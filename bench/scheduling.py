@@ -71,12 +71,12 @@ def scheduling_pass(home: Path, repeats: int) -> tuple[float, float, int]:
     from service import repository as repo
     from service import scheduler
     from service.db import make_engine, make_session_factory
-    from service.launcher import LocalTorchrunLauncher
+    from service.executor.local import LocalExecutor
     from service.resources import make_inventory
     from service.settings import Settings
-    from service.spec import JobSpec
     from service.state import JobState
     from service.supervisor import Supervisor
+    from torchyard_contract.spec import JobSpec
 
     engine = make_engine(f"sqlite:///{db_path(home)}")
     factory = make_session_factory(engine)
@@ -90,7 +90,7 @@ def scheduling_pass(home: Path, repeats: int) -> tuple[float, float, int]:
     supervisor = Supervisor(
         settings=Settings(home=home, gpus="none", cpu_slots=CPU_SLOTS),
         session_factory=factory, read_session_factory=make_session_factory(read_engine),
-        inventory=inventory, launcher=LocalTorchrunLauncher(),
+        inventory=inventory, executor=LocalExecutor(),
     )
     passes = []
     try:

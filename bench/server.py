@@ -112,8 +112,8 @@ def insert_finished_job(home: Path) -> tuple[int, str]:
     """A succeeded job with a known worker token; the records route accepts its late batches."""
     from service import repository as repo
     from service.db import make_engine, make_session_factory
-    from service.spec import JobSpec
     from service.state import JobState
+    from torchyard_contract.spec import JobSpec
 
     token, token_hash = new_token()
     engine = make_engine(f"sqlite:///{db_path(home)}")

@@ -59,7 +59,7 @@ def builtin_epochs(root: Path, model_name: str, workdir: Path) -> Callable[[int]
     from torch import nn
     from torch.utils.data import DistributedSampler, TensorDataset
 
-    from service.spec import JobSpec
+    from torchyard_contract.spec import JobSpec
     from worker.datasets import load_dataset
     from worker.heartbeat import Heartbeat
     from worker.models import build_model

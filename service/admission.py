@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from service.pathguard import PathRefused, confine
 from service.settings import Settings
-from service.spec import JobSpec
+from torchyard_contract.spec import JobSpec
 
 
 class AdmissionRefused(PermissionError):

@@ -25,7 +25,7 @@ from pydantic_core import PydanticUndefined
 from service.settings import Settings
 
 # The one place the job spec is imported from: a move of the contract is a one-line change here.
-from service.spec import JobSpec
+from torchyard_contract.spec import JobSpec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 REGENERATE_COMMAND = "python -m service.docgen"

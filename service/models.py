@@ -49,8 +49,10 @@ class Job(Base):
     first_metric_at: Mapped[datetime | None] = mapped_column(DateTime)
     exit_code: Mapped[int | None] = mapped_column(Integer)
     reason: Mapped[str | None] = mapped_column(Text)
-    pid: Mapped[int | None] = mapped_column(Integer)
-    pid_create_time: Mapped[float | None] = mapped_column(Float)
+    # Who runs the job's processes ("local", "slurm") and its opaque reference there, which only
+    # that executor interprets (service.executor): set at launch, read to re-adopt after a restart.
+    executor: Mapped[str | None] = mapped_column(String(16))
+    executor_ref: Mapped[str | None] = mapped_column(Text)
     devices: Mapped[str | None] = mapped_column(String(200))
     # Indexed: the auth middleware looks a bearer token up by its hash on every worker request.
     token_hash: Mapped[str | None] = mapped_column(String(64), index=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -13,11 +12,11 @@ from sqlalchemy.orm import Session
 
 from service.changefeed import note_change
 from service.models import Allocation, Job, JobLabel, MetricRecord
-from service.spec import JobSpec
 from service.state import ALLOWED_FROM, TERMINAL_STATES, JobState
+from torchyard_contract.records import nonfinite_name
+from torchyard_contract.spec import JobSpec
 
 EPOCH_STEP = -1  # stored step of a per-epoch record; the API shows it as null
-NONFINITE_NAMES = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 
 
 def utcnow() -> datetime:
@@ -176,7 +175,7 @@ def insert_records(session: Session, job_id: int, records: Sequence[RecordIn]) -
         return 0
     rows = []
     for r in records:
-        finite = math.isfinite(r.value)
+        nonfinite = nonfinite_name(r.value)
         rows.append(
             {
                 "job_id": job_id,
@@ -185,8 +184,8 @@ def insert_records(session: Session, job_id: int, records: Sequence[RecordIn]) -
                 "epoch": r.epoch if r.epoch is not None else 0,
                 "step": r.step if r.step is not None else EPOCH_STEP,
                 "name": r.name,
-                "value": r.value if finite else None,
-                "nonfinite": None if finite else NONFINITE_NAMES[repr(r.value)],
+                "value": r.value if nonfinite is None else None,
+                "nonfinite": nonfinite,
                 "time": r.time,
             }
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from service.rundir import RunDir
+from torchyard_contract.rundir import RunDir
 
 
 def read_json(path: Path) -> dict | None:
@@ -17,5 +17,5 @@ def read_json(path: Path) -> dict | None:
 
 def read_attempts(run: RunDir) -> list[dict]:
     """Attempt records in number order (the shim writes each atomically)."""
-    attempts = [read_json(p) for p in (run.root / "attempts").glob("*.json")]
+    attempts = [read_json(p) for p in run.attempts_dir.glob("*.json")]
     return sorted((a for a in attempts if a), key=lambda a: a["number"])

@@ -1,22 +1,22 @@
-"""HTTP shapes (apart from the ORM tables). The job spec itself is ``service.spec.JobSpec``."""
+"""HTTP shapes (apart from the ORM tables). The job spec itself is ``torchyard_contract.spec.JobSpec``."""
 
 from __future__ import annotations
 
-import math
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from service.executor.local import shim_pid
 from service.models import Job, MetricRecord
 from service.repository import EPOCH_STEP
 from service.scheduler import Waiting
-from service.spec import JobSpec
 from service.state import JobState
 
-# Non-finite metric values travel as these strings (strict JSON has no NaN/Infinity).
-NonFinite = Literal["NaN", "Infinity", "-Infinity"]
-MetricValue = float | NonFinite
+# The record wire format is the contract's (non-finite values as 'NaN', 'Infinity', '-Infinity').
+from torchyard_contract.records import MetricValue, NonFinite, RecordPost  # noqa: F401
+from torchyard_contract.spec import JobSpec
+
 # The database keeps naive UTC; the wire says so (RFC 3339 needs an offset: "...Z").
 UtcDatetime = Annotated[
     datetime, AfterValidator(lambda d: d if d.tzinfo else d.replace(tzinfo=UTC))
@@ -60,7 +60,9 @@ class JobRead(BaseModel):
     )
     exit_code: int | None
     reason: str | None
-    pid: int | None
+    pid: int | None = Field(
+        description="local executor: pid of the job's shim (its process group); null otherwise"
+    )
     devices: list[str]
     attempts: list[AttemptRead]
 
@@ -82,7 +84,7 @@ class JobRead(BaseModel):
             waiting_reason=waiting.reason if queued and waiting else None,
             exit_code=job.exit_code,
             reason=job.reason,
-            pid=job.pid,
+            pid=shim_pid(job.executor, job.executor_ref),
             devices=job.devices.split(",") if job.devices else [],
             attempts=[AttemptRead.model_validate(a) for a in job.attempts or []],
         )
@@ -140,25 +142,6 @@ class MetricsPage(BaseModel):
     state: JobState
     items: list[MetricRead]
     next_after: int = Field(description="pass as ?after= next time; unchanged when nothing is new")
-
-
-class RecordPost(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    attempt: int = Field(default=1, ge=1, le=10_000)
-    rank: int = Field(ge=0, le=65_535)
-    epoch: int | None = Field(default=None, ge=0, le=10_000_000)
-    step: int | None = Field(default=None, ge=0, le=2**62)
-    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:/-]+$")]
-    value: MetricValue
-    time: float = Field(ge=0, le=1e11, allow_inf_nan=False)
-
-    @field_validator("value")
-    @classmethod
-    def _to_float(cls, v: MetricValue) -> float:
-        if isinstance(v, str):
-            return {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[v]
-        return float(v)
 
 
 class RecordBatch(BaseModel):

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from service.pathguard import PathRefused, confine
-from service.spec import JobSpec
+from torchyard_contract.spec import JobSpec
 
 FIELD = "entrypoint"
 ENABLE_HINT = (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -97,6 +97,10 @@ class Settings(BaseSettings):
         default=None,
         description="Python interpreter that runs torchrun and the ranks; unset = the server's "
         "own",
+    )
+    executor: Literal["local"] = Field(
+        default="local",
+        description="what runs jobs: 'local' = a torchrun process group per job on this host",
     )
     script_dirs: str | None = Field(
         default=None,

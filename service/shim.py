@@ -1,7 +1,8 @@
 """Per-job shim: ``python -m service.shim RUN_DIR``. Owns torchrun for the job's whole life.
 
-The supervisor starts one shim per job in a session of its own, so the job outlives the server.
-The shim runs attempts (torchrun with ``--max-restarts=0``), restarts the group after a rank
+The job's attempt loop, independent of how it was started: the local executor starts one shim per
+job in a session of its own (so the job outlives the server); a batch script can run the same
+loop inside an allocation. The shim runs attempts (torchrun with ``--max-restarts=0``), restarts the group after a rank
 failure up to ``max_restarts`` (never after a start-up failure: a failure before every rank wrote
 its ready marker), enforces ``max_runtime_s`` and ``heartbeat_timeout_s``, and writes:
 
@@ -26,11 +27,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from service.executor.process import ProcessGroupHandle
 from service.failure import describe_exit, failed_rank_exit_codes
-from service.launcher import LaunchRequest, LocalTorchrunLauncher, ProcessGroupHandle
-from service.rundir import RunDir
+from service.launcher import LaunchRequest, LocalTorchrunLauncher
 from service.scriptpath import builtin_program
 from service.socketport import free_port
+from torchyard_contract import envnames as names
+from torchyard_contract.rundir import RunDir
 
 POLL_S = 0.2
 DEADLINE_REASON = "deadline exceeded"
@@ -100,7 +103,7 @@ class Shim:
         logs = self.run.logs_dir / f"attempt-{number}"
         logs.mkdir(parents=True, exist_ok=True)
         env = {
-            "TORCHYARD_ATTEMPT": str(number),
+            names.ATTEMPT: str(number),
             **self.config.rank_env(os.environ.get("PYTHONPATH")),
         }
         req = LaunchRequest(

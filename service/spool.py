@@ -1,7 +1,7 @@
 """Re-ingesting the ranks' spool files (``spool/rank-<N>.jsonl``): what a rank could not send.
 
-Each line is one record in the same shape ranks POST. A torn last line (a rank killed mid-write)
-or any malformed line is skipped. Ingestion is idempotent, so replaying a whole spool is safe.
+Each line is one record in the contract's wire format (``torchyard_contract.records``), as ranks
+POST. A torn last line (a rank killed mid-write) or any malformed line is skipped. Ingestion is idempotent, so replaying a whole spool is safe.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from service.repository import RecordIn
-from service.schemas import RecordPost
+from torchyard_contract.records import RecordPost
 
 logger = logging.getLogger(__name__)
 

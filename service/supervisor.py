@@ -1,4 +1,4 @@
-"""The supervisor owns job processes and every state change after submission.
+"""The supervisor owns jobs' lives and every state change after submission.
 
 One background thread runs ``tick()``: stop cancelled groups, reap finished ones, mark started
 ones running, then run a scheduling pass (``service.scheduler``: priority, FIFO, gang
@@ -10,32 +10,31 @@ from __future__ import annotations
 
 import logging
 import math
-import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from datetime import UTC
 
-import psutil
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from service import repository as repo
 from service import scheduler
 from service.admission import admit
+from service.executor.base import Executor, Phase, Submission
 from service.jobtoken import new_token
-from service.launcher import UNKNOWN_EXIT, GroupHandle, Launcher, ProcessGroupHandle
 from service.models import Job
 from service.resources import Inventory
-from service.rundir import RunDir
 from service.runfiles import read_attempts, read_json
 from service.scriptpath import ScriptRefused, ScriptsDisabled, rank_program, script_program
 from service.settings import Settings
 from service.shim import ShimConfig
-from service.spec import Backend, Device, JobSpec
 from service.spool import read_spool
 from service.state import JobState
+from torchyard_contract import envnames as names
+from torchyard_contract.rundir import RunDir
+from torchyard_contract.spec import Backend, Device, JobSpec
 
 logger = logging.getLogger(__name__)
 
@@ -90,12 +89,13 @@ class Supervisor:
     settings: Settings
     session_factory: sessionmaker[Session]
     inventory: Inventory
-    launcher: Launcher
+    executor: Executor
     api_url: str = ""
     # Read-only sessions (``service.db``): a scheduling pass reads the queue without holding the
     # write lock; None = use ``session_factory``.
     read_session_factory: sessionmaker[Session] | None = None
-    _handles: dict[int, GroupHandle] = field(default_factory=dict)
+    # Jobs whose processes the executor runs for us: job id → the executor's opaque reference.
+    _refs: dict[int, str] = field(default_factory=dict)
     _stopping: set[int] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -183,6 +183,7 @@ class Supervisor:
 
     # --- the loop ---------------------------------------------------------------------------
     def start(self) -> None:
+        self.executor.watch(self._wake.set)  # reap at once when a job ends, not a poll later
         self.recover()
         self._thread = threading.Thread(target=self._run, name="torchyard-supervisor", daemon=True)
         self._thread.start()
@@ -218,13 +219,14 @@ class Supervisor:
                 if job is not None:
                     jobs[job_id] = job
             for job in jobs.values():
-                if job.pid and _same_process(job.pid, job.pid_create_time):
-                    self._handles[job.id] = ProcessGroupHandle(pid=job.pid)
-                    logger.info("job %s: re-adopted pid %s", job.id, job.pid)
+                ref = job.executor_ref
+                if ref and job.executor == self.executor.name and self.executor.adopt(ref):
+                    self._refs[job.id] = ref
+                    logger.info("job %s: re-adopted (%s %s)", job.id, job.executor, ref)
                     continue
                 dead.append(job.id)
         for job_id in dead:
-            self._finish(job_id, UNKNOWN_EXIT)
+            self._finish(job_id, None)
 
     def tick(self) -> None:
         self._stop_cancelled()
@@ -233,16 +235,19 @@ class Supervisor:
         self._launch_queued()
 
     def _reap_finished(self) -> None:
-        for job_id, handle in list(self._handles.items()):
-            code = handle.poll()
-            if code is None:
+        if not self._refs:
+            return
+        for job_id, status in self.executor.describe(dict(self._refs)).items():
+            if status.phase is not Phase.ended:
                 continue
-            del self._handles[job_id]
+            del self._refs[job_id]
             self._stopping.discard(job_id)
-            self._finish(job_id, code)
+            self._finish(job_id, status.exit_code)
 
-    def _finish(self, job_id: int, shim_code: int) -> None:
-        """Record the shim's outcome, re-ingest the spools, free the resources."""
+    def _finish(self, job_id: int, shim_code: int | None) -> None:
+        """Record the shim's outcome, re-ingest the spools, free the resources.
+
+        ``shim_code``: the attempt loop's exit code, None when unknown (it ended unwatched)."""
         run = RunDir.for_job(self.settings.runs_dir, job_id)
         outcome = read_json(run.exit_file)
         with self.session_factory() as session:
@@ -254,7 +259,7 @@ class Supervisor:
             if outcome is None:
                 reason = (
                     "the job's shim ended without an outcome"
-                    if shim_code != UNKNOWN_EXIT
+                    if shim_code is not None
                     else "the job ended while the server was down and left no outcome"
                 )
                 repo.transition(session, job_id, JobState.failed, reason=reason)
@@ -388,7 +393,7 @@ class Supervisor:
         repo.allocate(session, job.id, placement.resources)
         session.commit()
         try:
-            handle = self._start_shim(job.id, token, spec, placement)
+            ref = self._start_shim(job.id, token, spec, placement)
         except Exception as exc:  # whatever failed, the job must not stay starting, holding slots
             if not isinstance(exc, ScriptRefused | OSError):
                 logger.exception("job %s: launch failed", job.id)
@@ -397,24 +402,18 @@ class Supervisor:
             session.commit()
             self._queue_changed()
             return
-        self._handles[job.id] = handle
-        if isinstance(handle, ProcessGroupHandle) and handle.popen is not None:
-            # Reap at once when the shim exits, not up to a poll interval later.
-            threading.Thread(
-                target=self._wake_on_exit, args=(handle.popen,), daemon=True,
-                name=f"torchyard-wait-{job.id}",
-            ).start()
+        self._refs[job.id] = ref
         job_row = repo.get_job(session, job.id)
         if job_row is not None:
-            job_row.pid = handle.pid
-            job_row.pid_create_time = _create_time(handle.pid)
+            job_row.executor, job_row.executor_ref = self.executor.name, ref
         session.commit()
-        logger.info("job %s: launched pid %s on %s", job.id, handle.pid, placement.resources)
+        logger.info("job %s: launched (%s %s) on %s", job.id, self.executor.name, ref,
+                    placement.resources)
 
     def _start_shim(
         self, job_id: int, token: str, spec: JobSpec, placement: Placement
-    ) -> GroupHandle:
-        """Write the run directory and start the job's shim; raises on any failure."""
+    ) -> str:
+        """Write the run directory and submit the job's shim; its reference, or raises."""
         run = RunDir.for_job(self.settings.runs_dir, job_id)
         run.prepare()
         run.spec_file.write_text(spec.model_dump_json(indent=2))
@@ -431,7 +430,10 @@ class Supervisor:
             program=list(program.argv),
             pythonpath=program.pythonpath,
         ).write(run)
-        return self.launcher.start_shim(run, self._rank_env(job_id, token, run, spec, placement))
+        env = self._rank_env(job_id, token, run, spec, placement)
+        return self.executor.submit(
+            Submission(job_id=job_id, run=run, env=env, nproc_per_node=spec.nproc_per_node)
+        )
 
     def _rank_env(
         self, job_id: int, token: str, run: RunDir, spec: JobSpec, placement: Placement
@@ -441,29 +443,25 @@ class Supervisor:
         threads = 1 if placement.device == "cpu" else max(1, cores // spec.nproc_per_node)
         env = {
             **spec.env,  # a script job's own variables; never torchyard's (JobSpec refuses them)
-            "TORCHYARD_API_URL": self.api_url,
-            "TORCHYARD_JOB_ID": str(job_id),
-            "TORCHYARD_JOB_TOKEN": token,
-            "TORCHYARD_RUN_DIR": str(run.root),
-            "TORCHYARD_DEVICE": placement.device,
-            "TORCHYARD_BACKEND": placement.backend,
-            "TORCHELASTIC_ERROR_FILE": str(run.error_file),
+            names.API_URL: self.api_url,
+            names.JOB_ID: str(job_id),
+            names.JOB_TOKEN: token,
+            names.RUN_DIR: str(run.root),
+            names.DEVICE: placement.device,
+            names.BACKEND: placement.backend,
+            names.ERROR_FILE: str(run.error_file),
             "OMP_NUM_THREADS": str(threads),
             "PYTHONUNBUFFERED": "1",
         }
         if spec.resume_from is not None:
             source = RunDir.for_job(self.settings.runs_dir, spec.resume_from)
-            env["TORCHYARD_RESUME_DIR"] = str(source.root / "checkpoints")
+            env[names.RESUME_DIR] = str(source.checkpoints_dir)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in placement.gpu_indices)
         return env
 
-    def _wake_on_exit(self, popen: subprocess.Popen[bytes]) -> None:
-        popen.wait()
-        self._wake.set()
-
     def _stop_cancelled(self) -> None:
-        """Groups whose job was cancelled get SIGTERM → grace → SIGKILL, each in its own thread."""
-        running = [j for j in self._handles if j not in self._stopping]
+        """Jobs cancelled in the database are stopped by the executor, each in its own thread."""
+        running = [j for j in self._refs if j not in self._stopping]
         if not running:
             return
         with self.session_factory() as session:
@@ -476,24 +474,8 @@ class Supervisor:
                     ).start()
 
     def _stop_group(self, job_id: int) -> None:
-        handle = self._handles.get(job_id)
-        if handle is not None:
-            handle.terminate(self.settings.stop_grace_s)
+        ref = self._refs.get(job_id)
+        if ref is not None:
+            self.executor.cancel(ref, self.settings.stop_grace_s)  # SIGTERM → grace → SIGKILL
         self._wake.set()  # the reaper records the exit and frees the resources
 
-
-def _create_time(pid: int) -> float | None:
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return None
-
-
-def _same_process(pid: int, create_time: float | None) -> bool:
-    """A pid is ours only if its start time matches too (pids are reused)."""
-    if create_time is None:
-        return False
-    try:
-        return abs(psutil.Process(pid).create_time() - create_time) < 0.01
-    except psutil.Error:
-        return False

@@ -10,8 +10,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from service.spec import DatasetName, JobSpec, OptimizerName
 from tests.test_worker_unit import run_worker_group
+from torchyard_contract.spec import DatasetName, JobSpec, OptimizerName
 from worker.checkpoint import checkpoint_name, list_checkpoints, load_latest, save_checkpoint
 
 

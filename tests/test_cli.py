@@ -9,8 +9,8 @@ from pathlib import Path
 
 from service.client.commands import EXIT_CANCELLED, EXIT_ERROR, EXIT_FAILED, EXIT_TIMEOUT
 from service.client.render import fmt_value
-from service.rundir import RunDir
 from tests.conftest import REPO_ROOT, LiveServer
+from torchyard_contract.rundir import RunDir
 
 CLI_TIMEOUT_S = 240
 

@@ -8,9 +8,10 @@ import httpx
 from fastapi.testclient import TestClient
 from httpx_sse import connect_sse
 
-from service.api.logs import LogStream, rank_log_file, read_chunk
-from service.rundir import RunDir
+from service.api.logs import read_chunk
+from service.executor.local import LocalExecutor
 from tests.conftest import LiveServer
+from torchyard_contract.rundir import RunDir
 
 SPEC = {"name": "events", "dataset": "digits", "epochs": 4, "nproc_per_node": 2}
 TERMINAL = {"succeeded", "failed", "cancelled"}
@@ -73,7 +74,8 @@ def test_reconnect_with_last_event_id_gets_every_record_once(live_server_factory
                 offset = chunk["next_offset"]
                 if chunk["complete"]:
                     break
-            path = rank_log_file(RunDir.for_job(server.home / "runs", job_id), 1, rank, LogStream.stderr)
+            run = RunDir.for_job(server.home / "runs", job_id)
+            path = LocalExecutor().rank_log(run, 1, rank, "stderr").path
             assert path is not None
             assert text == path.read_bytes().decode("utf-8", errors="replace")
             assert f"rank{rank} INFO" in text

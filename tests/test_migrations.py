@@ -5,16 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, inspect, text
 
 from service.db import alembic_config, make_engine, upgrade
+from service.executor.local import decode_reference, encode_reference, shim_pid
 from service.models import Base
 from tests.conftest import both_stores
-
-pytestmark = both_stores
 
 
 @pytest.fixture
@@ -27,6 +27,7 @@ def _revision(engine: Engine) -> str | None:
         return MigrationContext.configure(conn).get_current_revision()
 
 
+@both_stores
 def test_upgrade_from_empty_creates_tables(url: str, store: str) -> None:
     upgrade(url)
     engine = make_engine(url)
@@ -41,6 +42,7 @@ def test_upgrade_from_empty_creates_tables(url: str, store: str) -> None:
     engine.dispose()
 
 
+@both_stores
 def test_upgrade_from_the_previous_head_keeps_rows(url: str) -> None:
     script = ScriptDirectory.from_config(alembic_config(url))
     head = script.get_revision(script.get_current_head())
@@ -61,6 +63,7 @@ def test_upgrade_from_the_previous_head_keeps_rows(url: str) -> None:
     engine.dispose()
 
 
+@both_stores
 def test_models_match_migration_head(url: str) -> None:
     upgrade(url)
     engine = make_engine(url)
@@ -70,6 +73,83 @@ def test_models_match_migration_head(url: str) -> None:
     assert diff == []
 
 
+@both_stores
 def test_upgrade_twice_is_a_noop(url: str) -> None:
     upgrade(url)
     upgrade(url)
+
+
+@both_stores
+def test_0005_turns_a_pid_into_the_local_executors_reference(url: str) -> None:
+    """A job launched before 0005 keeps its process: the reference the local executor adopts
+    from is made of its pid and start time, and its metric records survive the migration."""
+    upgrade(url, "0004")
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO jobs (id, name, state, priority, spec, created_at, pid, pid_create_time)"
+            " VALUES (1, 'old', 'running', 0, '{}', '2026-12-01 00:00:00', 4242, 1700000000.25),"
+            " (2, 'queued', 'queued', 0, '{}', '2026-12-01 00:00:00', NULL, NULL)"
+        ))
+        conn.execute(text(
+            "INSERT INTO metric_records (job_id, attempt, rank, epoch, step, name, value, time)"
+            " VALUES (1, 1, 0, 0, -1, 'loss', 0.5, 1.0)"
+        ))
+    engine.dispose()
+    upgrade(url)
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT id, executor, executor_ref FROM jobs ORDER BY id")).all()
+        records = conn.execute(text("SELECT count(*) FROM metric_records")).scalar()
+        columns = {c["name"] for c in inspect(conn).get_columns("jobs")}
+    engine.dispose()
+    assert rows[1] == (2, None, None)
+    assert rows[0][1] == "local"
+    assert decode_reference(rows[0][2]) == (4242, 1700000000.25)
+    assert shim_pid(rows[0][1], rows[0][2]) == 4242
+    assert records == 1
+    assert not columns & {"pid", "pid_create_time"}
+
+
+@both_stores
+def test_0005_downgrade_restores_the_pid(url: str) -> None:
+    upgrade(url)
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO jobs (id, name, state, priority, spec, created_at, executor, executor_ref)"
+            " VALUES (1, 'j', 'running', 0, '{}', '2026-12-01 00:00:00', 'local', :ref)"
+        ), {"ref": encode_reference(77, 5.5)})
+    engine.dispose()
+    command.downgrade(alembic_config(url), "0004")
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT pid, pid_create_time FROM jobs")).one() == (77, 5.5)
+    engine.dispose()
+
+
+def test_upgrading_a_populated_database_keeps_every_child_row(tmp_path: Path) -> None:
+    """0003 rebuilds ``jobs`` (SQLite batch mode): with foreign keys on, that DROP used to
+    cascade into every job's records. Upgrading from 0002 with data must keep all of it."""
+    url = f"sqlite:///{tmp_path / 'f.db'}"
+    upgrade(url, "0002")
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO jobs (id, name, state, spec, created_at, pid, pid_create_time)"
+            " VALUES (1, 'old', 'succeeded', '{}', '2026-12-01 00:00:00', NULL, NULL)"
+        ))
+        conn.execute(text(
+            "INSERT INTO metric_records (job_id, attempt, rank, epoch, step, name, value, time)"
+            " VALUES (1, 1, 0, 0, -1, 'loss', 0.5, 1.0), (1, 1, 1, 0, -1, 'loss', 0.25, 1.0)"
+        ))
+    engine.dispose()
+    upgrade(url)
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        records = conn.execute(text("SELECT count(*) FROM metric_records")).scalar()
+        jobs = conn.execute(text("SELECT count(*) FROM jobs")).scalar()
+        foreign_keys = conn.exec_driver_sql("PRAGMA foreign_keys").scalar()
+    engine.dispose()
+    assert (jobs, records) == (1, 2)
+    assert foreign_keys == 1

@@ -16,13 +16,13 @@ from fastapi.testclient import TestClient
 
 from service.api.app import create_app
 from service.launcher import LaunchRequest, build_command
-from service.rundir import RunDir
 from service.scriptpath import rank_program
 from service.settings import Settings
 from service.shim import ShimConfig
-from service.spec import JobSpec
 from tests.conftest import LiveServer, free_port
 from tests.test_datasets_e2e import write_tiny_mnist
+from torchyard_contract.rundir import RunDir
+from torchyard_contract.spec import JobSpec
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"

@@ -35,9 +35,9 @@ from service.api.app import create_app
 from service.api.auth import is_public, worker_job_id
 from service.jobtoken import new_token
 from service.settings import Settings, environ_for_children
-from service.spec import JobSpec
 from service.state import JobState
 from tests.conftest import REPO_ROOT, LiveServer, both_stores, free_port
+from torchyard_contract.spec import JobSpec
 
 API_TOKEN = "api-token-for-tests-0123456789"
 BEARER = {"authorization": f"Bearer {API_TOKEN}"}

@@ -13,7 +13,7 @@ from sqlalchemy import insert
 from service import repository as repo
 from service.downsample import build_lines, downsample_indices, epoch_mean
 from service.models import MetricRecord
-from service.spec import JobSpec
+from torchyard_contract.spec import JobSpec
 
 N = 100_000
 

@@ -14,9 +14,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service import repository as repo
 from service.db import make_engine, make_session_factory, upgrade
-from service.spec import JobSpec
 from service.state import JobState
 from tests.conftest import both_stores
+from torchyard_contract.spec import JobSpec
 
 pytestmark = both_stores
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from service.spec import DatasetName, JobSpec, ModelName
+from torchyard_contract.spec import DatasetName, JobSpec, ModelName
 from worker.datasets import load_dataset
 from worker.env import WorkerEnv
 from worker.models import build_model

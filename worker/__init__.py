@@ -34,6 +34,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from torchyard_contract.rundir import RunDir
 from worker.env import WorkerEnv
 from worker.heartbeat import Heartbeat
 from worker.reporter import Reporter
@@ -66,7 +67,7 @@ def ready() -> None:
             env = WorkerEnv.current()
             if env.run_dir is None:
                 return
-            marker = env.run_dir / "attempts" / str(env.attempt) / f"ready-rank-{env.rank}"
+            marker = RunDir(env.run_dir).ready_marker(env.attempt, env.rank)
             _heartbeat = Heartbeat(marker)
             return
         _heartbeat.beat()

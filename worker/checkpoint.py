@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from torchyard_contract.rundir import RunDir
 from worker import ready
 from worker.env import WorkerEnv
 
@@ -110,7 +111,7 @@ def save_checkpoint(directory: Path | str, epoch: int, state: dict[str, Any], ke
 def default_dir() -> Path:
     """Where :func:`save` writes: the job's ``RUN_DIR/checkpoints``, else ``./checkpoints``."""
     env = WorkerEnv.current()
-    return (env.run_dir / "checkpoints") if env.run_dir is not None else Path("checkpoints")
+    return RunDir(env.run_dir).checkpoints_dir if env.run_dir is not None else Path("checkpoints")
 
 
 def save(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from service.spec import DatasetName, JobSpec, ModelName
+from torchyard_contract.spec import DatasetName, JobSpec, ModelName
 
 NUM_CLASSES = 10
 TEST_FRACTION = 0.2

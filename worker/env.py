@@ -3,7 +3,8 @@
 Contract: :meth:`WorkerEnv.from_environ` takes a mapping (normally ``os.environ``) and
 returns a frozen :class:`WorkerEnv`. Torchrun variables default to a single-process run
 so the worker also works when started by hand. Malformed numbers raise ``ValueError``
-naming the variable. This module must stay free of torch imports (the reporter uses it).
+naming the variable. The variable names are the contract's (``torchyard_contract.envnames``).
+This module must stay free of torch imports (the reporter uses it).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from torchyard_contract import envnames as names
 
 
 def _int(environ: Mapping[str, str], name: str, default: int | None) -> int | None:
@@ -83,8 +86,8 @@ class WorkerEnv:
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> WorkerEnv:
         """Parse ``environ``; raises ``ValueError`` on malformed values."""
-        run_dir = _str(environ, "TORCHYARD_RUN_DIR")
-        api_url = _str(environ, "TORCHYARD_API_URL")
+        run_dir = _str(environ, names.RUN_DIR)
+        api_url = _str(environ, names.API_URL)
         return cls(
             rank=_int(environ, "RANK", 0) or 0,
             local_rank=_int(environ, "LOCAL_RANK", 0) or 0,
@@ -92,16 +95,16 @@ class WorkerEnv:
             master_addr=_str(environ, "MASTER_ADDR"),
             master_port=_int(environ, "MASTER_PORT", None),
             api_url=api_url.rstrip("/") if api_url else None,
-            job_id=_int(environ, "TORCHYARD_JOB_ID", None),
-            job_token=_str(environ, "TORCHYARD_JOB_TOKEN"),
+            job_id=_int(environ, names.JOB_ID, None),
+            job_token=_str(environ, names.JOB_TOKEN),
             run_dir=Path(run_dir) if run_dir else None,
-            attempt=_int(environ, "TORCHYARD_ATTEMPT", 1) or 1,
-            resume_dir=Path(p) if (p := _str(environ, "TORCHYARD_RESUME_DIR")) else None,
-            device=_choice(environ, "TORCHYARD_DEVICE", ("cpu", "cuda")),
-            backend=_choice(environ, "TORCHYARD_BACKEND", ("gloo", "nccl")),
-            test_fail_rank=_int(environ, "TORCHYARD_TEST_FAIL_RANK", None),
-            test_epoch_sleep_s=_float(environ, "TORCHYARD_TEST_EPOCH_SLEEP_S"),
-            test_diverge_rank=_int(environ, "TORCHYARD_TEST_DIVERGE_RANK", None),
+            attempt=_int(environ, names.ATTEMPT, 1) or 1,
+            resume_dir=Path(p) if (p := _str(environ, names.RESUME_DIR)) else None,
+            device=_choice(environ, names.DEVICE, ("cpu", "cuda")),
+            backend=_choice(environ, names.BACKEND, ("gloo", "nccl")),
+            test_fail_rank=_int(environ, names.TEST_FAIL_RANK, None),
+            test_epoch_sleep_s=_float(environ, names.TEST_EPOCH_SLEEP_S),
+            test_diverge_rank=_int(environ, names.TEST_DIVERGE_RANK, None),
         )
 
     @classmethod

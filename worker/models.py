@@ -9,7 +9,7 @@ import math
 
 from torch import nn
 
-from service.spec import ModelName
+from torchyard_contract.spec import ModelName
 
 MLP_HIDDEN = 128
 

@@ -10,8 +10,9 @@ Contract:
   Connection errors, 5xx and 429 are retried with capped exponential backoff; other 4xx
   drop the batch with a warning. The server dedups on (job, attempt, rank, epoch, step,
   name), so retries and replays of the spool are safe.
-* Non-finite floats become the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` so the
-  body (and the spool) is strict JSON.
+* Records are in the contract's wire format (``torchyard_contract.records``): non-finite
+  floats become the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` so the body (and the
+  spool) is strict JSON.
 * :meth:`Reporter.close` waits at most ``timeout_s`` for pending records; training never
   blocks on the API beyond that.
 * Without ``TORCHYARD_API_URL``/``TORCHYARD_JOB_ID`` the reporter does not send anything
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import queue
 import threading
 import time
@@ -33,6 +33,8 @@ from typing import Any
 
 import httpx
 
+from torchyard_contract.records import encode_value
+from torchyard_contract.rundir import RunDir
 from worker.env import WorkerEnv
 
 log = logging.getLogger(__name__)
@@ -50,27 +52,6 @@ _noop_warned = False
 _noop_warned_lock = threading.Lock()
 
 
-def encode_value(value: Any) -> Value:
-    """Map a metric value onto something strict JSON can carry.
-
-    Bools become ints (JSON has no place for them in ``number-or-string``); non-finite
-    floats become their JavaScript spelling; anything with ``__float__`` (numpy/torch
-    scalars) becomes a float; strings pass through. Other types raise ``TypeError``.
-    """
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, int | str):
-        return value
-    if hasattr(value, "__float__"):
-        number = float(value)
-        if math.isnan(number):
-            return "NaN"
-        if math.isinf(number):
-            return "Infinity" if number > 0 else "-Infinity"
-        return number
-    raise TypeError(f"metric value must be a number or string, got {type(value).__name__}")
-
-
 class Reporter:
     """Reports one rank's records; thread-safe; cheap when there is no API."""
 
@@ -80,7 +61,7 @@ class Reporter:
         self._closed = False
         self._spool: Any = None
         if env.run_dir is not None:
-            spool_path = env.run_dir / "spool" / f"rank-{env.rank}.jsonl"
+            spool_path = RunDir(env.run_dir).spool_file(env.rank)
             spool_path.parent.mkdir(parents=True, exist_ok=True)
             self._spool = spool_path.open("a", encoding="utf-8")
         self.spool_path: Path | None = Path(self._spool.name) if self._spool else None

@@ -45,7 +45,8 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler, TensorDataset
 
-from service.spec import JobSpec, OptimizerName
+from torchyard_contract.rundir import RunDir
+from torchyard_contract.spec import JobSpec, OptimizerName
 from worker import default_reporter
 from worker.checkpoint import load_latest, save_checkpoint
 from worker.datasets import Splits, load_dataset
@@ -122,9 +123,9 @@ def _run(spec: JobSpec, env: WorkerEnv, run_dir: Path, use_cuda: bool) -> None:
     )
     reporter = default_reporter()
 
-    heartbeat = Heartbeat(run_dir / "attempts" / str(env.attempt) / f"ready-rank-{env.rank}")
+    heartbeat = Heartbeat(RunDir(run_dir).ready_marker(env.attempt, env.rank))
 
-    checkpoint_dir = run_dir / "checkpoints"
+    checkpoint_dir = RunDir(run_dir).checkpoints_dir
     # Our own checkpoints first (a restarted attempt); else the resume_from job's, if any.
     resumed_from = None
     for directory in (checkpoint_dir, env.resume_dir):

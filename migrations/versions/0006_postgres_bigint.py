@@ -4,14 +4,14 @@ A step may be up to 2**62 (``service.schemas``) and ``seq`` counts every record 
 PostgreSQL's ``integer`` (and the ``serial`` sequence behind ``seq``) stop at 2**31 - 1.
 
 Revision ID: 0006
-Revises: 0004
+Revises: 0005
 Create Date: 2026-12-03 08:40:00
 """
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0006"
-down_revision = "0004"
+down_revision = "0005"
 branch_labels = None
 depends_on = None
 

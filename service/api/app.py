@@ -24,14 +24,14 @@ from service.api.prometheus import RequestTimer, Telemetry
 from service.api.prometheus import router as prometheus_router
 from service.changefeed import ChangeFeed, PgListener
 from service.db import make_engine, make_session_factory, upgrade
-from service.launcher import Launcher, LocalTorchrunLauncher
+from service.executor import Executor, make_executor
 from service.resources import make_inventory
 from service.settings import Settings
 from service.supervisor import Supervisor
 
 
 def create_app(
-    settings: Settings, *, api_url: str | None = None, launcher: Launcher | None = None,
+    settings: Settings, *, api_url: str | None = None, executor: Executor | None = None,
     run_supervisor: bool = True,
 ) -> FastAPI:
     """The app. Migrations run and the supervisor starts (after recovery) when it starts up.
@@ -39,6 +39,7 @@ def create_app(
     Raises ``ValueError`` when a configured tokens file is unreadable or empty (fail closed).
     """
     tokens = TokenSet(settings.api_token_digests())
+    executor = executor or make_executor(settings)
     engine = make_engine(settings.resolved_database_url)
     changes = ChangeFeed()
     session_factory = make_session_factory(engine, changes)
@@ -49,7 +50,7 @@ def create_app(
         session_factory=session_factory,
         read_session_factory=read_session_factory,
         inventory=make_inventory(settings.gpus, settings.cpu_slots),
-        launcher=launcher or LocalTorchrunLauncher(),
+        executor=executor,
         api_url=api_url or settings.api_url_for_workers(),
     )
 
@@ -82,6 +83,7 @@ def create_app(
     app.state.changes = changes
     app.state.read_session_factory = read_session_factory
     app.state.supervisor = supervisor
+    app.state.executor = executor
     errors.install(app)
     app.state.telemetry = Telemetry(read_session_factory, supervisor.inventory)
     app.include_router(jobs.router)

@@ -36,7 +36,7 @@ def _field_name(loc: tuple) -> str:
     return ".".join(parts) or "body"
 
 
-# A model-level check names its field as "field: message" (see service.spec).
+# A model-level check names its field as "field: message" (see torchyard_contract.spec).
 _NAMED = re.compile(r"^(?:Value error, )?([A-Za-z_][A-Za-z0-9_.]*): (.+)$", re.DOTALL)
 
 

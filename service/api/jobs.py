@@ -13,9 +13,9 @@ from service import repository as repo
 from service.api.deps import ChangesDep, SessionDep, SessionFactoryDep, SupervisorDep
 from service.api.errors import ApiError
 from service.schemas import AttemptRead, JobList, JobRead, MetricRead, MetricsPage
-from service.spec import JobSpec
 from service.state import TERMINAL_STATES, JobState
 from service.supervisor import SubmitRejected
+from torchyard_contract.spec import JobSpec
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 METRICS_PAGE_DEFAULT = 1000

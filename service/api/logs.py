@@ -1,10 +1,9 @@
 """``GET /jobs/{id}/logs``: a rank's log, read from a byte offset, so a client can follow it.
 
-The file is the one torchrun writes for the rank (``--redirects``) under
-``RUN_DIR/logs/attempt-<n>/<run id>/attempt_0/<rank>/``: ``stderr.log`` by default — what
-the worker logs (Python logging goes to stderr) and any traceback — or ``stdout.log`` with
-``stream=stdout``. Every path part comes from an integer or a fixed name; no client string
-reaches the filesystem.
+The executor says where the file is (``Executor.rank_log``; locally the one torchrun writes for
+the rank with ``--redirects``): ``stderr`` by default — what the worker logs (Python logging goes
+to stderr) and any traceback — or ``stdout`` with ``stream=stdout``. Every path part comes from
+an integer or a fixed name; no client string reaches the filesystem.
 """
 
 from __future__ import annotations
@@ -20,8 +19,9 @@ from pydantic import BaseModel, Field
 from service import repository as repo
 from service.api.deps import SessionDep
 from service.api.errors import ApiError
-from service.rundir import RunDir
+from service.executor.base import Executor
 from service.state import TERMINAL_STATES, JobState
+from torchyard_contract.rundir import RunDir
 
 router = APIRouter(prefix="/jobs", tags=["logs"])
 LOG_PAGE_DEFAULT = 64 * 1024
@@ -40,13 +40,6 @@ class LogChunk(BaseModel):
     next_offset: int = Field(description="pass as ?offset= next time")
     text: str = Field(description="UTF-8, invalid bytes replaced; never splits a character")
     complete: bool = Field(description="the attempt is over and the end of its log was reached")
-
-
-def rank_log_file(run: RunDir, attempt: int, rank: int, stream: LogStream) -> Path | None:
-    """The rank's log file of ``attempt`` (newest torchrun run id if several), or None."""
-    pattern = f"attempt-{int(attempt)}/*/attempt_*/{int(rank)}/{stream.value}.log"
-    found = sorted(run.logs_dir.glob(pattern), key=lambda p: p.stat().st_mtime)
-    return found[-1] if found else None
 
 
 def read_chunk(path: Path | None, offset: int, limit: int, final: bool) -> tuple[str, int, bool]:
@@ -91,7 +84,8 @@ def read_logs(
         raise ApiError(404, "not_found", f"job {job_id} has attempts 1..{latest}; no attempt {attempt}")
     over = terminal or attempts.get(attempt, {}).get("ended_at") is not None
     run = RunDir.for_job(request.app.state.settings.runs_dir, job_id)
-    path = rank_log_file(run, attempt, rank, stream)
+    executor: Executor = request.app.state.executor
+    path = executor.rank_log(run, attempt, rank, stream.value).path
     text, next_offset, at_end = read_chunk(path, offset, limit, final=over)
     return LogChunk(
         rank=rank, attempt=attempt, offset=offset, next_offset=next_offset, text=text,

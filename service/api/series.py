@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
@@ -14,12 +13,12 @@ from service.api.errors import ApiError
 from service.downsample import Line, build_lines
 from service.schemas import MetricValue
 from service.state import JobState
+from torchyard_contract.records import decode_value, to_wire
 
 router = APIRouter(tags=["dashboard"])
 SERIES_POINTS_DEFAULT = 2000
 SERIES_POINTS_MAX = 20_000
 PROGRESS_JOBS_MAX = 500
-_NONFINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 
 
 class SeriesLine(BaseModel):
@@ -58,12 +57,8 @@ class ProgressList(BaseModel):
     items: list[Progress]
 
 
-def _json_value(v: float) -> MetricValue:
-    return v if math.isfinite(v) else _NONFINITE[repr(v)]  # type: ignore[return-value]
-
-
 def _line(line: Line) -> SeriesLine:
-    y = [_json_value(v) for v in line.y]
+    y = [to_wire(v) for v in line.y]
     return SeriesLine(rank=line.rank, attempt=line.attempt, x=line.x, y=y, points=line.points)
 
 
@@ -86,7 +81,7 @@ def read_series(
     last = repo.last_record(session, job_id)
     rows = repo.series_rows(session, job_id, name, steps=level == "step")
     attempt, rank, epoch, step, value, nonfinite = zip(*rows, strict=True) if rows else ((),) * 6
-    values = [float(n) if n else v for v, n in zip(value, nonfinite, strict=True)]  # 'NaN' → nan
+    values = [decode_value(n) if n else v for v, n in zip(value, nonfinite, strict=True)]
     x = step if level == "step" else epoch
     lines, mean = build_lines(attempt, rank, x, values, max_points)
     first_x: dict[int, int] = {}

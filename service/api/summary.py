@@ -5,7 +5,6 @@ The statistics and the divergence rule live in :mod:`service.metricsummary`.
 
 from __future__ import annotations
 
-import math
 from typing import Annotated
 
 from fastapi import APIRouter, Query
@@ -16,6 +15,7 @@ from service.api.deps import SessionDep
 from service.api.errors import ApiError
 from service.metricsummary import EpochValue, summarize
 from service.schemas import MetricValue
+from torchyard_contract.records import decode_value, to_wire
 
 router = APIRouter(prefix="/jobs", tags=["metrics"])
 DEFAULT_THRESHOLD = 0.5
@@ -40,12 +40,10 @@ class MetricSummary(BaseModel):
     items: list[EpochSummaryRead]
 
 
-def _json_value(v: float) -> MetricValue:
-    return v if math.isfinite(v) else repo.NONFINITE_NAMES[repr(v)]  # type: ignore[return-value]
 
 
 def _float(value: float | None, nonfinite: str | None) -> float:
-    return float(nonfinite) if nonfinite else float(value)  # type: ignore[arg-type]
+    return decode_value(nonfinite) if nonfinite else float(value)  # type: ignore[arg-type]
 
 
 @router.get("/{job_id}/metrics/summary", response_model=MetricSummary)
@@ -68,7 +66,7 @@ def metric_summary(
     items = [
         EpochSummaryRead(
             epoch=s.epoch, attempt=s.attempt, count=s.count, mean=s.mean, min=s.min, max=s.max,
-            std=s.std, ranks={str(r): _json_value(v) for r, v in s.ranks.items()},
+            std=s.std, ranks={str(r): to_wire(v) for r, v in s.ranks.items()},
             diverged_ranks=s.diverged_ranks,
         )
         for s in summarize(values, threshold)

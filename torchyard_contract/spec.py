@@ -1,6 +1,7 @@
 """The job spec: one pydantic model validated by the API and again by the worker.
 
-This module is shared by ``service`` and ``worker`` and must stay free of torch imports.
+Part of the contract (``torchyard_contract``): shared by ``service`` and ``worker``, free of torch,
+FastAPI and SQLAlchemy imports.
 """
 
 from __future__ import annotations

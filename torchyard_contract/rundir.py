@@ -1,4 +1,8 @@
-"""Layout of a job's run directory: the files the supervisor and the ranks share."""
+"""Layout of a job's run directory: the files the server, the job's shim and its ranks share.
+
+Part of the contract (``torchyard_contract``). A rank finds the directory in
+``TORCHYARD_RUN_DIR`` and builds the same ``RunDir`` from it: no path is spelled twice.
+"""
 
 from __future__ import annotations
 
@@ -41,12 +45,25 @@ class RunDir:
     def spool_dir(self) -> Path:
         return self.root / "spool"
 
+    def spool_file(self, rank: int) -> Path:
+        """A rank's records, one JSON line each (``torchyard_contract.records``)."""
+        return self.spool_dir / f"rank-{rank}.jsonl"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        """Epoch checkpoints (``worker.checkpoint``); a ``resume_from`` job reads another's."""
+        return self.root / "checkpoints"
+
+    @property
+    def attempts_dir(self) -> Path:
+        return self.root / "attempts"
+
     def attempt_file(self, attempt: int) -> Path:
-        return self.root / "attempts" / f"{attempt}.json"
+        return self.attempts_dir / f"{attempt}.json"
 
     def ready_marker(self, attempt: int, rank: int) -> Path:
         """Written by a rank after set-up, then touched as its heartbeat."""
-        return self.root / "attempts" / str(attempt) / f"ready-rank-{rank}"
+        return self.attempts_dir / str(attempt) / f"ready-rank-{rank}"
 
     def rank_logs(self) -> dict[int, Path]:
         """Per-rank combined stdout/stderr files torchrun wrote under ``logs/``."""

@@ -1,0 +1,119 @@
+"""The executor seam: everything that starts, watches, adopts, cancels and finds the output of a
+job's processes goes through :class:`Executor`.
+
+An executor runs a job's *attempt loop* (``python -m service.shim RUN_DIR``: restarts,
+heartbeats, deadline, ``exit.json``) somewhere — as a local process group, or inside a Slurm
+allocation — and names what it started with an opaque *reference* string that the database
+stores and only that executor interprets (locally the shim's pid and start time; on Slurm the
+job id). Nothing outside an executor knows pids, ``psutil``, ``sbatch`` or node names.
+
+The job's outcome is never the executor's to decide: the attempt loop writes it to
+``RUN_DIR/exit.json`` (``torchyard_contract.rundir``). An executor only says whether the loop is
+still pending, running or gone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Literal, Protocol
+
+from torchyard_contract.rundir import RunDir
+
+LogStreamName = Literal["stderr", "stdout"]
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One job to start; its run directory (spec, ``launch.json``) is already written.
+
+    ``env`` is the rank environment (``torchyard_contract.envnames``); it holds the job token, so
+    an executor passes it only through a process environment, never an argv or a file.
+    """
+
+    job_id: int
+    run: RunDir
+    env: Mapping[str, str]
+    nproc_per_node: int
+    nnodes: int = 1
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """What ``submit`` would run, printable: ``argv`` in ``cwd`` (on Slurm: ``sbatch`` and the
+    batch ``script``). ``env_names``: the variables it would set, values withheld (secrets)."""
+
+    argv: tuple[str, ...]
+    cwd: Path
+    env_names: tuple[str, ...]
+    script: str | None = None
+
+
+class Phase(str, Enum):
+    pending = "pending"  # accepted, not started yet (Slurm: waiting in the queue)
+    running = "running"  # the attempt loop is alive
+    ended = "ended"  # the attempt loop is gone; RUN_DIR/exit.json says how the job ended
+
+
+@dataclass(frozen=True)
+class Status:
+    """What the executor knows of one job. ``exit_code``: the attempt loop's own exit code when
+    the executor saw it end (None when it cannot know, e.g. a local job adopted after a server
+    restart); ``reason``: why it is pending, in the executor's words (Slurm: "Resources")."""
+
+    phase: Phase
+    exit_code: int | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class RankLog:
+    """Where one global rank's output of one attempt is. ``node``: the host it ran on (None on
+    the local executor: the server's own); ``path`` is None until the rank has written it."""
+
+    rank: int
+    node: str | None
+    path: Path | None
+
+
+class Executor(Protocol):
+    """Runs jobs' attempt loops. Methods may be called from several threads."""
+
+    name: str  # stored with each job: "local", "slurm"
+
+    def dry_run(self, sub: Submission) -> DryRun:
+        """What ``submit`` would run; pure: starts nothing, touches nothing."""
+        ...
+
+    def submit(self, sub: Submission) -> str:
+        """Start the job's attempt loop; returns its opaque reference. Raises on failure (then
+        nothing of the job is left running)."""
+        ...
+
+    def describe(self, references: Mapping[int, str]) -> dict[int, Status]:
+        """Status of many jobs (job id → reference) in one call — one ``squeue`` per tick on
+        Slurm. Every job asked about is answered; a reference naming nothing alive is ``ended``."""
+        ...
+
+    def cancel(self, reference: str, grace_s: float) -> None:
+        """Stop the job's whole process tree: SIGTERM, ``grace_s`` to finish, then SIGKILL.
+        Blocks until done; idempotent (a job already gone is not an error)."""
+        ...
+
+    def adopt(self, reference: str) -> bool:
+        """After a server restart: True when the job ``reference`` names is still pending or
+        running (it is then watched like one this process submitted), False when it is gone."""
+        ...
+
+    def rank_log(
+        self, run: RunDir, attempt: int, rank: int, stream: LogStreamName
+    ) -> RankLog:
+        """Where ``rank`` (global) of ``attempt`` wrote ``stream``."""
+        ...
+
+    def watch(self, wake: Callable[[], None]) -> None:
+        """Call ``wake()`` (from any thread) when a job may have changed phase, so the caller
+        need not wait for its next poll. Best effort: the caller polls ``describe`` anyway."""
+        ...

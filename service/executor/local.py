@@ -1,0 +1,158 @@
+"""The local executor: each job's attempt loop (``python -m service.shim RUN_DIR``) runs as a
+process group of its own on the server's host, so the job outlives a server restart.
+
+Reference: JSON ``{"pid": <shim pid>, "create_time": <its start, epoch seconds>}`` — the start
+time tells the shim from a later process that reused its pid. Logs: torchrun's per-rank files
+under ``RUN_DIR/logs/attempt-<n>/<run id>/attempt_0/<rank>/{stderr,stdout}.log``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from service.executor.base import (
+    DryRun,
+    LogStreamName,
+    Phase,
+    RankLog,
+    Status,
+    Submission,
+)
+from service.executor.process import ProcessGroupHandle, create_time, same_process
+from service.settings import environ_for_children
+from torchyard_contract.rundir import RunDir
+
+logger = logging.getLogger(__name__)
+
+NAME = "local"
+
+
+def build_shim_command(python: str, run: RunDir) -> list[str]:
+    """The argv of a job's attempt loop; pure."""
+    return [python, "-m", "service.shim", str(run.root)]
+
+
+def encode_reference(pid: int, started: float | None) -> str:
+    return json.dumps({"pid": pid, "create_time": started})
+
+
+def decode_reference(reference: str) -> tuple[int, float | None] | None:
+    """(pid, create time) of a local reference; None when it is not one."""
+    try:
+        data = json.loads(reference)
+        return int(data["pid"]), (None if data["create_time"] is None else float(data["create_time"]))
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+def shim_pid(executor: str | None, reference: str | None) -> int | None:
+    """The shim's pid of a job this executor started (``JobRead.pid``); None for any other."""
+    if executor != NAME or reference is None:
+        return None
+    decoded = decode_reference(reference)
+    return decoded[0] if decoded else None
+
+
+class LocalExecutor:
+    """Jobs as local process groups. ``python``: the interpreter that runs the shim."""
+
+    name = NAME
+
+    def __init__(self, python: str | None = None) -> None:
+        self.python = python or sys.executable
+        # Shims this process started (their exit codes can be read) or adopted, by reference.
+        self._handles: dict[str, ProcessGroupHandle] = {}
+        self._lock = threading.Lock()
+        self._wake: Callable[[], None] | None = None
+
+    def watch(self, wake: Callable[[], None]) -> None:
+        self._wake = wake
+
+    def dry_run(self, sub: Submission) -> DryRun:
+        return DryRun(
+            argv=tuple(build_shim_command(self.python, sub.run)),
+            cwd=sub.run.root,
+            env_names=tuple(sorted(sub.env)),
+        )
+
+    def submit(self, sub: Submission) -> str:
+        plan = self.dry_run(sub)
+        with open(sub.run.root / "shim.log", "ab") as log:
+            popen = subprocess.Popen(
+                list(plan.argv),
+                cwd=plan.cwd,
+                env={**environ_for_children(os.environ), **sub.env},
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        reference = encode_reference(popen.pid, create_time(popen.pid))
+        with self._lock:
+            self._handles[reference] = ProcessGroupHandle(pid=popen.pid, popen=popen)
+        # Reap at once when the shim exits, not up to a poll interval later.
+        threading.Thread(
+            target=self._wake_on_exit, args=(popen,), daemon=True,
+            name=f"torchyard-wait-{sub.job_id}",
+        ).start()
+        return reference
+
+    def _wake_on_exit(self, popen: subprocess.Popen[bytes]) -> None:
+        popen.wait()
+        if self._wake is not None:
+            self._wake()
+
+    def describe(self, references: Mapping[int, str]) -> dict[int, Status]:
+        return {job_id: self._describe_one(ref) for job_id, ref in references.items()}
+
+    def _describe_one(self, reference: str) -> Status:
+        with self._lock:
+            handle = self._handles.get(reference)
+        if handle is not None and handle.popen is not None:
+            code = handle.popen.poll()
+            if code is None:
+                return Status(Phase.running)
+            with self._lock:
+                self._handles.pop(reference, None)
+            return Status(Phase.ended, exit_code=code)
+        # Adopted (not our child): alive or gone, the exit code is lost.
+        decoded = decode_reference(reference)
+        if decoded is not None and same_process(*decoded):
+            return Status(Phase.running)
+        with self._lock:
+            self._handles.pop(reference, None)
+        return Status(Phase.ended)
+
+    def adopt(self, reference: str) -> bool:
+        decoded = decode_reference(reference)
+        if decoded is None or not same_process(*decoded):
+            return False
+        with self._lock:
+            self._handles.setdefault(reference, ProcessGroupHandle(pid=decoded[0]))
+        return True
+
+    def cancel(self, reference: str, grace_s: float) -> None:
+        with self._lock:
+            handle = self._handles.get(reference)
+        if handle is None:
+            decoded = decode_reference(reference)
+            if decoded is None or not same_process(*decoded):
+                return  # already gone (or its pid now belongs to someone else)
+            handle = ProcessGroupHandle(pid=decoded[0])
+        handle.terminate(grace_s)
+
+    def rank_log(
+        self, run: RunDir, attempt: int, rank: int, stream: LogStreamName
+    ) -> RankLog:
+        """The newest torchrun run id's file if several; every path part is an int or fixed."""
+        pattern = f"attempt-{int(attempt)}/*/attempt_*/{int(rank)}/{stream}.log"
+        found = sorted(run.logs_dir.glob(pattern), key=lambda p: p.stat().st_mtime)
+        path: Path | None = found[-1] if found else None
+        return RankLog(rank=rank, node=None, path=path)

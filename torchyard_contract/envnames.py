@@ -1,0 +1,24 @@
+"""Names of the environment variables the job's launcher sets and a rank reads.
+
+Set by the server for the job's shim (and by the shim per attempt); read by ``worker.env``. The
+job token travels only here, never on a command line or on disk. torchrun adds its own
+(``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``).
+"""
+
+from __future__ import annotations
+
+API_URL = "TORCHYARD_API_URL"  # where ranks POST records
+JOB_ID = "TORCHYARD_JOB_ID"
+JOB_TOKEN = "TORCHYARD_JOB_TOKEN"  # bearer token for this job's record endpoint
+RUN_DIR = "TORCHYARD_RUN_DIR"  # see torchyard_contract.rundir
+ATTEMPT = "TORCHYARD_ATTEMPT"  # 1-based; set by the shim for each attempt
+RESUME_DIR = "TORCHYARD_RESUME_DIR"  # checkpoints of the job named by the spec's resume_from
+DEVICE = "TORCHYARD_DEVICE"  # cpu | cuda, as placed by the supervisor
+BACKEND = "TORCHYARD_BACKEND"  # gloo | nccl
+# torch's own: where @record writes the first failing rank's exception.
+ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
+
+# Test hooks (see worker.env.WorkerEnv).
+TEST_FAIL_RANK = "TORCHYARD_TEST_FAIL_RANK"
+TEST_EPOCH_SLEEP_S = "TORCHYARD_TEST_EPOCH_SLEEP_S"
+TEST_DIVERGE_RANK = "TORCHYARD_TEST_DIVERGE_RANK"
