@@ -102,6 +102,14 @@ class Settings(BaseSettings):
         default="local",
         description="what runs jobs: 'local' = a torchrun process group per job on this host",
     )
+    test_launch_pause_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=600,
+        description="tests only: seconds the supervisor pauses after starting a job's shim and "
+        "before storing its reference, so a test can kill the server inside that window; 0 = "
+        "never",
+    )
     script_dirs: str | None = Field(
         default=None,
         description="directories script jobs may run from, separated by ':' (os.pathsep) or ','; "

@@ -21,13 +21,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from service.executor.process import ProcessGroupHandle
+from service import runclaim
+from service.executor.process import ProcessGroupHandle, create_time
 from service.failure import describe_exit, failed_rank_exit_codes
 from service.launcher import LaunchRequest, LocalTorchrunLauncher
 from service.scriptpath import builtin_program
@@ -202,6 +204,12 @@ class Shim:
 
 def main() -> None:
     run = RunDir(Path(sys.argv[1]).resolve())
+    # First of all: claim the launch, unless a recovering server gave it up (service.runclaim).
+    me = os.getpid()
+    mine = {"pid": me, "create_time": create_time(me), "host": socket.gethostname()}
+    if (other := runclaim.claim(run, mine)) is not None:
+        print(f"shim: not running job: the launch was claimed already: {other}", file=sys.stderr)
+        sys.exit(0)
     shim = Shim(run, ShimConfig.read(run))
     signal.signal(signal.SIGTERM, shim.on_sigterm)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the server's terminal going away is not a cancel

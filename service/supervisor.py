@@ -20,7 +20,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from service import repository as repo
-from service import scheduler
+from service import runclaim, scheduler
 from service.admission import admit
 from service.executor.base import Executor, Phase, Submission
 from service.jobtoken import new_token
@@ -40,6 +40,7 @@ logger = logging.getLogger(__name__)
 
 # A scheduling pass runs when the queue or free resources change, and at least this often.
 REPLAN_S = 2.0
+NEVER_STARTED = "the server stopped while launching the job; it never started"
 
 
 @dataclass(frozen=True)
@@ -209,8 +210,11 @@ class Supervisor:
 
         Jobs holding resources are looked at too, whatever their state: a job cancelled just
         before the server stopped is terminal but its group may still be stopping (it is adopted,
-        and the loop stops it) or gone (its resources are freed now)."""
-        dead: list[int] = []
+        and the loop stops it) or gone (its resources are freed now). A launched job whose
+        reference was never stored (the last server died between starting its shim and storing
+        it) is adopted from the shim's claim on its run directory, or its launch is given up
+        (``service.runclaim``)."""
+        dead: dict[int, str | None] = {}
         with self.session_factory() as session:
             holders = set(repo.allocated_resources(session).values())
             jobs = {job.id: job for job in repo.active_jobs(session)}
@@ -220,13 +224,29 @@ class Supervisor:
                     jobs[job_id] = job
             for job in jobs.values():
                 ref = job.executor_ref
-                if ref and job.executor == self.executor.name and self.executor.adopt(ref):
+                if not ref:
+                    ref = self._reference_from_claim(job.id)
+                    if ref is None:
+                        dead[job.id] = NEVER_STARTED
+                        continue
+                    job.executor, job.executor_ref = self.executor.name, ref
+                if job.executor == self.executor.name and self.executor.adopt(ref):
                     self._refs[job.id] = ref
                     logger.info("job %s: re-adopted (%s %s)", job.id, job.executor, ref)
                     continue
-                dead.append(job.id)
-        for job_id in dead:
-            self._finish(job_id, None)
+                dead[job.id] = None
+            session.commit()
+        for job_id, reason in dead.items():
+            self._finish(job_id, None, reason)
+
+    def _reference_from_claim(self, job_id: int) -> str | None:
+        """The shim's reference from its claim, or None after giving the launch up."""
+        run = RunDir.for_job(self.settings.runs_dir, job_id)
+        found = runclaim.claim(run, {runclaim.ABANDONED: f"recovery of job {job_id}"})
+        if found is None or runclaim.is_abandoned(found):
+            logger.info("job %s: launched but never started; its launch is given up", job_id)
+            return None
+        return self.executor.reference_from_claim(found)
 
     def tick(self) -> None:
         self._stop_cancelled()
@@ -244,10 +264,11 @@ class Supervisor:
             self._stopping.discard(job_id)
             self._finish(job_id, status.exit_code)
 
-    def _finish(self, job_id: int, shim_code: int | None) -> None:
+    def _finish(self, job_id: int, shim_code: int | None, reason: str | None = None) -> None:
         """Record the shim's outcome, re-ingest the spools, free the resources.
 
-        ``shim_code``: the attempt loop's exit code, None when unknown (it ended unwatched)."""
+        ``shim_code``: the attempt loop's exit code, None when unknown (it ended unwatched);
+        ``reason``: why it failed when it left no outcome, if known better than that."""
         run = RunDir.for_job(self.settings.runs_dir, job_id)
         outcome = read_json(run.exit_file)
         with self.session_factory() as session:
@@ -257,7 +278,7 @@ class Supervisor:
                 repo.mark_first_metric(session, job_id, spooled)
             repo.set_attempts(session, job_id, read_attempts(run))
             if outcome is None:
-                reason = (
+                reason = reason or (
                     "the job's shim ended without an outcome"
                     if shim_code is not None
                     else "the job ended while the server was down and left no outcome"
@@ -403,6 +424,8 @@ class Supervisor:
             self._queue_changed()
             return
         self._refs[job.id] = ref
+        if self.settings.test_launch_pause_s:  # tests: a window to kill the server in
+            time.sleep(self.settings.test_launch_pause_s)
         job_row = repo.get_job(session, job.id)
         if job_row is not None:
             job_row.executor, job_row.executor_ref = self.executor.name, ref

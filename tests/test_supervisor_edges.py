@@ -4,6 +4,8 @@ supervisor running: resources are never left held by a job that cannot use them.
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +18,7 @@ from service.api.app import create_app
 from service.settings import Settings
 from service.state import JobState
 from tests.conftest import both_stores
+from torchyard_contract.rundir import RunDir
 
 SPEC = {"dataset": "synthetic", "epochs": 1, "nproc_per_node": 2}
 
@@ -86,3 +89,29 @@ def test_a_launch_that_fails_before_the_shim_fails_the_job_and_frees_it(
         job = c.get(f"/jobs/{job_id}").json()
         assert job["reason"].startswith("could not start:"), job["reason"]
         assert c.get("/resources").json()["cpu"]["allocated"] == 0
+
+
+def test_a_launch_cut_off_before_its_shim_started_is_given_up_for_good(
+    tmp_path: Path, settings: Callable[..., Settings]
+) -> None:
+    """The server died after committing ``starting`` and before any shim ran: the recovery
+    fails the job, frees its slots and claims the run, so a shim that starts late runs nothing."""
+    home = tmp_path / "home"
+    first = create_app(settings(home), run_supervisor=False)
+    with TestClient(first) as c:
+        job_id = c.post("/jobs", json=SPEC).json()["id"]
+        with first.state.session_factory() as session:
+            assert repo.transition(session, job_id, JobState.starting)
+            repo.allocate(session, job_id, ["cpu:0", "cpu:1"])
+            session.commit()
+    with TestClient(create_app(settings(home))) as c:
+        job = c.get(f"/jobs/{job_id}").json()
+        assert job["state"] == "failed" and "never started" in job["reason"], job
+        assert c.get("/resources").json()["cpu"]["allocated"] == 0
+    run = RunDir.for_job(home / "runs", job_id)
+    late = subprocess.run(
+        [sys.executable, "-m", "service.shim", str(run.root)], capture_output=True, timeout=60,
+        check=False,
+    )
+    assert late.returncode == 0 and b"claimed already" in late.stderr
+    assert not run.exit_file.exists() and not run.attempts_dir.exists()

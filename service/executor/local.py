@@ -138,6 +138,13 @@ class LocalExecutor:
             self._handles.setdefault(reference, ProcessGroupHandle(pid=decoded[0]))
         return True
 
+    def reference_from_claim(self, claim: Mapping[str, object]) -> str | None:
+        """The shim's own pid and start time, as it claimed its run directory."""
+        pid, started = claim.get("pid"), claim.get("create_time")
+        if not isinstance(pid, int) or not isinstance(started, int | float):
+            return None
+        return encode_reference(pid, float(started))
+
     def cancel(self, reference: str, grace_s: float) -> None:
         with self._lock:
             handle = self._handles.get(reference)
