@@ -14,6 +14,8 @@ every ``ttl_s / RENEWALS_PER_TTL`` seconds. With TTL = ``lease_ttl_s``:
   ``TTL + TTL / RENEWALS_PER_TTL`` after the holder's last renewal (7 s with the default 6 s
   TTL), at once after a clean stop (the lease is released).
 * Expiry is compared on the database's clock only, so hosts with skewed clocks agree.
+* A holder on this host whose process is gone (a server SIGKILLed and restarted) is known not to
+  act: its lease is taken over at once instead of after its expiry.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import psutil
 from sqlalchemy.orm import Session, sessionmaker
 
 from service import leaserepo
@@ -87,6 +90,10 @@ class Lease:
         try:
             with self.session_factory() as session:
                 generation = leaserepo.claim_lease(session, self.owner, self.host, self.ttl_s)
+                if generation is None and (dead := self._dead_local_owner(session)) is not None:
+                    generation = leaserepo.take_over(
+                        session, dead, self.owner, self.host, self.ttl_s
+                    )
                 session.commit()
         except Exception:  # the database is unreachable: keep the old deadline, which runs out
             logger.warning("lease: renewal failed", exc_info=True)
@@ -101,6 +108,17 @@ class Lease:
         self._valid_until = started + self.ttl_s - MARGIN_S
         self._acting = True
         return self.held()
+
+    def _dead_local_owner(self, session: Session) -> str | None:
+        """The holder's owner string if it is a process of this host that no longer exists."""
+        row = leaserepo.lease_row(session)
+        if row is None or row.owner is None or row.host != self.host:
+            return None
+        host, _, rest = row.owner.partition(":")
+        pid = rest.partition(":")[0]
+        if host != self.host or not pid.isdigit() or int(pid) == os.getpid():
+            return None
+        return None if psutil.pid_exists(int(pid)) else row.owner
 
     def _check_lapsed(self) -> None:
         if self._acting and self.clock() >= self._valid_until:

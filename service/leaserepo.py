@@ -38,6 +38,23 @@ def claim_lease(session: Session, owner: str, host: str, ttl_s: float) -> int | 
     return session.execute(stmt).scalar_one_or_none()
 
 
+def take_over(
+    session: Session, dead_owner: str, owner: str, host: str, ttl_s: float
+) -> int | None:
+    """Take the lease from ``dead_owner`` (known gone) before it expires; the new generation,
+    or None if the lease changed hands meanwhile."""
+    lease = SupervisorLease
+    now = _db_now(session)
+    stmt = (
+        update(lease)
+        .where(lease.name == LEASE_NAME, lease.owner == dead_owner)
+        .values(generation=lease.generation + 1, owner=owner, host=host,
+                expires_at=now + ttl_s, renewed_at=now)
+        .returning(lease.generation)
+    )
+    return session.execute(stmt).scalar_one_or_none()
+
+
 def holds_lease(session: Session, owner: str, generation: int) -> bool:
     """True if ``owner`` holds an unexpired lease of ``generation``. On PostgreSQL the row is
     then share-locked to the end of the transaction: no one can take the lease over before this

@@ -102,6 +102,14 @@ class Settings(BaseSettings):
         default="local",
         description="what runs jobs: 'local' = a torchrun process group per job on this host",
     )
+    lease_ttl_s: float = Field(
+        default=6.0,
+        ge=2,
+        le=300,
+        description="seconds the supervisor lease lasts unrenewed: a standby server on the same "
+        "database takes over at most this plus a sixth of it after the leader stops renewing "
+        "(docs/operations.md)",
+    )
     test_launch_pause_s: float = Field(
         default=0.0,
         ge=0,

@@ -4,6 +4,10 @@ One background thread runs ``tick()``: stop cancelled groups, reap finished ones
 ones running, then run a scheduling pass (``service.scheduler``: priority, FIFO, gang
 allocation, backfill behind a reservation). It is the only code that allocates resources, so two
 jobs never share one. Routes call ``submit``, ``cancel``, ``queue_status`` and ``resources``.
+
+Every server process has a supervisor, but only the holder of the lease (``service.lease``)
+acts: it recovers at the start of each term, ticks while ``held()``, and writes its state
+changes under the lease's fence. The others stand by (their routes still serve).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from service import runclaim, scheduler
 from service.admission import admit
 from service.executor.base import Executor, Phase, Submission
 from service.jobtoken import new_token
+from service.lease import Lease
 from service.models import Job
 from service.resources import Inventory
 from service.runfiles import read_attempts, read_json
@@ -107,6 +112,24 @@ class Supervisor:
     _queue_dirty: bool = True
     _last_plan: float = 0.0
     _thread: threading.Thread | None = None
+    # Who supervises (``service.lease``); built from the settings when not given.
+    lease: Lease | None = None
+    # The lease generation this process last recovered under; None = not acting.
+    _term: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.lease is None:
+            self.lease = Lease(self.session_factory, self.settings.lease_ttl_s)
+
+    @property
+    def acting(self) -> bool:
+        """True while this process is the supervisor (it holds the lease)."""
+        return self._term is not None and self._lease.held()
+
+    @property
+    def _lease(self) -> Lease:
+        assert self.lease is not None  # set in __post_init__
+        return self.lease
 
     # --- called by routes -------------------------------------------------------------------
     def submit(self, spec: JobSpec, idempotency_key: str | None = None) -> tuple[Job, bool]:
@@ -184,26 +207,58 @@ class Supervisor:
 
     # --- the loop ---------------------------------------------------------------------------
     def start(self) -> None:
+        """Start standing by; if the lease is free now, recover at once (before serving)."""
         self.executor.watch(self._wake.set)  # reap at once when a job ends, not a poll later
-        self.recover()
+        if self._lease.renew():
+            self._begin_term()
+        self._lease.start()
         self._thread = threading.Thread(target=self._run, name="torchyard-supervisor", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop the loop. Running groups are left alone (a restart re-adopts them)."""
+        """Stop the loop and give the lease up. Running groups are left alone (whoever
+        supervises next re-adopts them)."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self._lease.stop(release=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self.tick()
+                if self._lead():
+                    self.tick()
             except Exception:
                 logger.exception("supervisor tick failed")
             self._wake.wait(self.settings.poll_interval_s)
             self._wake.clear()
+
+    def _lead(self) -> bool:
+        """True if this process supervises now; recovers first at the start of a term."""
+        if not self._lease.held():
+            if self._term is not None:
+                self._end_term()
+            return False
+        if self._lease.generation != self._term:
+            self._end_term()
+            self._begin_term()
+        return self._term is not None
+
+    def _begin_term(self) -> None:
+        generation = self._lease.generation
+        self.recover()
+        self._term = generation
+        self._queue_changed()
+
+    def _end_term(self) -> None:
+        """Forget what this process watched: the next holder adopts it from the database."""
+        if self._term is not None:
+            logger.warning("supervisor: standing by (lease generation %s ended)", self._term)
+        self._term = None
+        self._refs.clear()
+        self._stopping.clear()
+        self._waiting = {}
 
     def recover(self) -> None:
         """Before launching anything: adopt live groups, give dead ones a final state.
@@ -216,6 +271,8 @@ class Supervisor:
         (``service.runclaim``)."""
         dead: dict[int, str | None] = {}
         with self.session_factory() as session:
+            if not self._lease.fence(session):
+                return
             holders = set(repo.allocated_resources(session).values())
             jobs = {job.id: job for job in repo.active_jobs(session)}
             for job_id in holders - set(jobs):
@@ -224,6 +281,10 @@ class Supervisor:
                     jobs[job_id] = job
             for job in jobs.values():
                 ref = job.executor_ref
+                if ref and not self.executor.reachable(ref):
+                    logger.info("job %s: left alone: it runs where this server cannot adopt it "
+                                "(%s %s)", job.id, job.executor, ref)
+                    continue
                 if not ref:
                     ref = self._reference_from_claim(job.id)
                     if ref is None:
@@ -272,6 +333,8 @@ class Supervisor:
         run = RunDir.for_job(self.settings.runs_dir, job_id)
         outcome = read_json(run.exit_file)
         with self.session_factory() as session:
+            if not self._lease.fence(session):
+                return
             spooled = read_spool(run.spool_dir)
             added = repo.insert_records(session, job_id, spooled)
             if added:
@@ -300,9 +363,17 @@ class Supervisor:
                     (outcome or {}).get("state", "no outcome"), added)
 
     def _mark_running(self) -> None:
-        """Sync attempts from the run dir; starting → running once rank 0 of an attempt is ready."""
+        """Sync attempts from the run dir; starting → running once rank 0 of an attempt is ready.
+
+        Only jobs this process watches: another host's run directories are not here."""
+        if not self._refs:
+            return
         with self.session_factory() as session:
+            if not self._lease.fence(session):
+                return
             for job in repo.active_jobs(session):
+                if job.id not in self._refs:
+                    continue
                 run = RunDir.for_job(self.settings.runs_dir, job.id)
                 attempts = read_attempts(run)
                 if attempts != (job.attempts or []):
@@ -373,6 +444,8 @@ class Supervisor:
             return False
         unit = "GPUs" if job.kind == scheduler.GPU else "CPU slots"
         with self.session_factory() as session:
+            if not self._lease.fence(session):
+                return True  # not ours to decide now; skipped this pass
             repo.transition(
                 session, job.id, JobState.failed,
                 reason=f"nproc_per_node: needs {job.count} {unit}; this host has {have}",
@@ -405,7 +478,7 @@ class Supervisor:
 
     def _launch(self, session: Session, job: Job, spec: JobSpec, placement: Placement) -> None:
         token, token_hash = new_token()
-        if not repo.transition(
+        if not self._lease.fence(session) or not repo.transition(
             session, job.id, JobState.starting,
             started_at=repo.utcnow(), devices=",".join(placement.resources), token_hash=token_hash,
         ):
@@ -418,14 +491,23 @@ class Supervisor:
         except Exception as exc:  # whatever failed, the job must not stay starting, holding slots
             if not isinstance(exc, ScriptRefused | OSError):
                 logger.exception("job %s: launch failed", job.id)
-            repo.transition(session, job.id, JobState.failed, reason=f"could not start: {exc}")
-            repo.release(session, job.id)
+            if self._lease.fence(session):  # else the next supervisor gives the launch up
+                repo.transition(
+                    session, job.id, JobState.failed, reason=f"could not start: {exc}"
+                )
+                repo.release(session, job.id)
             session.commit()
             self._queue_changed()
             return
         self._refs[job.id] = ref
         if self.settings.test_launch_pause_s:  # tests: a window to kill the server in
             time.sleep(self.settings.test_launch_pause_s)
+        if not self._lease.fence(session):
+            # The next supervisor adopts the shim from its claim on the run (service.runclaim).
+            session.rollback()
+            logger.warning("job %s: lease lost while launching; left to the next supervisor",
+                           job.id)
+            return
         job_row = repo.get_job(session, job.id)
         if job_row is not None:
             job_row.executor, job_row.executor_ref = self.executor.name, ref

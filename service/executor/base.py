@@ -107,6 +107,12 @@ class Executor(Protocol):
         running (it is then watched like one this process submitted), False when it is gone."""
         ...
 
+    def reachable(self, reference: str) -> bool:
+        """False when ``reference`` names a job this process cannot adopt or watch from where it
+        runs (a local job started on another host): a supervisor then leaves it alone, neither
+        adopting it nor failing it. True for executors whose jobs are reachable from anywhere."""
+        ...
+
     def reference_from_claim(self, claim: Mapping[str, object]) -> str | None:
         """The reference of a job whose attempt loop claimed its run directory
         (``service.runclaim``: ``pid``, ``create_time``, ``host`` as it wrote them), for a
