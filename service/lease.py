@@ -81,7 +81,7 @@ class Lease:
         return (
             self.held()
             and generation is not None
-            and leaserepo.holds_lease(session, self.owner, generation)
+            and leaserepo.holds_lease(session, self.owner, generation, self.ttl_s / 2)
         )
 
     def renew(self) -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import ColumnElement, case, literal_column, select, update
+from sqlalchemy import ColumnElement, case, func, literal_column, select, update
 from sqlalchemy.orm import Session
 
 from service.models import SupervisorLease
@@ -18,9 +18,21 @@ def _db_now(session: Session) -> ColumnElement[float]:
     return literal_column("((julianday('now') - 2440587.5) * 86400.0)")
 
 
+def _set_local(session: Session, name: str, seconds: float) -> None:
+    """A PostgreSQL setting for the rest of this transaction only (no-op on SQLite)."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(
+            select(func.set_config(name, f"{max(1, int(seconds * 1000))}ms", True))
+        )
+
+
 def claim_lease(session: Session, owner: str, host: str, ttl_s: float) -> int | None:
     """Take the lease if it is free or expired, or renew it if ``owner`` holds it; the lease's
-    generation if ``owner`` holds it now (new owner: generation + 1), else None."""
+    generation if ``owner`` holds it now (new owner: generation + 1), else None.
+
+    Waits at most a sixth of ``ttl_s`` for the row (a fenced transaction may hold it; see
+    ``holds_lease``), then raises: the caller tries again on its next round."""
+    _set_local(session, "lock_timeout", ttl_s / 6)
     lease = SupervisorLease
     now = _db_now(session)
     stmt = (
@@ -55,11 +67,15 @@ def take_over(
     return session.execute(stmt).scalar_one_or_none()
 
 
-def holds_lease(session: Session, owner: str, generation: int) -> bool:
+def holds_lease(session: Session, owner: str, generation: int, idle_limit_s: float) -> bool:
     """True if ``owner`` holds an unexpired lease of ``generation``. On PostgreSQL the row is
     then share-locked to the end of the transaction: no one can take the lease over before this
     transaction ends, so whatever it writes is written under the lease (fencing). On SQLite the
-    writer's ``BEGIN IMMEDIATE`` gives the same."""
+    writer's ``BEGIN IMMEDIATE`` gives the same.
+
+    A holder stalled inside such a transaction (paused, cut off) must not block a takeover for
+    good: PostgreSQL ends the transaction once it sits idle ``idle_limit_s``."""
+    _set_local(session, "idle_in_transaction_session_timeout", idle_limit_s)
     lease = SupervisorLease
     q = (
         select(lease.name)

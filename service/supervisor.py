@@ -332,14 +332,15 @@ class Supervisor:
         ``reason``: why it failed when it left no outcome, if known better than that."""
         run = RunDir.for_job(self.settings.runs_dir, job_id)
         outcome = read_json(run.exit_file)
+        # Files first: a fenced transaction must not sit idle (see leaserepo.holds_lease).
+        spooled, attempts = read_spool(run.spool_dir), read_attempts(run)
         with self.session_factory() as session:
             if not self._lease.fence(session):
                 return
-            spooled = read_spool(run.spool_dir)
             added = repo.insert_records(session, job_id, spooled)
             if added:
                 repo.mark_first_metric(session, job_id, spooled)
-            repo.set_attempts(session, job_id, read_attempts(run))
+            repo.set_attempts(session, job_id, attempts)
             if outcome is None:
                 reason = reason or (
                     "the job's shim ended without an outcome"
