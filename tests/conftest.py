@@ -117,7 +117,9 @@ class LiveServer:
                 time.sleep(0.2)
 
 
-def _start_server(home: Path, extra_env: dict[str, str], port: int | None = None) -> LiveServer:
+def _start_server(
+    home: Path, extra_env: dict[str, str], port: int | None = None, args: tuple[str, ...] = ()
+) -> LiveServer:
     port = port or free_port()
     env = {
         **os.environ,
@@ -133,7 +135,7 @@ def _start_server(home: Path, extra_env: dict[str, str], port: int | None = None
     home.mkdir(parents=True, exist_ok=True)
     log = home / f"server-{time.time_ns()}.log"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "service", "serve"],
+        [sys.executable, "-m", "service", "serve", *args],
         env=env, cwd=REPO_ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT,
         start_new_session=True,
     )
@@ -171,10 +173,14 @@ def live_server_factory(
     started: list[LiveServer] = []
     store_env = {"TORCHYARD_DATABASE_URL": database_url} if database_url else {}
 
-    def start(_home: Path | None = None, _port: int | None = None, **extra_env: str) -> LiveServer:
-        """A new server; pass ``_home`` and ``_port`` of an old one to restart it in place."""
+    def start(
+        _home: Path | None = None, _port: int | None = None, _args: tuple[str, ...] = (),
+        **extra_env: str,
+    ) -> LiveServer:
+        """A new server; pass ``_home`` and ``_port`` of an old one to restart it in place;
+        ``_args``: more arguments of ``torchyard serve``."""
         home = _home or tmp_path / f"home{len(started)}"
-        server = _start_server(home, {**store_env, **extra_env}, _port)
+        server = _start_server(home, {**store_env, **extra_env}, _port, _args)
         started.append(server)
         return server
 

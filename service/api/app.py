@@ -8,6 +8,7 @@ No module-level state.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -136,3 +137,11 @@ def _openapi_with_security(app: FastAPI, api_tokens: bool) -> dict:
                     operation["security"] = [{"apiToken": []}]
         app.openapi_schema = schema
     return app.openapi_schema
+
+
+def create_app_from_environment() -> FastAPI:
+    """The app of one ``torchyard serve --workers N`` worker process, from ``TORCHYARD_*``."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return create_app(Settings())
