@@ -18,7 +18,7 @@ from pathlib import Path
 
 from bench.common import Row, fmt, machine
 
-BENCHES = ("orchestration", "trainer", "ingest", "polling", "scheduling")
+BENCHES = ("orchestration", "trainer", "ingest", "polling", "scheduling", "stores")
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 START, END = "<!-- bench:results:start -->", "<!-- bench:results:end -->"
 

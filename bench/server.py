@@ -36,7 +36,8 @@ class Server:
 
     @classmethod
     def start(
-        cls, home: Path, *, supervisor: bool = True, env: dict[str, str] | None = None
+        cls, home: Path, *, supervisor: bool = True, env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
     ) -> Server:
         home.mkdir(parents=True, exist_ok=True)
         port = free_port()
@@ -52,7 +53,7 @@ class Server:
             **(env or {}),
         }
         argv = (
-            [sys.executable, "-m", "service", "serve"]
+            [sys.executable, "-m", "service", "serve", *args]
             if supervisor
             else [sys.executable, "-m", "bench.server", str(home), str(port)]
         )
@@ -108,20 +109,25 @@ def migrate(home: Path) -> None:
     upgrade(f"sqlite:///{db_path(home)}")
 
 
-def insert_finished_job(home: Path) -> tuple[int, str]:
-    """A succeeded job with a known worker token; the records route accepts its late batches."""
+def insert_finished_job(
+    home: Path, url: str | None = None, *, running: bool = False
+) -> tuple[int, str]:
+    """A succeeded job with a known worker token; the records route accepts its late batches.
+    ``url``: the database (default: SQLite under ``home``); ``running``: a running job instead
+    (its event stream stays open)."""
     from service import repository as repo
     from service.db import make_engine, make_session_factory
     from service.state import JobState
     from torchyard_contract.spec import JobSpec
 
     token, token_hash = new_token()
-    engine = make_engine(f"sqlite:///{db_path(home)}")
+    engine = make_engine(url or f"sqlite:///{db_path(home)}")
     try:
         with make_session_factory(engine)() as session:
             job = repo.create_job(session, JobSpec(name="bench"))
-            job.state = JobState.succeeded.value
-            job.started_at = job.ended_at = repo.utcnow()
+            job.state = (JobState.running if running else JobState.succeeded).value
+            job.started_at = repo.utcnow()
+            job.ended_at = None if running else job.started_at
             job.token_hash = token_hash
             job.attempts = []
             session.commit()

@@ -17,6 +17,7 @@ HEADLINE = {
     "ingest": "records/s",
     "polling": "concurrent: errors",
     "scheduling": "one scheduling pass (supervisor)",
+    "stores": "sqlite, 1 worker(s): ingest records/s",
 }
 
 
