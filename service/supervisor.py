@@ -247,9 +247,9 @@ class Supervisor:
 
     def _begin_term(self) -> None:
         generation = self._lease.generation
-        self.recover()
-        self._term = generation
-        self._queue_changed()
+        if self.recover():
+            self._term = generation
+            self._queue_changed()
 
     def _end_term(self) -> None:
         """Forget what this process watched: the next holder adopts it from the database."""
@@ -260,8 +260,9 @@ class Supervisor:
         self._stopping.clear()
         self._waiting = {}
 
-    def recover(self) -> None:
-        """Before launching anything: adopt live groups, give dead ones a final state.
+    def recover(self) -> bool:
+        """Before launching anything: adopt live groups, give dead ones a final state; False
+        when this process does not hold the lease (nothing done).
 
         Jobs holding resources are looked at too, whatever their state: a job cancelled just
         before the server stopped is terminal but its group may still be stopping (it is adopted,
@@ -272,7 +273,7 @@ class Supervisor:
         dead: dict[int, str | None] = {}
         with self.session_factory() as session:
             if not self._lease.fence(session):
-                return
+                return False
             holders = set(repo.allocated_resources(session).values())
             jobs = {job.id: job for job in repo.active_jobs(session)}
             for job_id in holders - set(jobs):
@@ -299,6 +300,7 @@ class Supervisor:
             session.commit()
         for job_id, reason in dead.items():
             self._finish(job_id, None, reason)
+        return True
 
     def _reference_from_claim(self, job_id: int) -> str | None:
         """The shim's reference from its claim, or None after giving the launch up."""

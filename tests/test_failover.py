@@ -73,6 +73,11 @@ def _assert_every_record_once(server: LiveServer, job_id: int, epochs: int) -> N
     assert losses == {(r, e) for r in (0, 1) for e in range(1, epochs + 1)}
 
 
+def _role(server: LiveServer) -> str:
+    with server.client() as c:
+        return c.get("/healthz").json()["role"]
+
+
 def _acted_on(log: str, job_id: int) -> bool:
     return re.search(rf"job {job_id}: (launched|ended|re-adopted)", log) is not None
 
@@ -82,6 +87,7 @@ def test_sigkill_of_the_leader_mid_job_fails_over_and_the_old_leader_stands_by(
 ) -> None:
     leader, standby = _pair(live_server_factory)
     assert _leader_pid(database_url) == leader.proc.pid
+    assert (_role(leader), _role(standby)) == ("supervisor", "standby")
     with standby.client() as c:
         job_id = c.post("/jobs", json={**JOB, "epochs": 8}).json()["id"]
     standby.wait_for(job_id, {"running"})
@@ -103,6 +109,7 @@ def test_sigkill_of_the_leader_mid_job_fails_over_and_the_old_leader_stands_by(
         second = c.post("/jobs", json={**JOB, "epochs": 1}).json()["id"]
     again.wait_for(second, {"succeeded"}, timeout_s=120)
     assert _leader_pid(database_url) == standby.proc.pid
+    assert (_role(again), _role(standby)) == ("standby", "supervisor")
     assert not _acted_on(again.log.read_text(), second)
     assert f"job {second}: launched" in standby.log.read_text()
 
@@ -128,6 +135,7 @@ def test_a_leader_cut_off_stops_acting_before_the_standby_takes_over(
     _assert_every_record_once(standby, job_id, 16)
     assert leader.proc.poll() is None
     assert _leader_pid(database_url) == standby.proc.pid
+    assert (_role(leader), _role(standby)) == ("standby", "supervisor")
     old = leader.log.read_text()
     assert "stops supervising" in old or "standing by" in old, old[-2000:]
     assert f"job {job_id}: ended" not in old

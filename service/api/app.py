@@ -99,7 +99,9 @@ def create_app(
 
     @app.get("/healthz", tags=["meta"])
     def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+        """``role``: ``supervisor`` in the process that holds the supervisor lease, ``standby``
+        in the others (docs/operations.md)."""
+        return {"status": "ok", "role": "supervisor" if supervisor.acting else "standby"}
 
     # add_middleware wraps: the last one added runs first.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
