@@ -17,7 +17,7 @@ import httpx
 import psutil
 
 from bench.common import Row, percentile
-from bench.server import Server, insert_finished_job, migrate
+from bench.server import BENCH_RANKS, Server, insert_running_job, migrate
 
 GOAL = ">= 50,000 records/s (2 cores)"
 
@@ -110,10 +110,10 @@ def run(smoke: bool) -> list[Row]:
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
         home = Path(tmp)
         migrate(home)
-        job_id, token = insert_finished_job(home)
-        with Server.start(home) as server:
+        job_id, token = insert_running_job(home)
+        with Server.start(home, supervisor=False) as server:
             # Warm-up: first requests pay imports and the statement cache.
-            measure(server, job_id, token, 1, 1, 10, first_rank=1000)
+            measure(server, job_id, token, 1, 1, 10, first_rank=BENCH_RANKS - 1)
             m = measure(server, job_id, token, writers, batches, batch_size)
     assert m["errors"] == 0 and m["records"] == m["expected"], m
     note = f"{writers} writers x {batches} batches x {batch_size} records, {m['wall_s']:.1f} s"

@@ -21,7 +21,14 @@ import httpx
 
 from bench.common import Row, percentile
 from bench.loadgen import Connection
-from bench.server import Server, bulk_load_records, insert_finished_job, max_seq, migrate
+from bench.server import (
+    BENCH_RANKS,
+    Server,
+    bulk_load_records,
+    insert_running_job,
+    max_seq,
+    migrate,
+)
 
 GOAL = "p99 <= 10 ms, flat as the table grows"
 POLL_INTERVAL_S = 0.5
@@ -82,13 +89,13 @@ async def _concurrent(server: Server, job_id: int, token: str, pollers: int, dur
 
     async def write() -> None:
         nonlocal errors, written
-        headers = {"Authorization": f"Bearer {token}"}
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
         conn = Connection(host, port)
         batch = 0
         try:
             while time.monotonic() < deadline:
                 records = [
-                    {"attempt": 1, "rank": 100, "epoch": batch, "step": i, "name": "loss",
+                    {"attempt": 1, "rank": BENCH_RANKS - 1, "epoch": batch, "step": i, "name": "loss",
                      "value": 1.0, "time": time.time()}
                     for i in range(WRITER_BATCH)
                 ]
@@ -132,8 +139,8 @@ def run(smoke: bool) -> list[Row]:
     with tempfile.TemporaryDirectory(prefix="bench-poll-") as tmp:
         home = Path(tmp)
         migrate(home)
-        job_id, token = insert_finished_job(home)
-        with Server.start(home) as server:
+        job_id, token = insert_running_job(home)
+        with Server.start(home, supervisor=False) as server:
             loaded = 0
             for size in sizes:
                 t0 = time.perf_counter()

@@ -48,8 +48,6 @@ class Server:
             "TORCHYARD_GPUS": "none",
             "TORCHYARD_CPU_SLOTS": "4",
             "OMP_NUM_THREADS": "1",
-            # The benchmarks post records for a finished job for minutes.
-            "TORCHYARD_WORKER_TOKEN_GRACE_S": "3600",
             **(env or {}),
         }
         argv = (
@@ -109,12 +107,17 @@ def migrate(home: Path) -> None:
     upgrade(f"sqlite:///{db_path(home)}")
 
 
-def insert_finished_job(
-    home: Path, url: str | None = None, *, running: bool = False
+BENCH_RANKS = 64  # the largest nproc_per_node: writers may use any rank below it
+
+
+def insert_running_job(
+    home: Path, url: str | None = None, *, adopt_me: bool = False
 ) -> tuple[int, str]:
-    """A succeeded job with a known worker token; the records route accepts its late batches.
-    ``url``: the database (default: SQLite under ``home``); ``running``: a running job instead
-    (its event stream stays open)."""
+    """A running job of ``BENCH_RANKS`` ranks with a known worker token, as the supervisor leaves
+    a launched one, so the records route takes its batches (a terminal job's are refused). Start
+    the server with ``supervisor=False``: its recovery would find no process and end the job;
+    or ``adopt_me``: the job's process is this one (the recovery adopts it and it stays running).
+    ``url``: the database (default: SQLite under ``home``)."""
     from service import repository as repo
     from service.db import make_engine, make_session_factory
     from service.state import JobState
@@ -124,10 +127,18 @@ def insert_finished_job(
     engine = make_engine(url or f"sqlite:///{db_path(home)}")
     try:
         with make_session_factory(engine)() as session:
-            job = repo.create_job(session, JobSpec(name="bench"))
-            job.state = (JobState.running if running else JobState.succeeded).value
-            job.started_at = repo.utcnow()
-            job.ended_at = None if running else job.started_at
+            job = repo.create_job(session, JobSpec(name="bench", nproc_per_node=BENCH_RANKS))
+            job.state = JobState.running.value
+            job.started_at = job.running_at = repo.utcnow()
+            if adopt_me:
+                import socket
+
+                from service.executor.local import NAME, encode_reference
+                from service.executor.process import create_time
+
+                me = os.getpid()
+                job.executor = NAME
+                job.executor_ref = encode_reference(me, create_time(me), socket.gethostname())
             job.token_hash = token_hash
             job.attempts = []
             session.commit()

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 from bench.common import Row, percentile
 from bench.ingest import measure
 from bench.polling import POLL_INTERVAL_S, _concurrent
-from bench.server import Server, insert_finished_job, migrate
+from bench.server import BENCH_RANKS, Server, insert_running_job, migrate
 from service.socketport import free_port
 
 INGEST_GOAL = ">= 50,000 records/s (2 cores), both stores"
@@ -137,12 +137,12 @@ def _bench_store(store: str, smoke: bool, only_sse: bool = False) -> list[Row]:
                 _store(store, Path(tmp)) as url:
             home = Path(tmp)
             env = {"TORCHYARD_DATABASE_URL": url} if url else {}
-            job_id, token = insert_finished_job(home, url)
+            job_id, token = insert_running_job(home, url, adopt_me=True)
             args = ("--workers", str(workers)) if workers > 1 else ()
             with Server.start(home, env=env, args=args) as server:
                 if only_sse and workers == 2:
                     continue
-                measure(server, job_id, token, 1, 1, 10, first_rank=1000)  # warm-up
+                measure(server, job_id, token, 1, 1, 10, first_rank=BENCH_RANKS - 1)  # warm-up
                 m = measure(server, job_id, token, 4, batches, 1000)
                 assert m["errors"] == 0 and m["records"] == m["expected"], m
                 rows += [
@@ -167,7 +167,7 @@ def _bench_store(store: str, smoke: bool, only_sse: bool = False) -> list[Row]:
                     ]
                 else:
                     # A job of its own: the streams start with no history to replay.
-                    sse_job, sse_token = insert_finished_job(home, url, running=True)
+                    sse_job, sse_token = insert_running_job(home, url, adopt_me=True)
                     sse = asyncio.run(_sse_latency(server, sse_job, sse_token, streams, sse_s))
                     rows += [
                         Row("stores", f"{store}: POST → SSE event p50, {streams} streams",

@@ -55,9 +55,9 @@ def serve(
     ),
 ) -> None:
     """Run the API and the supervisor (migrates the database first)."""
-    import uvicorn
-
     from service.api.app import create_app
+    from service.api.drain import SHUTDOWN_GRACE_S
+    from service.api.drain import serve as serve_app
     from service.db import upgrade
 
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
@@ -81,15 +81,18 @@ def serve(
     except ValueError as exc:  # e.g. a tokens file that is missing or empty: fail closed
         _fail(str(exc))
     if workers == 1:
-        uvicorn.run(application, host=settings.host, port=settings.port, log_level="info")
+        serve_app(application, settings.host, settings.port)
         return
     # Migrate once here, so the workers' own upgrade at start-up finds nothing to do (several
     # processes migrating at once would race). Each worker builds its app from the environment.
+    import uvicorn
+
     upgrade(settings.resolved_database_url)
     os.environ.update(TORCHYARD_HOST=settings.host, TORCHYARD_PORT=str(settings.port))
     uvicorn.run(
         "service.api.app:create_app_from_environment", factory=True, workers=workers,
         host=settings.host, port=settings.port, log_level="info",
+        timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S),
     )
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import Row, delete, func, select, update
 from sqlalchemy.orm import Session
 
+from service.bounded import bounded_text
 from service.changefeed import note_change
 from service.models import Allocation, Job, JobLabel, MetricRecord
 from service.state import ALLOWED_FROM, TERMINAL_STATES, JobState
@@ -107,8 +108,12 @@ def active_jobs(session: Session) -> Sequence[Job]:
 
 
 def transition(session: Session, job_id: int, to: JobState, **fields: object) -> bool:
-    """Move a job to ``to`` only from a state allowed by ``ALLOWED_FROM``; True if this call won."""
+    """Move a job to ``to`` only from a state allowed by ``ALLOWED_FROM``; True if this call won.
+
+    A ``reason`` is stored cut to ``REASON_MAX_CHARS`` (it may come from the job: bounded)."""
     allowed = [s.value for s in ALLOWED_FROM[to]]
+    if isinstance(fields.get("reason"), str):
+        fields["reason"] = bounded_text(fields["reason"])  # type: ignore[arg-type]
     values: dict[str, object] = {"state": to.value, **fields}
     if to in TERMINAL_STATES:
         values.setdefault("ended_at", utcnow())
@@ -122,6 +127,11 @@ def transition(session: Session, job_id: int, to: JobState, **fields: object) ->
 
 
 def set_attempts(session: Session, job_id: int, attempts: list[dict]) -> None:
+    """Store the job's attempt records; each ``reason`` cut to ``REASON_MAX_CHARS``."""
+    attempts = [
+        {**a, "reason": bounded_text(a["reason"])} if isinstance(a.get("reason"), str) else a
+        for a in attempts
+    ]
     session.execute(update(Job).where(Job.id == job_id).values(attempts=attempts))
     note_change(session, job_id)
 

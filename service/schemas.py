@@ -5,8 +5,16 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
 
+from service.bounded import bounded_text
 from service.executor.local import shim_pid
 from service.models import Job, MetricRecord
 from service.repository import EPOCH_STEP
@@ -34,8 +42,15 @@ class AttemptRead(BaseModel):
         default_factory=dict,
         description="rank → exit code, as torchrun reported them (a rank it stopped: -15)",
     )
-    reason: str | None
+    reason: str | None = Field(
+        description="at most 2000 characters; the full text is in the rank's log"
+    )
     startup_failure: bool | None
+
+    @field_validator("reason")
+    @classmethod
+    def _bounded(cls, v: str | None) -> str | None:  # rows stored before reasons were bounded
+        return bounded_text(v) if v is not None else None
 
 
 class JobRead(BaseModel):
@@ -59,7 +74,9 @@ class JobRead(BaseModel):
         default=None, description="queued jobs: why it has not started, e.g. 'needs 2 GPUs; 1 free'"
     )
     exit_code: int | None
-    reason: str | None
+    reason: str | None = Field(
+        description="why it ended; at most 2000 characters, the full text is in the logs"
+    )
     pid: int | None = Field(
         description="local executor: pid of the job's shim (its process group); null otherwise"
     )
@@ -83,11 +100,23 @@ class JobRead(BaseModel):
             queue_position=waiting.position if queued and waiting else None,
             waiting_reason=waiting.reason if queued and waiting else None,
             exit_code=job.exit_code,
-            reason=job.reason,
+            reason=bounded_text(job.reason) if job.reason is not None else None,
             pid=shim_pid(job.executor, job.executor_ref),
             devices=job.devices.split(",") if job.devices else [],
-            attempts=[AttemptRead.model_validate(a) for a in job.attempts or []],
+            attempts=_attempts(job.attempts),
         )
+
+
+def _attempts(stored: list | None) -> list[AttemptRead]:
+    """The stored attempt records that are valid; one stored before the shim's files were read
+    strictly may not be (it must not make every read of the job a 500)."""
+    attempts = []
+    for a in stored or []:
+        try:
+            attempts.append(AttemptRead.model_validate(a))
+        except ValidationError:
+            continue
+    return attempts
 
 
 class JobList(BaseModel):

@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -152,6 +153,12 @@ class Settings(BaseSettings):
         description="file of API tokens, one a line, '#' comments; missing or empty = the "
         "server refuses to start",
     )
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="host names clients may reach the server by (the Host header) besides IP "
+        "addresses, localhost, HOST and the host of PUBLIC_URL, comma-separated; checked only "
+        "without API tokens (a DNS-rebinding guard)",
+    )
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="origins allowed cross-origin access (CORS), comma-separated; unset = none",
@@ -171,12 +178,21 @@ class Settings(BaseSettings):
         default=60.0,
         ge=0,
         le=3600,
-        description="seconds a job's token may still post records after the job ended",
+        description="seconds a job's token is still recognised after the job ended (its "
+        "records are then answered 409: nothing is stored after the end)",
+    )
+    spool_ingest_max_records: int = Field(
+        default=100_000,
+        ge=0,
+        le=100_000_000,
+        description="most records read back from one rank's spool file when a job ends (only "
+        "what the API did not acknowledge is read); the rest stays in the file and the job's "
+        "reason says so",
     )
 
-    _split_lists = field_validator("api_tokens", "cors_origins", "data_dirs", mode="before")(
-        _comma_list
-    )
+    _split_lists = field_validator(
+        "api_tokens", "allowed_hosts", "cors_origins", "data_dirs", mode="before"
+    )(_comma_list)
 
     @field_validator("api_tokens")
     @classmethod
@@ -227,7 +243,18 @@ class Settings(BaseSettings):
         return f"sqlite:///{(self.home / 'torchyard.db').resolve()}"
 
     def api_url_for_workers(self, bound_port: int | None = None) -> str:
+        """``PUBLIC_URL``, else ``http://HOST:PORT``: an IPv6 address in brackets (as URLs need
+        it), a wildcard address as 127.0.0.1."""
         if self.public_url:
             return self.public_url.rstrip("/")
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
         return f"http://{host}:{bound_port or self.port}"
+
+    def server_host_names(self) -> list[str]:
+        """Names this server answers to besides IP addresses and localhost (``BrowserGuard``)."""
+        names = [self.host, *self.allowed_hosts]
+        if self.public_url:
+            names.append(urlsplit(self.public_url).hostname or "")
+        return [n for n in names if n]

@@ -14,6 +14,11 @@ Input: ``RUN_DIR/launch.json`` (see ``ShimConfig``: among others the rank progra
 built-in trainer or a script job's resolved script and args) and the rank environment in its own
 environment (the job token never touches the disk). SIGTERM means cancel: the group gets
 SIGTERM → grace → SIGKILL and the outcome is ``cancelled``. Never imports torch.
+
+The shim is the child subreaper of the job (``service.subreaper``): when an attempt's torchrun
+has exited, every process still below the shim — a child the job started in a session of its
+own, a double-forked daemon — is stopped (SIGTERM, up to ``STRAY_GRACE_S``, SIGKILL) before the
+next attempt starts or the outcome is written, so no process of the job outlives it.
 """
 
 from __future__ import annotations
@@ -34,10 +39,12 @@ from service.failure import describe_exit, failed_rank_exit_codes
 from service.launcher import LaunchRequest, LocalTorchrunLauncher
 from service.scriptpath import builtin_program
 from service.socketport import free_port
+from service.subreaper import become_subreaper, stop_descendants
 from torchyard_contract import envnames as names
 from torchyard_contract.rundir import RunDir
 
 POLL_S = 0.2
+STRAY_GRACE_S = 2.0  # SIGTERM → this → SIGKILL for processes a finished attempt left behind
 DEADLINE_REASON = "deadline exceeded"
 
 
@@ -137,6 +144,12 @@ class Shim:
                 break
             _wait_exit(handle, POLL_S)
         code = code if code is not None else -signal.SIGKILL
+        # torchrun is gone: whatever the job started and left (its own session, a daemon) goes
+        # too, before the next attempt or the outcome (service.subreaper).
+        strays = stop_descendants(min(self.config.stop_grace_s, STRAY_GRACE_S))
+        if strays:
+            print(f"attempt {number}: stopped {len(strays)} leftover process(es) of the job",
+                  flush=True)
         ready = all(
             self.run.ready_marker(number, r).exists() for r in range(self.config.nproc_per_node)
         )
@@ -203,6 +216,9 @@ class Shim:
 
 
 def main() -> None:
+    # Before anything starts: every process of the job then stays in this process's tree.
+    if not become_subreaper():
+        print("not a child subreaper (no prctl): daemons a job leaves may outlive it", flush=True)
     run = RunDir(Path(sys.argv[1]).resolve())
     # First of all: claim the launch, unless a recovering server gave it up (service.runclaim).
     me = os.getpid()

@@ -1,13 +1,17 @@
 """The supervisor owns jobs' lives and every state change after submission.
 
-One background thread runs ``tick()``: stop cancelled groups, reap finished ones, mark started
-ones running, then run a scheduling pass (``service.scheduler``: priority, FIFO, gang
-allocation, backfill behind a reservation). It is the only code that allocates resources, so two
-jobs never share one. Routes call ``submit``, ``cancel``, ``queue_status`` and ``resources``.
+One background thread runs ``tick()``: stop cancelled groups, reap finished ones (their
+resources are freed at once; ``service.finisher`` re-ingests their spools and makes them
+terminal on a thread of its own), mark started ones running, then run a scheduling pass
+(``service.scheduler``: priority, FIFO, gang allocation, backfill behind a reservation). Each
+step, and each job within a step, is isolated: whatever one job left in its run directory cannot
+stop the loop. It is the only code that allocates resources, so two jobs never share one. Routes
+call ``submit``, ``cancel``, ``queue_status`` and ``resources``.
 
 Every server process has a supervisor, but only the holder of the lease (``service.lease``)
 acts: it recovers at the start of each term, ticks while ``held()``, and writes its state
-changes under the lease's fence. The others stand by (their routes still serve).
+changes (its finisher's too) under the lease's fence. The others stand by (their routes still
+serve).
 """
 
 from __future__ import annotations
@@ -27,15 +31,16 @@ from service import repository as repo
 from service import runclaim, scheduler
 from service.admission import admit
 from service.executor.base import Executor, Phase, Submission
+from service.finisher import Finisher
 from service.jobtoken import new_token
 from service.lease import Lease
 from service.models import Job
+from service.recordscope import world_size
 from service.resources import Inventory
-from service.runfiles import read_attempts, read_json
+from service.runfiles import read_attempts
 from service.scriptpath import ScriptRefused, ScriptsDisabled, rank_program, script_program
 from service.settings import Settings
 from service.shim import ShimConfig
-from service.spool import read_spool
 from service.state import JobState
 from torchyard_contract import envnames as names
 from torchyard_contract.rundir import RunDir
@@ -112,6 +117,7 @@ class Supervisor:
     _queue_dirty: bool = True
     _last_plan: float = 0.0
     _thread: threading.Thread | None = None
+    _finisher: Finisher = field(init=False)
     # Who supervises (``service.lease``); built from the settings when not given.
     lease: Lease | None = None
     # The lease generation this process last recovered under; None = not acting.
@@ -120,6 +126,15 @@ class Supervisor:
     def __post_init__(self) -> None:
         if self.lease is None:
             self.lease = Lease(self.session_factory, self.settings.lease_ttl_s)
+        # Ended jobs are finished (spools re-ingested, terminal state) off this loop's thread,
+        # under the lease: a deposed supervisor's finisher writes nothing.
+        self._finisher = Finisher(
+            runs_dir=self.settings.runs_dir,
+            session_factory=self.session_factory,
+            max_records_per_rank=self.settings.spool_ingest_max_records,
+            on_finished=self._queue_changed,
+            fence=self.lease.fence,
+        )
 
     @property
     def acting(self) -> bool:
@@ -209,6 +224,7 @@ class Supervisor:
     def start(self) -> None:
         """Start standing by; if the lease is free now, recover at once (before serving)."""
         self.executor.watch(self._wake.set)  # reap at once when a job ends, not a poll later
+        self._finisher.start()
         if self._lease.renew():
             self._begin_term()
         self._lease.start()
@@ -222,6 +238,7 @@ class Supervisor:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self._finisher.stop()
         self._lease.stop(release=True)
 
     def _run(self) -> None:
@@ -299,7 +316,10 @@ class Supervisor:
                 dead[job.id] = None
             session.commit()
         for job_id, reason in dead.items():
-            self._finish(job_id, None, reason)
+            try:
+                self._finish(job_id, None, reason)
+            except Exception:  # the server starts anyway; the next start tries again
+                logger.exception("job %s: could not be finished at start-up", job_id)
         return True
 
     def _reference_from_claim(self, job_id: int) -> str | None:
@@ -312,10 +332,14 @@ class Supervisor:
         return self.executor.reference_from_claim(found)
 
     def tick(self) -> None:
-        self._stop_cancelled()
-        self._reap_finished()
-        self._mark_running()
-        self._launch_queued()
+        # Each step on its own: one that fails (a bug, a database error) must not starve the
+        # others, or a stuck reap would hold every queued job.
+        for step in (self._stop_cancelled, self._reap_finished, self._mark_running,
+                     self._launch_queued):
+            try:
+                step()
+            except Exception:
+                logger.exception("supervisor: %s failed", step.__name__)
 
     def _reap_finished(self) -> None:
         if not self._refs:
@@ -328,42 +352,17 @@ class Supervisor:
             self._finish(job_id, status.exit_code)
 
     def _finish(self, job_id: int, shim_code: int | None, reason: str | None = None) -> None:
-        """Record the shim's outcome, re-ingest the spools, free the resources.
-
-        ``shim_code``: the attempt loop's exit code, None when unknown (it ended unwatched);
-        ``reason``: why it failed when it left no outcome, if known better than that."""
-        run = RunDir.for_job(self.settings.runs_dir, job_id)
-        outcome = read_json(run.exit_file)
-        # Files first: a fenced transaction must not sit idle (see leaserepo.holds_lease).
-        spooled, attempts = read_spool(run.spool_dir), read_attempts(run)
+        """Free the job's resources now; the finisher re-ingests its spools and makes it
+        terminal, off this thread (``service.finisher``). ``shim_code``: the attempt loop's exit
+        code, None when unknown (it ended unwatched); ``reason``: why it failed if it left no
+        outcome, when known better than that."""
         with self.session_factory() as session:
             if not self._lease.fence(session):
                 return
-            added = repo.insert_records(session, job_id, spooled)
-            if added:
-                repo.mark_first_metric(session, job_id, spooled)
-            repo.set_attempts(session, job_id, attempts)
-            if outcome is None:
-                reason = reason or (
-                    "the job's shim ended without an outcome"
-                    if shim_code is not None
-                    else "the job ended while the server was down and left no outcome"
-                )
-                repo.transition(session, job_id, JobState.failed, reason=reason)
-            else:
-                state = JobState(outcome["state"])
-                fields = {"exit_code": outcome.get("exit_code"), "reason": outcome.get("reason")}
-                if state is JobState.cancelled:
-                    fields["reason"] = fields["reason"] or "cancelled"
-                repo.transition(session, job_id, state, **fields)
-                job = repo.get_job(session, job_id)
-                if job is not None and job.exit_code is None:
-                    job.exit_code = outcome.get("exit_code")
             repo.release(session, job_id)
             session.commit()
+        self._finisher.enqueue(job_id, shim_code, reason)
         self._queue_changed()
-        logger.info("job %s: ended (%s); %d spooled records recovered", job_id,
-                    (outcome or {}).get("state", "no outcome"), added)
 
     def _mark_running(self) -> None:
         """Sync attempts from the run dir; starting → running once rank 0 of an attempt is ready.
@@ -377,18 +376,26 @@ class Supervisor:
             for job in repo.active_jobs(session):
                 if job.id not in self._refs:
                     continue
-                run = RunDir.for_job(self.settings.runs_dir, job.id)
-                attempts = read_attempts(run)
-                if attempts != (job.attempts or []):
-                    repo.set_attempts(session, job.id, attempts)
-                if job.state != JobState.starting.value or not attempts:
-                    continue
-                if run.ready_marker(attempts[-1]["number"], 0).exists():
-                    # Seen up to a tick late; never after the first metric it made possible.
-                    now = repo.utcnow()
-                    running_at = min(now, job.first_metric_at) if job.first_metric_at else now
-                    repo.transition(session, job.id, JobState.running, running_at=running_at)
+                try:
+                    self._sync_attempts(session, job)
+                except Exception:  # one job's files must not hold the others' (or the loop)
+                    logger.exception("job %s: could not read its attempts", job.id)
             session.commit()
+
+    def _sync_attempts(self, session: Session, job: Job) -> None:
+        run = RunDir.for_job(self.settings.runs_dir, job.id)
+        spec = job.spec or {}
+        max_attempts = int(spec.get("max_restarts", 0) or 0) + 1
+        attempts = read_attempts(run, max_attempts, world_size(spec))
+        if attempts != (job.attempts or []):
+            repo.set_attempts(session, job.id, attempts)
+        if job.state != JobState.starting.value or not attempts:
+            return
+        if run.ready_marker(attempts[-1]["number"], 0).exists():
+            # Seen up to a tick late; never after the first metric it made possible.
+            now = repo.utcnow()
+            running_at = min(now, job.first_metric_at) if job.first_metric_at else now
+            repo.transition(session, job.id, JobState.running, running_at=running_at)
 
     def _queue_changed(self) -> None:
         self._queue_dirty = True

@@ -60,6 +60,13 @@ def postgres_server() -> Iterator[pgserver.PgServer]:
     server.stop()
 
 
+@pytest.fixture(autouse=True)
+def _testclient_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Starlette's TestClient sends ``Host: testserver``: a name the server must be told about,
+    as an operator would (``service.api.browserguard`` refuses unknown names without tokens)."""
+    monkeypatch.setenv("TORCHYARD_ALLOWED_HOSTS", "testserver")
+
+
 @pytest.fixture
 def store(request: pytest.FixtureRequest) -> str:
     """``sqlite`` unless the test is parametrized over ``STORES``."""

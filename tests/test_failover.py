@@ -79,7 +79,7 @@ def _role(server: LiveServer) -> str:
 
 
 def _acted_on(log: str, job_id: int) -> bool:
-    return re.search(rf"job {job_id}: (launched|ended|re-adopted)", log) is not None
+    return re.search(rf"job {job_id}: (launched|ended|finished|re-adopted)", log) is not None
 
 
 def test_sigkill_of_the_leader_mid_job_fails_over_and_the_old_leader_stands_by(
@@ -138,5 +138,5 @@ def test_a_leader_cut_off_stops_acting_before_the_standby_takes_over(
     assert (_role(leader), _role(standby)) == ("standby", "supervisor")
     old = leader.log.read_text()
     assert "stops supervising" in old or "standing by" in old, old[-2000:]
-    assert f"job {job_id}: ended" not in old
-    assert f"job {job_id}: ended" in standby.log.read_text()
+    assert f"job {job_id}: finished" not in old
+    assert f"job {job_id}: finished" in standby.log.read_text()

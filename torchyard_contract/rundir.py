@@ -55,6 +55,12 @@ class RunDir:
         """A rank's records, one JSON line each (``torchyard_contract.records``)."""
         return self.spool_dir / f"rank-{rank}.jsonl"
 
+    def spool_ack_file(self, rank: int) -> Path:
+        """The byte offset in the rank's spool file up to which the API answered every record
+        (ASCII digits; the rank's reporter replaces it after each batch). The server re-reads
+        the spool from there when the job ends."""
+        return self.spool_dir / f"rank-{rank}.ack"
+
     @property
     def checkpoints_dir(self) -> Path:
         """Epoch checkpoints (``worker.checkpoint``); a ``resume_from`` job reads another's."""

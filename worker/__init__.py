@@ -16,8 +16,10 @@ SDK (cheap to import: no torch import here, on purpose)::
 * :func:`report` ``(epoch=..., step=None, **metrics)`` reports metrics for the calling rank
   through one process-wide :class:`~worker.reporter.Reporter`, created on first use from the
   environment and closed at interpreter exit (pending records get up to 10 s; every record is
-  also in the rank's spool file, which the server re-ingests when the job ends). It also calls
-  :func:`ready`.
+  also in the rank's spool file, which the server re-ingests when the job ends, unless it was
+  cancelled). A record the server would refuse (a metric name outside
+  ``[A-Za-z0-9_.:/-]{1,64}``, a negative epoch) raises ``ValueError`` naming it, and nothing of
+  that call is reported. It also calls :func:`ready`.
 * :func:`ready` writes this rank's ready marker ``RUN_DIR/attempts/<n>/ready-rank-<r>`` on the
   first call and touches it (at most once a second) on later ones. The marker means "set-up
   done": the job turns ``running`` once rank 0 is ready, a failure before every rank is ready

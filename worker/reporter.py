@@ -6,10 +6,17 @@ Contract:
   ``RUN_DIR/spool/rank-<rank>.jsonl`` (flushed) *before* queueing it for sending, so the
   spool is the durable record even if the API never hears about it. No ``RUN_DIR`` → no
   spool.
+* A record the server would refuse (a metric name outside ``[A-Za-z0-9_.:/-]{1,64}``, a
+  negative epoch, ...) raises ``ValueError`` from :meth:`Reporter.report`, naming the field,
+  before anything of that call is spooled or sent: a typo shows up in the script at once, and
+  one bad name never costs the other records of a batch.
 * A daemon thread POSTs batches to ``{api}/jobs/{job_id}/records`` with a bearer token.
   Connection errors, 5xx and 429 are retried with capped exponential backoff; other 4xx
   drop the batch with a warning. The server dedups on (job, attempt, rank, epoch, step,
   name), so retries and replays of the spool are safe.
+* Once the API answered a batch (stored, or refused for good), the byte offset in the spool
+  up to which every record was answered goes to ``RUN_DIR/spool/rank-<rank>.ack``; the server
+  re-ingests the spool only from there when the job ends.
 * Records are in the contract's wire format (``torchyard_contract.records``): non-finite
   floats become the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` so the body (and the
   spool) is strict JSON.
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import threading
 import time
@@ -32,8 +40,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
-from torchyard_contract.records import encode_value
+from torchyard_contract.records import RecordPost, encode_value
 from torchyard_contract.rundir import RunDir
 from worker.env import WorkerEnv
 
@@ -60,13 +69,17 @@ class Reporter:
         self._lock = threading.Lock()
         self._closed = False
         self._spool: Any = None
+        self._ack_path: Path | None = None
         if env.run_dir is not None:
-            spool_path = RunDir(env.run_dir).spool_file(env.rank)
+            run = RunDir(env.run_dir)
+            spool_path = run.spool_file(env.rank)
             spool_path.parent.mkdir(parents=True, exist_ok=True)
-            self._spool = spool_path.open("a", encoding="utf-8")
+            self._spool = spool_path.open("ab")  # binary: tell() is the byte offset
+            self._ack_path = run.spool_ack_file(env.rank)
         self.spool_path: Path | None = Path(self._spool.name) if self._spool else None
 
-        self._queue: queue.Queue[dict[str, Any]] = queue.Queue()
+        # (record, spool offset just after it; None without a spool)
+        self._queue: queue.Queue[tuple[dict[str, Any], int | None] | dict] = queue.Queue()
         self._closing = threading.Event()  # no more records; drain and exit
         self._abort = threading.Event()  # close() timed out; give up now
         self._thread: threading.Thread | None = None
@@ -86,7 +99,9 @@ class Reporter:
     def report(self, *, epoch: int | None = None, step: int | None = None, **metrics: Any) -> None:
         """Record each ``name=value`` in ``metrics`` for this rank and attempt.
 
-        Spools synchronously, sends asynchronously. Raises ``RuntimeError`` after close.
+        Spools synchronously, sends asynchronously. Raises ``ValueError`` naming the field when
+        a record is not one the server takes (nothing of the call is reported then),
+        ``TypeError`` for a value that is not a number, ``RuntimeError`` after close.
         """
         now = time.time()
         records = [
@@ -101,16 +116,22 @@ class Reporter:
             }
             for name, value in metrics.items()
         ]
+        for record in records:
+            _check(record)
         with self._lock:
             if self._closed:
                 raise RuntimeError("Reporter is closed")
-            if self._spool is not None:
-                for record in records:
-                    self._spool.write(json.dumps(record, allow_nan=False) + "\n")
-                self._spool.flush()
-        if self._thread is not None:
+            # Queued under the lock too: the queue keeps the spool's order, so an ack offset
+            # never passes a record that was not answered.
             for record in records:
-                self._queue.put(record)
+                offset = None
+                if self._spool is not None:
+                    self._spool.write((json.dumps(record, allow_nan=False) + "\n").encode())
+                    offset = self._spool.tell()
+                if self._thread is not None:
+                    self._queue.put((record, offset))
+            if self._spool is not None:
+                self._spool.flush()
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Send what is pending for at most ``timeout_s``, then stop. Idempotent."""
@@ -154,11 +175,13 @@ class Reporter:
                     if item is not _WAKE:
                         batch.append(item)
                 if batch:
-                    self._send_batch(client, url, batch)
+                    if self._send_batch(client, url, [record for record, _ in batch]):
+                        self._ack(batch[-1][1])
                 elif self._closing.is_set():
                     return
 
-    def _send_batch(self, client: httpx.Client, url: str, batch: list[dict[str, Any]]) -> None:
+    def _send_batch(self, client: httpx.Client, url: str, batch: list[dict[str, Any]]) -> bool:
+        """Send until answered for good; True then, False when aborted first."""
         delay = BACKOFF_START_S
         while not self._abort.is_set():
             try:
@@ -168,7 +191,7 @@ class Reporter:
             else:
                 code = response.status_code
                 if code < 400:
-                    return
+                    return True
                 if code < 500 and code != 429:
                     log.warning(
                         "reporter: API refused %d records (%d: %s); dropped (still in spool)",
@@ -176,10 +199,37 @@ class Reporter:
                         code,
                         response.text[:200],
                     )
-                    return
+                    return True
                 log.info("reporter: API answered %d; retrying in %.1fs", code, delay)
             self._abort.wait(delay)
             delay = min(delay * 2, BACKOFF_CAP_S)
+        return False
+
+    def _ack(self, offset: int | None) -> None:
+        """Record that every record up to ``offset`` in the spool was answered (atomically)."""
+        if offset is None or self._ack_path is None:
+            return
+        tmp = self._ack_path.with_name(self._ack_path.name + ".tmp")
+        try:
+            tmp.write_text(str(offset))
+            os.replace(tmp, self._ack_path)
+        except OSError as exc:  # the server then re-reads more of the spool: nothing is lost
+            log.info("reporter: could not write %s: %s", self._ack_path, exc)
+
+
+def _check(record: dict[str, Any]) -> None:
+    """``ValueError`` naming the field when the server would refuse ``record``."""
+    try:
+        RecordPost.model_validate(record)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        field = ".".join(str(p) for p in err["loc"]) or "record"
+        shown = record["name"] if field == "name" else record.get(field)
+        raise ValueError(
+            f"worker.report: {field} {shown!r} is not accepted: {err['msg']} "
+            f"(metric names: 1-64 characters of A-Z a-z 0-9 _ . : / -); nothing of this call "
+            "was reported"
+        ) from None
 
 
 def _warn_noop_once() -> None:

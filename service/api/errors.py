@@ -22,9 +22,12 @@ logger = logging.getLogger(__name__)
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, error: str, message: str) -> None:
+    def __init__(
+        self, status: int, error: str, message: str, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.status, self.error, self.message = status, error, message
+        self.headers = headers
 
 
 def error_body(error: str, message: str, details: list[dict] | None = None) -> dict:
@@ -73,8 +76,15 @@ ERROR_RESPONSES: dict[int | str, dict] = {
     404: {**_ERROR, "description": "no such job or route"},
     409: {**_ERROR, "description": "conflicts with the job's state"},
     413: {**_ERROR, "description": "the body is larger than TORCHYARD_MAX_BODY_BYTES"},
+    415: {**_ERROR, "description": "a request body that is not application/json"},
     422: {**_ERROR, "description": "invalid field, unknown field, or out-of-range number"},
     500: {**_ERROR, "description": "a bug; the response carries no details"},
+}
+
+
+# Only on the records route: the next attempt has not been recorded yet.
+RETRY_LATER: dict[int | str, dict] = {
+    503: {**_ERROR, "description": "not ready for this yet; retry after Retry-After seconds"},
 }
 
 
@@ -95,7 +105,9 @@ def _allowed_methods(app: FastAPI, path: str) -> list[str]:
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_req: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(error_body(exc.error, exc.message), status_code=exc.status)
+        return JSONResponse(
+            error_body(exc.error, exc.message), status_code=exc.status, headers=exc.headers
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:

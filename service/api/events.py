@@ -11,7 +11,8 @@ Every event's ``id`` is the cursor ``<seq>-<stage>``: the last record ``seq`` se
 of the last state sent (0 queued, 1 starting, 2 running, 3 terminal; -1 none yet, as when a
 stream opened on a finished job sends its records before the terminal state). A client that reconnects
 with ``Last-Event-ID`` gets only newer records and only a later state: no gap, no duplicate.
-The stream ends once the job is terminal and every record has been sent.
+The stream ends once the job is terminal and every record has been sent, or when the server
+shuts down (``service.api.drain``): a client then reconnects with ``Last-Event-ID``.
 
 The database is read in short sessions on the thread pool; nothing is held across a wait. A
 commit that changes the job or adds its records wakes the stream at once (``service.changefeed``:
@@ -32,7 +33,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from service import repository as repo
-from service.api.deps import get_changes, get_session_factory
+from service.api.deps import JobId, get_changes, get_session_factory
+from service.api.drain import draining
 from service.api.errors import ApiError
 from service.schemas import JobRead, MetricRead
 from service.state import TERMINAL_STATES, JobState
@@ -42,7 +44,9 @@ EVENTS_POLL_S = 0.5
 EVENTS_PAGE = 1000
 TERMINAL_STAGE = 3
 STAGES = {JobState.queued: 0, JobState.starting: 1, JobState.running: 2}
-_CURSOR = re.compile(r"^(\d{1,18})-(-1|[0-3])$")
+# An event id of this stream, or empty (start from the beginning); blanks around it are ignored.
+LAST_EVENT_ID_PATTERN = r"^[ \t]*(?:[0-9]{1,18}-(?:-1|[0-3]))?[ \t]*$"
+_CURSOR = re.compile(r"^([0-9]{1,18})-(-1|[0-3])$")
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,7 @@ def stage_of(state: JobState) -> int:
     return TERMINAL_STAGE if state in TERMINAL_STATES else STAGES[state]
 
 
-def _existing_job(job_id: int, request: Request) -> int:
+def _existing_job(job_id: JobId, request: Request) -> int:
     """404 before the stream starts (a dependency runs before the response is sent)."""
     with get_session_factory(request)() as session:
         if repo.get_job(session, job_id) is None:
@@ -67,16 +71,18 @@ def _existing_job(job_id: int, request: Request) -> int:
     return job_id
 
 
-def _cursor(last_event_id: Annotated[str | None, Header()] = None) -> Cursor:
-    if last_event_id is None or not last_event_id.strip():
-        return Cursor()
+def _cursor(
+    last_event_id: Annotated[
+        str,  # not ``str | None``: a header is absent or a string, never null
+        Header(
+            alias="Last-Event-ID",
+            pattern=LAST_EVENT_ID_PATTERN,
+            description="resume after this event id ('<seq>-<stage>', as sent in 'id:')",
+        ),
+    ] = "",
+) -> Cursor:
     match = _CURSOR.match(last_event_id.strip())
-    if match is None:
-        raise ApiError(
-            422, "invalid_request",
-            f"Last-Event-ID: must be an event id of this stream (<seq>-<stage>); got {last_event_id!r}",
-        )
-    return Cursor(int(match[1]), int(match[2]))
+    return Cursor(int(match[1]), int(match[2])) if match else Cursor()
 
 
 def _poll(
@@ -98,7 +104,8 @@ async def job_events(
     """State and metric events of the job; resumable with ``Last-Event-ID`` (see module doc)."""
     factory = get_session_factory(request)
     changes = get_changes(request)
-    while True:
+    stopping = draining(request)
+    while not stopping.is_set():
         seen = changes.version(job_id)
         job, records = await run_in_threadpool(_poll, factory, job_id, cursor.seq)
         stage = stage_of(job.state)

@@ -2,29 +2,40 @@
 
 from __future__ import annotations
 
-import re
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Header, Query, Request, Response
+from pydantic import StringConstraints
 from starlette.concurrency import run_in_threadpool
 
 from service import repository as repo
-from service.api.deps import ChangesDep, SessionDep, SessionFactoryDep, SupervisorDep
-from service.api.errors import ApiError
+from service.api.deps import (
+    JOB_ID_MAX,
+    ChangesDep,
+    JobId,
+    SessionDep,
+    SessionFactoryDep,
+    SupervisorDep,
+)
+from service.api.drain import draining
+from service.api.errors import ERROR_RESPONSES, ApiError
 from service.schemas import AttemptRead, JobList, JobRead, MetricRead, MetricsPage
 from service.state import TERMINAL_STATES, JobState
 from service.supervisor import SubmitRejected
-from torchyard_contract.spec import JobSpec
+from torchyard_contract.spec import LABEL_VALUE_CHARS, LABEL_VALUE_MAX, JobSpec
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 METRICS_PAGE_DEFAULT = 1000
 METRICS_PAGE_MAX = 10_000
+SEQ_MAX = 2**63 - 1  # record seq: SQLite's INTEGER PRIMARY KEY
 WAIT_DEFAULT_S = 30.0
 WAIT_MAX_S = 300.0
 # Woken by the change feed; this poll only covers writers in other processes on SQLite.
 WAIT_POLL_S = 0.25
-LABEL_FILTER = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}(=[^\x00-\x1f]{0,200})?$"
+LABEL_FILTER = (
+    rf"^[A-Za-z0-9][A-Za-z0-9._/-]{{0,62}}(=(?:{LABEL_VALUE_CHARS}){{0,{LABEL_VALUE_MAX}}})?$"
+)
 IDEMPOTENCY_KEY = r"^[\x21-\x7e]{1,200}$"
 
 
@@ -39,7 +50,18 @@ def _job_or_404(session: SessionDep, job_id: int):  # type: ignore[no-untyped-de
     "",
     status_code=201,
     response_model=JobRead,
-    responses={200: {"model": JobRead, "description": "repeated Idempotency-Key: the first job"}},
+    responses={
+        200: {"model": JobRead, "description": "repeated Idempotency-Key: the first job"},
+        # Refusals that depend on this server's settings or state, not only on the spec:
+        403: {**ERROR_RESPONSES[403], "description": "a script job (entrypoint) on a server "
+              "without API tokens or without TORCHYARD_SCRIPT_DIRS"},
+        409: {**ERROR_RESPONSES[409], "description": "the Idempotency-Key was used with "
+              "another spec"},
+        422: {**ERROR_RESPONSES[422], "description": "an invalid spec; or a valid one this "
+              "server cannot run: nproc_per_node more than this host has, dataset_root outside "
+              "TORCHYARD_DATA_DIRS, entrypoint not a file in the script directories, "
+              "resume_from naming no job"},
+    },
 )
 def submit_job(
     spec: JobSpec,
@@ -71,20 +93,20 @@ def list_jobs(
     state: JobState | None = None,
     name: Annotated[str | None, Query(max_length=100)] = None,
     label: Annotated[
-        list[str],
+        list[Annotated[str, StringConstraints(pattern=LABEL_FILTER)]],
         Query(
             max_length=16,
             description="repeatable; 'key=value' or 'key' (has the label); all must match",
         ),
     ] = [],  # noqa: B006 - FastAPI copies query defaults
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    before: Annotated[int | None, Query(ge=1, description="cursor: jobs with id < before")] = None,
+    before: Annotated[
+        int | None, Query(ge=1, le=JOB_ID_MAX, description="cursor: jobs with id < before")
+    ] = None,
 ) -> JobList:
     """Newest first; pass ``next_before`` as ``?before=`` for the next page."""
     labels = []
-    for item in label:
-        if not _matches(LABEL_FILTER, item):
-            raise ApiError(422, "invalid_request", f"label: {item!r} is not 'key' or 'key=value'")
+    for item in label:  # each matches LABEL_FILTER (checked with the other parameters)
         key, sep, value = item.partition("=")
         labels.append((key, value if sep else None))
     jobs = repo.list_jobs(session, state, name, limit, before, labels)
@@ -95,30 +117,30 @@ def list_jobs(
     )
 
 
-def _matches(pattern: str, value: str) -> bool:
-    return re.fullmatch(pattern, value) is not None
-
-
 @router.get("/{job_id}", response_model=JobRead)
-def get_job(job_id: int, session: SessionDep, supervisor: SupervisorDep) -> JobRead:
+def get_job(job_id: JobId, session: SessionDep, supervisor: SupervisorDep) -> JobRead:
     return JobRead.from_row(_job_or_404(session, job_id), supervisor.queue_status(job_id))
 
 
 @router.get("/{job_id}/wait", response_model=JobRead)
 async def wait_for_job(
-    job_id: int,
+    job_id: JobId,
+    request: Request,
     session_factory: SessionFactoryDep,
     supervisor: SupervisorDep,
     changes: ChangesDep,
     timeout: Annotated[float, Query(ge=0, le=WAIT_MAX_S, allow_inf_nan=False)] = WAIT_DEFAULT_S,
 ) -> JobRead:
-    """Long-poll: answers as soon as the job is terminal, or after ``timeout`` seconds with
-    the job as it is then (check ``state``). Never an error for a job that is still running."""
+    """Long-poll: answers as soon as the job is terminal, or after ``timeout`` seconds (or when
+    the server shuts down) with the job as it is then (check ``state``). Never an error for a
+    job that is still running."""
     deadline = time.monotonic() + timeout
+    stopping = draining(request)
     while True:
         seen = changes.version(job_id)
         job = await run_in_threadpool(_read_job, session_factory, job_id)
-        if JobState(job.state) in TERMINAL_STATES or time.monotonic() >= deadline:
+        done = JobState(job.state) in TERMINAL_STATES or time.monotonic() >= deadline
+        if done or stopping.is_set():
             return JobRead.from_row(job, supervisor.queue_status(job_id))
         left = max(0.0, deadline - time.monotonic())
         await changes.wait(job_id, seen, min(changes.fallback_s(WAIT_POLL_S), left))
@@ -131,13 +153,13 @@ def _read_job(session_factory: SessionFactoryDep, job_id: int):  # type: ignore[
 
 
 @router.get("/{job_id}/attempts", response_model=list[AttemptRead])
-def get_attempts(job_id: int, session: SessionDep) -> list[AttemptRead]:
+def get_attempts(job_id: JobId, session: SessionDep) -> list[AttemptRead]:
     """Every attempt of the job: number, start/end (Unix s), exit code, failure reason."""
     return JobRead.from_row(_job_or_404(session, job_id)).attempts
 
 
 @router.post("/{job_id}/cancel", response_model=JobRead)
-def cancel_job(job_id: int, supervisor: SupervisorDep) -> JobRead:
+def cancel_job(job_id: JobId, supervisor: SupervisorDep) -> JobRead:
     """Cancel a queued or running job; cancelling a finished job returns it unchanged (200)."""
     job = supervisor.cancel(job_id)
     if job is None:
@@ -147,9 +169,11 @@ def cancel_job(job_id: int, supervisor: SupervisorDep) -> JobRead:
 
 @router.get("/{job_id}/metrics", response_model=MetricsPage)
 def read_metrics(
-    job_id: int,
+    job_id: JobId,
     session: SessionDep,
-    after: Annotated[int, Query(ge=0, description="return records with seq > after")] = 0,
+    after: Annotated[
+        int, Query(ge=0, le=SEQ_MAX, description="return records with seq > after")
+    ] = 0,
     limit: Annotated[int, Query(ge=1, le=METRICS_PAGE_MAX)] = METRICS_PAGE_DEFAULT,
     rank: Annotated[int | None, Query(ge=0, le=65_535)] = None,
     name: Annotated[str | None, Query(max_length=64)] = None,

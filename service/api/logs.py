@@ -4,11 +4,16 @@ The executor says where the file is (``Executor.rank_log``; locally the one torc
 the rank with ``--redirects``): ``stderr`` by default — what the worker logs (Python logging goes
 to stderr) and any traceback — or ``stdout`` with ``stream=stdout``. Every path part comes from
 an integer or a fixed name; no client string reaches the filesystem.
+
+A follower that starts late asks for ``?tail=N`` (the last N bytes) rather than reading a long
+log from offset 0, then follows with ``next_offset``; ``offset`` in the answer says where the text
+starts, so earlier parts can be fetched on demand with ``offset``/``limit``.
 """
 
 from __future__ import annotations
 
 import codecs
+import os
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -17,15 +22,17 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
 from service import repository as repo
-from service.api.deps import SessionDep
-from service.api.errors import ApiError
+from service.api.deps import JobId, SessionDep
+from service.api.errors import ERROR_RESPONSES, ApiError
 from service.executor.base import Executor
+from service.safefile import open_regular
 from service.state import TERMINAL_STATES, JobState
 from torchyard_contract.rundir import RunDir
 
 router = APIRouter(prefix="/jobs", tags=["logs"])
 LOG_PAGE_DEFAULT = 64 * 1024
 LOG_PAGE_MAX = 1024 * 1024
+LOG_OFFSET_MAX = 2**53  # the largest integer a JSON client (JavaScript) holds exactly
 
 
 class LogStream(str, Enum):
@@ -42,12 +49,36 @@ class LogChunk(BaseModel):
     complete: bool = Field(description="the attempt is over and the end of its log was reached")
 
 
+def char_start(path: Path | None, offset: int) -> int:
+    """``offset`` moved past UTF-8 continuation bytes (at most 3) onto a character's start."""
+    f = open_regular(path) if path is not None and offset else None
+    if f is None:
+        return offset
+    try:
+        with f:
+            if offset >= os.fstat(f.fileno()).st_size:
+                return offset  # nothing there (and seeking far past the end can fail)
+            f.seek(offset)
+            head = f.read(3)
+    except OSError:
+        return offset
+    skip = 0
+    while skip < len(head) and head[skip] & 0xC0 == 0x80:
+        skip += 1
+    return offset + skip
+
+
 def read_chunk(path: Path | None, offset: int, limit: int, final: bool) -> tuple[str, int, bool]:
     """``(text, next_offset, at_end)`` from ``offset``. A multi-byte character cut at the end of
     the chunk is left for the next read (unless ``final``: the file will not grow)."""
-    if path is None:
+    f = open_regular(path) if path is not None else None
+    if f is None:  # none yet, or not a regular file (a job's FIFO would block this thread)
         return "", offset, True
-    with path.open("rb") as f:
+    with f:
+        # Past the end there is nothing to read; seeking there can fail (EINVAL past the
+        # filesystem's largest file), so do not.
+        if offset >= os.fstat(f.fileno()).st_size:
+            return "", offset, True
         f.seek(offset)
         data = f.read(limit + 1)
     at_end = len(data) <= limit
@@ -58,16 +89,27 @@ def read_chunk(path: Path | None, offset: int, limit: int, final: bool) -> tuple
     return text, offset + len(data) - pending, at_end and pending == 0
 
 
-@router.get("/{job_id}/logs", response_model=LogChunk)
+@router.get(
+    "/{job_id}/logs",
+    response_model=LogChunk,
+    responses={404: {**ERROR_RESPONSES[404], "description": "no such job, rank or attempt"}},
+)
 def read_logs(
-    job_id: int,
+    job_id: JobId,
     request: Request,
     session: SessionDep,
     rank: Annotated[int, Query(ge=0, le=65_535)] = 0,
     attempt: Annotated[int | None, Query(ge=1, le=10_000, description="default: latest")] = None,
-    offset: Annotated[int, Query(ge=0, le=2**53)] = 0,
+    offset: Annotated[
+        int, Query(ge=0, le=LOG_OFFSET_MAX, description="byte offset; past the end: empty text")
+    ] = 0,
     limit: Annotated[int, Query(ge=1, le=LOG_PAGE_MAX)] = LOG_PAGE_DEFAULT,
     stream: LogStream = LogStream.stderr,
+    tail: Annotated[
+        int | None,
+        Query(ge=1, le=LOG_PAGE_MAX,
+              description="start this many bytes before the end (offset is then ignored)"),
+    ] = None,
 ) -> LogChunk:
     job = repo.get_job(session, job_id)
     if job is None:
@@ -86,8 +128,19 @@ def read_logs(
     run = RunDir.for_job(request.app.state.settings.runs_dir, job_id)
     executor: Executor = request.app.state.executor
     path = executor.rank_log(run, attempt, rank, stream.value).path
+    if tail is not None:
+        offset = max(0, _size(path) - tail)
+        limit = max(limit, tail)
+    offset = char_start(path, offset)
     text, next_offset, at_end = read_chunk(path, offset, limit, final=over)
     return LogChunk(
         rank=rank, attempt=attempt, offset=offset, next_offset=next_offset, text=text,
         complete=over and at_end,
     )
+
+
+def _size(path: Path | None) -> int:
+    try:
+        return path.stat().st_size if path is not None else 0
+    except OSError:
+        return 0

@@ -1,4 +1,12 @@
-"""Worker-facing route: ranks post their metric records with the per-job token."""
+"""Worker-facing route: ranks post their metric records with the per-job token.
+
+A job token is shared by the job's ranks (they share a Unix user, environment and run directory,
+so a token per rank would not keep one rank from posting as another). What the token can post is
+bounded by what the job is (``service.recordscope``, docs/security.md): a batch naming a rank or
+attempt the job does not have is refused whole (422); one naming the next attempt before the
+server has recorded it is 503 with ``Retry-After`` (the rank's reporter retries); a batch for a
+job that is over is 409 (docs/metrics.md: nothing is stored after the terminal state).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +19,8 @@ from pydantic import ValidationError
 from service import repository as repo
 from service.api.auth import WorkerJobDep
 from service.api.deps import SessionDep
-from service.api.errors import ApiError
+from service.api.errors import ERROR_RESPONSES, RETRY_LATER, ApiError
+from service.recordscope import RecordScope
 from service.schemas import IngestResult, RecordBatch
 
 router = APIRouter(prefix="/jobs", tags=["workers"])
@@ -31,16 +40,29 @@ async def _record_batch(request: Request) -> RecordBatch:
         ) from None
 
 
-# Documented as before (the dependency hides the body from OpenAPI); OpenAPI 3.1 takes $defs.
-_BODY_SCHEMA = RecordBatch.model_json_schema()
+# The dependency hides the body from FastAPI's document: it is declared here and added to
+# ``components`` by ``service.api.openapi``.
+BODY_MODELS = (RecordBatch,)
 BatchDep = Annotated[RecordBatch, Depends(_record_batch)]
 
 
 @router.post(
     "/{job_id}/records",
     response_model=IngestResult,
+    responses={
+        403: {**ERROR_RESPONSES[403], "description": "not this job's token, or the job ended "
+              "more than TORCHYARD_WORKER_TOKEN_GRACE_S ago"},
+        409: {**ERROR_RESPONSES[409], "description": "the job is over: nothing is stored after "
+              "its end (the rank's spool file keeps the records)"},
+        422: {**ERROR_RESPONSES[422], "description": "an invalid record, or a rank or attempt "
+              "the job does not have"},
+        **RETRY_LATER,
+    },
     openapi_extra={
-        "requestBody": {"required": True, "content": {"application/json": {"schema": _BODY_SCHEMA}}}
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/RecordBatch"}}},
+        }
     },
 )
 def post_records(
@@ -48,12 +70,25 @@ def post_records(
 ) -> IngestResult:
     """Store a batch in one transaction; replays of (attempt, rank, epoch, step, name) are ignored.
 
-    Only the job's own token (``Authorization: Bearer``), while the job is starting or running
-    and for ``TORCHYARD_WORKER_TOKEN_GRACE_S`` after it ended (a rank's last batch may land just
-    after the group exits); the auth middleware enforces this (``service.api.auth``).
+    Only the job's own token (``Authorization: Bearer``; ``service.api.auth``), and only while
+    the job is starting or running: a batch that arrives once the job is terminal is 409 (the
+    token is still recognised for ``TORCHYARD_WORKER_TOKEN_GRACE_S``, so a late rank learns
+    why). Nothing a rank reported is lost by this: the server ingests every rank's spool before
+    a job that ended by itself turns terminal (docs/metrics.md).
     """
-    if repo.get_job(session, job_id) is None:
+    job = repo.get_job(session, job_id)
+    if job is None:
         raise ApiError(404, "not_found", f"job {job_id} not found")
+    # Writer sessions hold the write lock from their first statement (service.db), so the
+    # state read here cannot turn terminal before this batch commits.
+    scope = RecordScope.of(job)
+    for index, r in enumerate(batch.records):
+        refused = scope.refusal(r.rank, r.attempt, where=f"records.{index}.")
+        if refused is not None:
+            headers = {"Retry-After": "1"} if refused.status == 503 else None
+            error = {409: "conflict", 503: "unavailable"}.get(refused.status, "invalid_request")
+            message = f"{refused.field}: {refused.message}" if refused.field else refused.message
+            raise ApiError(refused.status, error, message, headers)
     records = [
         repo.RecordIn(r.attempt, r.rank, r.epoch, r.step, r.name, r.value, r.time)  # type: ignore[arg-type]
         for r in batch.records

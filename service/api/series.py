@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from service import repository as repo
-from service.api.deps import SessionDep
+from service.api.deps import JOB_ID_MAX, JobId, SessionDep
 from service.api.errors import ApiError
 from service.downsample import Line, build_lines
 from service.schemas import MetricValue
@@ -64,7 +64,7 @@ def _line(line: Line) -> SeriesLine:
 
 @router.get("/jobs/{job_id}/series", response_model=SeriesPage)
 def read_series(
-    job_id: int,
+    job_id: JobId,
     session: SessionDep,
     name: Annotated[str, Query(min_length=1, max_length=64)] = "loss",
     level: Annotated[Literal["epoch", "step"], Query(description="per-epoch or per-step")] = "epoch",
@@ -99,7 +99,10 @@ def read_series(
 @router.get("/progress", response_model=ProgressList)
 def read_progress(
     session: SessionDep,
-    job_id: Annotated[list[int], Query(max_length=PROGRESS_JOBS_MAX, description="repeatable")],
+    job_id: Annotated[
+        list[Annotated[int, Field(ge=1, le=JOB_ID_MAX)]],
+        Query(max_length=PROGRESS_JOBS_MAX, description="repeatable"),
+    ],
 ) -> ProgressList:
     """Newest record (seq, epoch) of each listed job: one indexed lookup per job. Unknown ids
     come back with ``last_seq`` 0, like jobs that reported nothing yet."""

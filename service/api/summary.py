@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from service import repository as repo
-from service.api.deps import SessionDep
+from service.api.deps import JobId, SessionDep
 from service.api.errors import ApiError
 from service.metricsummary import EpochValue, summarize
 from service.schemas import MetricValue
@@ -48,7 +48,7 @@ def _float(value: float | None, nonfinite: str | None) -> float:
 
 @router.get("/{job_id}/metrics/summary", response_model=MetricSummary)
 def metric_summary(
-    job_id: int,
+    job_id: JobId,
     session: SessionDep,
     name: Annotated[str, Query(min_length=1, max_length=64)] = "loss",
     threshold: Annotated[

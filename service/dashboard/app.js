@@ -12,6 +12,7 @@
   const POLL_MS = 1000;
   const LIST_POLL_MS = 2000;
   const LOG_CAP_CHARS = 1_000_000;
+  const LOG_PAGE_BYTES = 64 * 1024;
   const SERIES_MAX_POINTS = 2000;
   const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
   const STATES = ["queued", "starting", "running", "succeeded", "failed", "cancelled"];
@@ -310,32 +311,65 @@
         `epoch ${i.epoch}: rank ${i.diverged_ranks.join(", rank ")}`))));
   }
 
+  // Follows a rank's log from its tail (a long log is not read from the start); earlier parts
+  // load on demand, LOG_PAGE_BYTES at a time.
   function logsPanel(jobId, container) {
     const rankSel = h("select", {id: "log-rank"});
     const pre = h("pre", {class: "log", id: "log-text"});
     const note = h("p", {class: "quiet", id: "log-note"});
-    container.replaceChildren(h("div", {class: "row"}, h("label", {}, "rank ", rankSel)),
+    const earlierBtn = h("button", {type: "button", id: "log-earlier", class: "quiet",
+                                    hidden: true}, "Load earlier");
+    container.replaceChildren(h("div", {class: "row"}, h("label", {}, "rank ", rankSel),
+                                                    earlierBtn),
                               note, pre);
     let ranks = 0;
-    let offset = 0;
+    let offset = null;  // null: not read yet, start at the tail
+    let first = 0;  // byte offset of the first text shown
     let attempt = null;
     let jobState = "queued";
     let available = true;
+    let earlierLoaded = false;
 
     function reset() {
-      offset = 0;
+      offset = null;
+      first = 0;
       attempt = null;
+      earlierLoaded = false;
+      earlierBtn.hidden = true;
       pre.textContent = "";
       note.textContent = "";
     }
     rankSel.addEventListener("change", () => { reset(); poll.stop(); poll = start(); });
 
+    earlierBtn.addEventListener("click", async () => {
+      if (first <= 0 || attempt === null) return;
+      const from = Math.max(0, first - LOG_PAGE_BYTES);
+      earlierBtn.disabled = true;
+      try {
+        const r = await api(`/jobs/${jobId}/logs?` + new URLSearchParams({
+          rank: rankSel.value, attempt: String(attempt), offset: String(from),
+          limit: String(first - from)}));
+        const keep = pre.scrollHeight - pre.scrollTop;  // stay on the same lines
+        pre.textContent = r.text + pre.textContent;
+        pre.scrollTop = pre.scrollHeight - keep;
+        first = r.offset;
+        earlierLoaded = true;
+        earlierBtn.hidden = first <= 0;
+      } catch (err) {
+        reportError(err);
+      } finally {
+        earlierBtn.disabled = false;
+      }
+    });
+
     const start = () => poller(async () => {
       if (rankSel.value === "") return true;
+      const params = {rank: rankSel.value};
+      if (offset === null) params.tail = String(LOG_PAGE_BYTES);
+      else params.offset = String(offset);
       let r;
       try {
-        r = await api(`/jobs/${jobId}/logs?` +
-                      new URLSearchParams({rank: rankSel.value, offset: String(offset)}));
+        r = await api(`/jobs/${jobId}/logs?` + new URLSearchParams(params));
       } catch (err) {
         if (err instanceof ApiFailure && err.status === 404) {
           available = false;
@@ -349,12 +383,20 @@
         reset();
         return true;
       }
+      if (offset === null) {
+        first = r.offset;
+        earlierBtn.hidden = first <= 0;
+      }
       attempt = r.attempt;
       note.textContent = `attempt ${r.attempt}` + (r.complete ? " · complete" : "");
       if (r.text) {
         const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
         let text = pre.textContent + r.text;
-        if (text.length > LOG_CAP_CHARS) text = text.slice(text.length - LOG_CAP_CHARS);
+        if (!earlierLoaded && text.length > LOG_CAP_CHARS) {
+          text = text.slice(text.length - LOG_CAP_CHARS);
+          first = -1;  // the start of what is shown is no longer a known offset
+          earlierBtn.hidden = true;
+        }
         pre.textContent = text;
         if (atBottom) pre.scrollTop = pre.scrollHeight;
       }
@@ -409,6 +451,7 @@
 
     let job = null;
     let shown = null;  // {seq, state, name} of the series on screen
+    const levels = {};  // metric name → "step" once a metric turned out to be per-step only
     const logPanel = logsPanel(jobId, logs);
 
     cancelBtn.addEventListener("click", async () => {
@@ -452,8 +495,18 @@
       const changed = !shown || shown.seq !== progress.last_seq || shown.name !== name ||
                       shown.state !== job.state;
       if (changed) {
-        const s = await api(`/jobs/${jobId}/series?` + new URLSearchParams(
-          {name, max_points: String(SERIES_MAX_POINTS)}));
+        const series = (level) => api(`/jobs/${jobId}/series?` + new URLSearchParams(
+          {name, level, max_points: String(SERIES_MAX_POINTS)}));
+        // Per-epoch records when the job reports them; a job that reports only per-step
+        // records is charted by step (remembered per metric).
+        let s = await series(levels[name] || "epoch");
+        if (!s.lines.length && !levels[name]) {
+          const steps = await series("step");
+          if (steps.lines.length) {
+            s = steps;
+            levels[name] = "step";
+          }
+        }
         shown = {seq: s.last_seq, state: job.state, name};
         const names = s.names.includes(name) ? s.names : [name, ...s.names];
         if (names.join() !== Array.from(metricSel.options, (o) => o.value).join()) {

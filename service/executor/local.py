@@ -180,6 +180,14 @@ class LocalExecutor:
     ) -> RankLog:
         """The newest torchrun run id's file if several; every path part is an int or fixed."""
         pattern = f"attempt-{int(attempt)}/*/attempt_*/{int(rank)}/{stream}.log"
-        found = sorted(run.logs_dir.glob(pattern), key=lambda p: p.stat().st_mtime)
+        found = sorted(run.logs_dir.glob(pattern), key=_mtime)
         path: Path | None = found[-1] if found else None
         return RankLog(rank=rank, node=None, path=path)
+
+
+def _mtime(path: Path) -> float:
+    """For ordering a job's files: lstat, so a dangling symlink it left is no error."""
+    try:
+        return path.lstat().st_mtime
+    except OSError:
+        return 0.0
