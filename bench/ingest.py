@@ -70,14 +70,16 @@ def measure(server: Server, job_id: int, token: str, writers: int, batches: int,
     threads = [threading.Thread(target=write, args=(w,)) for w in range(writers)]
     for t in threads:
         t.start()
-    server_proc = psutil.Process(server.proc.pid)
+    # The server and its worker processes (``--workers``), if any.
+    server_procs = [psutil.Process(server.proc.pid)]
+    server_procs += server_procs[0].children(recursive=True)
     start_gate.wait()
-    cpu0 = sum(server_proc.cpu_times()[:2])
+    cpu0 = _cpu(server_procs)
     t0 = time.perf_counter()
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
-    server_cpu = sum(server_proc.cpu_times()[:2]) - cpu0
+    server_cpu = _cpu(server_procs) - cpu0
     total = sum(accepted)
     return {
         "records": total,
@@ -90,6 +92,16 @@ def measure(server: Server, job_id: int, token: str, writers: int, batches: int,
         "p50_ms": percentile(latencies, 50) * 1000,
         "p99_ms": percentile(latencies, 99) * 1000,
     }
+
+
+def _cpu(procs: list[psutil.Process]) -> float:
+    total = 0.0
+    for proc in procs:
+        try:
+            total += sum(proc.cpu_times()[:2])
+        except psutil.Error:
+            pass
+    return total
 
 
 def run(smoke: bool) -> list[Row]:

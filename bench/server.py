@@ -36,7 +36,8 @@ class Server:
 
     @classmethod
     def start(
-        cls, home: Path, *, supervisor: bool = True, env: dict[str, str] | None = None
+        cls, home: Path, *, supervisor: bool = True, env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
     ) -> Server:
         home.mkdir(parents=True, exist_ok=True)
         port = free_port()
@@ -50,7 +51,7 @@ class Server:
             **(env or {}),
         }
         argv = (
-            [sys.executable, "-m", "service", "serve"]
+            [sys.executable, "-m", "service", "serve", *args]
             if supervisor
             else [sys.executable, "-m", "bench.server", str(home), str(port)]
         )
@@ -109,22 +110,35 @@ def migrate(home: Path) -> None:
 BENCH_RANKS = 64  # the largest nproc_per_node: writers may use any rank below it
 
 
-def insert_running_job(home: Path) -> tuple[int, str]:
+def insert_running_job(
+    home: Path, url: str | None = None, *, adopt_me: bool = False
+) -> tuple[int, str]:
     """A running job of ``BENCH_RANKS`` ranks with a known worker token, as the supervisor leaves
     a launched one, so the records route takes its batches (a terminal job's are refused). Start
-    the server with ``supervisor=False``: its recovery would find no process and end the job."""
+    the server with ``supervisor=False``: its recovery would find no process and end the job;
+    or ``adopt_me``: the job's process is this one (the recovery adopts it and it stays running).
+    ``url``: the database (default: SQLite under ``home``)."""
     from service import repository as repo
     from service.db import make_engine, make_session_factory
     from service.state import JobState
     from torchyard_contract.spec import JobSpec
 
     token, token_hash = new_token()
-    engine = make_engine(f"sqlite:///{db_path(home)}")
+    engine = make_engine(url or f"sqlite:///{db_path(home)}")
     try:
         with make_session_factory(engine)() as session:
             job = repo.create_job(session, JobSpec(name="bench", nproc_per_node=BENCH_RANKS))
             job.state = JobState.running.value
             job.started_at = job.running_at = repo.utcnow()
+            if adopt_me:
+                import socket
+
+                from service.executor.local import NAME, encode_reference
+                from service.executor.process import create_time
+
+                me = os.getpid()
+                job.executor = NAME
+                job.executor_ref = encode_reference(me, create_time(me), socket.gethostname())
             job.token_hash = token_hash
             job.attempts = []
             session.commit()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 import socket
 
 import typer
@@ -47,10 +48,17 @@ def serve(
         help="bind a non-loopback address without API tokens: anyone who reaches the port "
         "can run jobs on this machine",
     ),
+    workers: int = typer.Option(
+        1, min=1, max=64,
+        help="API worker processes sharing the port and the database; one of them (the lease "
+        "holder) supervises, the others stand by (docs/operations.md)",
+    ),
 ) -> None:
     """Run the API and the supervisor (migrates the database first)."""
     from service.api.app import create_app
+    from service.api.drain import SHUTDOWN_GRACE_S
     from service.api.drain import serve as serve_app
+    from service.db import upgrade
 
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     try:
@@ -72,7 +80,20 @@ def serve(
         application = create_app(settings)
     except ValueError as exc:  # e.g. a tokens file that is missing or empty: fail closed
         _fail(str(exc))
-    serve_app(application, settings.host, settings.port)
+    if workers == 1:
+        serve_app(application, settings.host, settings.port)
+        return
+    # Migrate once here, so the workers' own upgrade at start-up finds nothing to do (several
+    # processes migrating at once would race). Each worker builds its app from the environment.
+    import uvicorn
+
+    upgrade(settings.resolved_database_url)
+    os.environ.update(TORCHYARD_HOST=settings.host, TORCHYARD_PORT=str(settings.port))
+    uvicorn.run(
+        "service.api.app:create_app_from_environment", factory=True, workers=workers,
+        host=settings.host, port=settings.port, log_level="info",
+        timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S),
+    )
 
 
 @db_app.command("upgrade")

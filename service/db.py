@@ -13,6 +13,8 @@ from pathlib import Path
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.changefeed import ChangeFeed, attach
+
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 # Connections kept open: one per thread of Starlette's pool (40), so a reader rarely reopens one.
 POOL_SIZE = 40
@@ -22,6 +24,8 @@ POOL_SIZE = 40
 # with 200 pollers: every request stalled for the 30 s checkout timeout). Extra connections are
 # opened on demand and closed on return.
 POOL_OVERFLOW = -1
+# PostgreSQL: connections kept open per engine (each is a server process; more open on demand).
+SERVER_POOL_SIZE = 10
 _HOLDS_WRITE_LOCK = "torchyard_holds_write_lock"
 
 
@@ -32,7 +36,7 @@ def make_engine(url: str, *, readonly: bool = False) -> Engine:
     accidental write fail loudly instead of upgrading a read lock under load.
     """
     if not url.startswith("sqlite"):
-        return create_engine(url, pool_pre_ping=True)
+        return _server_engine(url, readonly=readonly)
     if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(
@@ -107,8 +111,34 @@ def _serialize_writers(engine: Engine) -> None:
             _release(record.info)
 
 
-def make_session_factory(engine: Engine) -> sessionmaker[Session]:
-    return sessionmaker(engine, expire_on_commit=False)
+def _server_engine(url: str, *, readonly: bool) -> Engine:
+    """A client/server database (PostgreSQL): no writer lock, the server orders writers itself.
+
+    READ COMMITTED (PostgreSQL's default) is what the compare-and-set transitions need: an
+    ``UPDATE … WHERE state IN (…)`` that waited on a concurrent one re-reads the row and matches
+    nothing if the other won. Readers get ``SET TRANSACTION READ ONLY`` so a stray write fails.
+    """
+    engine = create_engine(
+        url,
+        pool_pre_ping=True,
+        # Each connection is a server process: keep fewer idle than SQLite's, never wait for one.
+        pool_size=SERVER_POOL_SIZE,
+        max_overflow=POOL_OVERFLOW,
+        isolation_level="READ COMMITTED",
+    )
+    if readonly:
+        return engine.execution_options(postgresql_readonly=True)
+    return engine
+
+
+def make_session_factory(
+    engine: Engine, feed: ChangeFeed | None = None
+) -> sessionmaker[Session]:
+    """Sessions; with ``feed``, their commits tell waiting routes which jobs changed."""
+    factory = sessionmaker(engine, expire_on_commit=False)
+    if feed is not None:
+        attach(factory, feed)
+    return factory
 
 
 def alembic_config(url: str):  # type: ignore[no-untyped-def]

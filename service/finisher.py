@@ -48,6 +48,7 @@ class Ended:
     job_id: int
     shim_code: int | None
     why: str | None = None
+    reason: str | None = None  # why it failed if it left no outcome, when known better
 
 
 @dataclass
@@ -56,6 +57,9 @@ class Finisher:
     session_factory: sessionmaker[Session]
     max_records_per_rank: int
     on_finished: Callable[[], None] = lambda: None  # the supervisor re-plans (nothing to free)
+    # Checked first in every writing transaction: False = this process no longer supervises
+    # (``service.lease``), so it writes nothing and the next supervisor finishes the job.
+    fence: Callable[[Session], bool] = lambda _session: True
     _queue: queue.Queue[Ended | int] = field(default_factory=queue.Queue)
     _pending: set[int] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -75,13 +79,16 @@ class Finisher:
         if self._thread is not None:
             self._thread.join(timeout=timeout_s)
 
-    def enqueue(self, job_id: int, shim_code: int | None, why: str | None = None) -> None:
+    def enqueue(
+        self, job_id: int, shim_code: int | None, why: str | None = None,
+        reason: str | None = None,
+    ) -> None:
         """Finish ``job_id`` soon (once: a job already waiting is not queued twice)."""
         with self._lock:
             if job_id in self._pending:
                 return
             self._pending.add(job_id)
-        self._queue.put(Ended(job_id, shim_code, why))
+        self._queue.put(Ended(job_id, shim_code, why, reason))
 
     def is_pending(self, job_id: int) -> bool:
         with self._lock:
@@ -90,7 +97,7 @@ class Finisher:
     def _run(self) -> None:
         while isinstance(item := self._queue.get(), Ended) and not self._halt.is_set():
             try:
-                self.finish(item.job_id, item.shim_code, item.why)
+                self.finish(item.job_id, item.shim_code, item.why, item.reason)
             except Exception as exc:  # one job's failure must not stop the others'
                 logger.exception("job %s: finishing failed", item.job_id)
                 self._fail(item.job_id, f"torchyard could not finish this job: {exc!r}")
@@ -99,10 +106,15 @@ class Finisher:
                     self._pending.discard(item.job_id)
             self.on_finished()
 
-    def finish(self, job_id: int, shim_code: int | None, why: str | None = None) -> None:
+    def finish(
+        self, job_id: int, shim_code: int | None, why: str | None = None,
+        reason: str | None = None,
+    ) -> None:
         """Steps 1–3 of the module docstring, for one job (callable directly, e.g. by tests)."""
         run = RunDir.for_job(self.runs_dir, job_id)
         with self.session_factory() as session:
+            if not self.fence(session):
+                return
             job = repo.get_job(session, job_id)
             if job is None:
                 return
@@ -127,12 +139,14 @@ class Finisher:
                 added += stored
             if note := tally.describe(run.spool_file(rank)):
                 notes.append(note)
-        self._end(job_id, run, shim_code, notes, why)
+        self._end(job_id, run, shim_code, notes, why, reason)
         logger.info("job %s: finished; %d spooled records recovered", job_id, added)
 
     def _store(self, job_id: int, chunk: SpoolChunk) -> int | None:
         """One batch in one transaction; None once the job is not active (stop reading)."""
         with self.session_factory() as session:
+            if not self.fence(session):
+                return None
             job = repo.get_job(session, job_id)
             if job is None or JobState(job.state) not in ACTIVE_STATES:
                 return None
@@ -146,12 +160,13 @@ class Finisher:
 
     def _end(
         self, job_id: int, run: RunDir, shim_code: int | None, notes: list[str], why: str | None,
+        known: str | None = None,
     ) -> None:
         outcome = read_outcome(run)
         if outcome is None:
             state = JobState.failed
             exit_code = None
-            reason = (
+            reason = known or (
                 "the job's shim ended without a readable outcome"
                 if shim_code is not None or why is not None
                 else "the job ended while the server was down and left no readable outcome"
@@ -164,6 +179,8 @@ class Finisher:
         if notes:
             reason = "; ".join([reason, *notes] if reason else notes)
         with self.session_factory() as session:
+            if not self.fence(session):
+                return
             won = repo.transition(session, job_id, state, exit_code=exit_code,
                                   reason=bounded_text(reason) if reason else None)
             job = repo.get_job(session, job_id)
@@ -175,6 +192,8 @@ class Finisher:
     def _fail(self, job_id: int, reason: str) -> None:
         try:
             with self.session_factory() as session:
+                if not self.fence(session):
+                    return
                 repo.transition(session, job_id, JobState.failed, reason=reason)
                 repo.release(session, job_id)
                 session.commit()

@@ -6,6 +6,7 @@ from datetime import datetime
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     DateTime,
     Float,
     ForeignKey,
@@ -84,6 +85,11 @@ class Allocation(Base):
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
 
 
+# 64-bit on PostgreSQL; SQLite's INTEGER is 64-bit already (and only ``INTEGER PRIMARY KEY``,
+# not BIGINT, is SQLite's rowid that AUTOINCREMENT needs).
+Int64 = BigInteger().with_variant(Integer, "sqlite")
+
+
 class MetricRecord(Base):
     """Append-only; ``seq`` grows with insertion. ``step`` is -1 for per-epoch records."""
 
@@ -94,14 +100,31 @@ class MetricRecord(Base):
         {"sqlite_autoincrement": True},
     )
 
-    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    seq: Mapped[int] = mapped_column(Int64, primary_key=True, autoincrement=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     attempt: Mapped[int] = mapped_column(Integer)
     rank: Mapped[int] = mapped_column(Integer)
     epoch: Mapped[int] = mapped_column(Integer)
-    step: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(Int64)
     name: Mapped[str] = mapped_column(String(64))
     value: Mapped[float | None] = mapped_column(Float)
     # SQLite turns NaN into NULL, so non-finite values are kept by name: 'NaN', 'Infinity', '-Infinity'.
     nonfinite: Mapped[str | None] = mapped_column(String(9))
     time: Mapped[float] = mapped_column(Float)
+
+
+class SupervisorLease(Base):
+    """Who supervises, until when (``service.lease``). One row, ``name='supervisor'``.
+
+    Times are seconds since the epoch on the database's clock, never a server's, so hosts with
+    skewed clocks still agree on expiry. ``generation`` grows with every change of owner.
+    """
+
+    __tablename__ = "supervisor_lease"
+
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    owner: Mapped[str | None] = mapped_column(String(200))
+    host: Mapped[str | None] = mapped_column(String(200))
+    generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    expires_at: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    renewed_at: Mapped[float | None] = mapped_column(Float)

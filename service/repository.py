@@ -8,11 +8,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Row, delete, func, select, update
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from service.bounded import bounded_text
+from service.changefeed import note_change
 from service.models import Allocation, Job, JobLabel, MetricRecord
 from service.state import ALLOWED_FROM, TERMINAL_STATES, JobState
 from torchyard_contract.records import nonfinite_name
@@ -49,6 +48,7 @@ def create_job(session: Session, spec: JobSpec, idempotency_key: str | None = No
     session.flush()
     session.add_all(JobLabel(job_id=job.id, key=k, value=v) for k, v in spec.labels.items())
     session.flush()
+    note_change(session, job.id)
     return job
 
 
@@ -132,7 +132,10 @@ def transition(session: Session, job_id: int, to: JobState, **fields: object) ->
     result = session.execute(
         update(Job).where(Job.id == job_id, Job.state.in_(allowed)).values(**values)
     )
-    return result.rowcount == 1
+    if result.rowcount != 1:
+        return False
+    note_change(session, job_id)
+    return True
 
 
 def set_attempts(session: Session, job_id: int, attempts: list[dict]) -> None:
@@ -142,6 +145,7 @@ def set_attempts(session: Session, job_id: int, attempts: list[dict]) -> None:
         for a in attempts
     ]
     session.execute(update(Job).where(Job.id == job_id).values(attempts=attempts))
+    note_change(session, job_id)
 
 
 def allocated_resources(session: Session) -> dict[str, int]:
@@ -162,10 +166,33 @@ _SQLITE_INSERT_RECORD = (
     " VALUES (:job_id, :attempt, :rank, :epoch, :step, :name, :value, :nonfinite, :time)"
     " ON CONFLICT DO NOTHING"
 )
+# PostgreSQL: the whole batch as one row of arrays, unnested server-side: one statement, one
+# round trip, no per-row statement work. The rows really added are counted through RETURNING:
+# psycopg's rowcount after an executemany is not the sum of rows added by ON CONFLICT DO NOTHING.
+_POSTGRES_INSERT_RECORDS = (
+    "WITH added AS ("
+    " INSERT INTO metric_records"
+    " (job_id, attempt, rank, epoch, step, name, value, nonfinite, time)"
+    " SELECT %(job_id)s, * FROM unnest("
+    "%(attempt)s::int[], %(rank)s::int[], %(epoch)s::int[], %(step)s::int8[], %(name)s::text[],"
+    " %(value)s::float8[], %(nonfinite)s::text[], %(time)s::float8[])"
+    " ON CONFLICT DO NOTHING RETURNING 1)"
+    " SELECT count(*) FROM added"
+)
+# Taken before a job's records are inserted, held to commit. PostgreSQL hands out ``seq`` from a
+# sequence when a row is inserted, not when it commits: two concurrent batches of one job could
+# commit in the other order, and a reader whose cursor passed the later ``seq`` would never see
+# the earlier one. Under this lock a job's batches commit in ``seq`` order (SQLite gets the same
+# from its single writer). Key space: (class, job id), so other advisory locks never collide.
+_RECORDS_LOCK_CLASS = 0x7479  # "ty"
 
 
 def insert_records(session: Session, job_id: int, records: Sequence[RecordIn]) -> int:
-    """Insert a batch in one executemany; replays of a natural key are ignored. Returns rows added."""
+    """Insert a batch in one statement; replays of a natural key are ignored. Returns rows added.
+
+    On PostgreSQL the caller's transaction holds the job's record lock until it commits (see
+    ``_RECORDS_LOCK_CLASS``): commit soon after.
+    """
     if not records:
         return 0
     rows = []
@@ -184,17 +211,27 @@ def insert_records(session: Session, job_id: int, records: Sequence[RecordIn]) -
                 "time": r.time,
             }
         )
-    # One statement run with a parameter list (executemany). A multi-row VALUES clause would be
-    # compiled anew for every batch: ~0.3 s per 1000 rows (docs/benchmarks.md, "ingestion").
-    dialect = session.get_bind().dialect.name
-    if dialect == "sqlite":
-        # The driver directly: SQLAlchemy's per-row parameter processing costs as much as
-        # SQLite's own insert work here.
-        return session.connection().exec_driver_sql(_SQLITE_INSERT_RECORD, rows).rowcount
-    # ON CONFLICT DO NOTHING exists in both SQLite and PostgreSQL; pick the matching dialect.
-    insert = postgresql_insert if dialect == "postgresql" else sqlite_insert
-    stmt = insert(MetricRecord.__table__).on_conflict_do_nothing()
-    return session.connection().execute(stmt, rows).rowcount
+    conn = session.connection()
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql(
+            "SELECT pg_advisory_xact_lock(%(cls)s, %(job_id)s)",
+            {"cls": _RECORDS_LOCK_CLASS, "job_id": job_id},
+        )
+        columns = {name: [row[name] for row in rows] for name in _ARRAY_COLUMNS}
+        result = conn.exec_driver_sql(_POSTGRES_INSERT_RECORDS, {"job_id": job_id, **columns})
+        added = int(result.scalar_one())
+    else:
+        # One statement run with a parameter list (executemany), on the driver directly:
+        # SQLAlchemy's per-row parameter processing costs as much as SQLite's own insert work,
+        # and a multi-row VALUES clause would be compiled anew for every batch
+        # (docs/benchmarks.md).
+        added = conn.exec_driver_sql(_SQLITE_INSERT_RECORD, rows).rowcount
+    if added:
+        note_change(session, job_id)
+    return added
+
+
+_ARRAY_COLUMNS = ("attempt", "rank", "epoch", "step", "name", "value", "nonfinite", "time")
 
 
 def mark_first_metric(session: Session, job_id: int, records: Sequence[RecordIn]) -> None:

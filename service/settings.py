@@ -44,8 +44,9 @@ class Settings(BaseSettings):
     )
     database_url: str | None = Field(
         default=None,
-        description="any SQLAlchemy URL; unset = SQLite at HOME/torchyard.db (WAL, foreign keys, "
-        "busy timeout)",
+        description="SQLAlchemy URL of the store: unset = SQLite at HOME/torchyard.db (WAL, "
+        "foreign keys, busy timeout); or PostgreSQL as postgresql+psycopg://USER:PASSWORD@HOST/DB "
+        "(the `postgres` extra; docs/operations.md)",
     )
     host: str = Field(
         default="127.0.0.1",
@@ -121,6 +122,22 @@ class Settings(BaseSettings):
         ],
         description="modules the warm server imports, comma-separated (ranks get them "
         "already imported: a job's own copy of one of them on its path is not used)",
+    )
+    lease_ttl_s: float = Field(
+        default=6.0,
+        ge=2,
+        le=300,
+        description="seconds the supervisor lease lasts unrenewed: a standby server on the same "
+        "database takes over at most this plus a sixth of it after the leader stops renewing "
+        "(docs/operations.md)",
+    )
+    test_launch_pause_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=600,
+        description="tests only: seconds the supervisor pauses after starting a job's shim and "
+        "before storing its reference, so a test can kill the server inside that window; 0 = "
+        "never",
     )
     script_dirs: str | None = Field(
         default=None,

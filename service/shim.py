@@ -40,7 +40,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from service.executor.process import ProcessGroupHandle
+from service import runclaim
+from service.executor.process import ProcessGroupHandle, create_time
 from service.executor.slurmscript import StepRequest, build_srun_command
 from service.failure import describe_exit, failed_rank_exit_codes
 from service.launcher import LaunchRequest, LocalTorchrunLauncher
@@ -325,6 +326,14 @@ def main() -> None:
     if not become_subreaper():
         print("not a child subreaper (no prctl): daemons a job leaves may outlive it", flush=True)
     run = RunDir(root.resolve())
+    # First of all: claim the launch, unless a recovering server gave it up (service.runclaim).
+    me = os.getpid()
+    mine = {"pid": me, "create_time": create_time(me), "host": socket.gethostname()}
+    if args.launcher == "slurm" and os.environ.get("SLURM_JOB_ID"):
+        mine["slurm_job_id"] = os.environ["SLURM_JOB_ID"]  # how the Slurm executor adopts it
+    if (other := runclaim.claim(run, mine)) is not None:
+        print(f"shim: not running job: the launch was claimed already: {other}", file=sys.stderr)
+        sys.exit(0)
     # The executor's, for this process only: torchrun and the ranks do not inherit it.
     warm_socket = os.environ.pop(SOCKET_ENV, None)
     why_cold = os.environ.pop(COLD_ENV, None)

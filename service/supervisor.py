@@ -7,6 +7,11 @@ terminal on a thread of its own), mark started ones running, then run a scheduli
 step, and each job within a step, is isolated: whatever one job left in its run directory cannot
 stop the loop. It is the only code that allocates resources, so two jobs never share one. Routes
 call ``submit``, ``cancel``, ``queue_status`` and ``resources``.
+
+Every server process has a supervisor, but only the holder of the lease (``service.lease``)
+acts: it recovers at the start of each term, ticks while ``held()``, and writes its state
+changes (its finisher's too) under the lease's fence. The others stand by (their routes still
+serve).
 """
 
 from __future__ import annotations
@@ -23,12 +28,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from service import repository as repo
-from service import scheduler
+from service import runclaim, scheduler
 from service.admission import admit
 from service.executor.base import Executor, Phase, Status, Submission
 from service.executor.slurmcli import NodeRow, SlurmError
 from service.finisher import Finisher
 from service.jobtoken import new_token
+from service.lease import Lease
 from service.models import Job
 from service.recordscope import world_size
 from service.resources import Inventory
@@ -48,6 +54,7 @@ REPLAN_S = 2.0
 # Slurm: how long a job Slurm calls finished may wait for its outcome file to show up on the
 # shared filesystem (NFS caches directory entries) before it ends as "no outcome".
 OUTCOME_WAIT_S = 30.0
+NEVER_STARTED = "the server stopped while launching the job; it never started"
 
 
 @dataclass(frozen=True)
@@ -135,20 +142,37 @@ class Supervisor:
     _last_plan: float = 0.0
     _thread: threading.Thread | None = None
     _finisher: Finisher = field(init=False)
+    # Who supervises (``service.lease``); built from the settings when not given.
+    lease: Lease | None = None
+    # The lease generation this process last recovered under; None = not acting.
+    _term: int | None = None
 
     def __post_init__(self) -> None:
-        # Ended jobs are finished (spools re-ingested, terminal state) off this loop's thread.
+        if self.lease is None:
+            self.lease = Lease(self.session_factory, self.settings.lease_ttl_s)
+        # Ended jobs are finished (spools re-ingested, terminal state) off this loop's thread,
+        # under the lease: a deposed supervisor's finisher writes nothing.
         self._finisher = Finisher(
             runs_dir=self.settings.runs_dir,
             session_factory=self.session_factory,
             max_records_per_rank=self.settings.spool_ingest_max_records,
             on_finished=self._queue_changed,
+            fence=self.lease.fence,
         )
 
     @property
     def slurm(self) -> bool:
         """Slurm allocates and queues: no local scheduling pass, no local resources booked."""
         return self.executor.name == "slurm"
+
+    def acting(self) -> bool:
+        """True while this process is the supervisor (it holds the lease)."""
+        return self._term is not None and self._lease.held()
+
+    @property
+    def _lease(self) -> Lease:
+        assert self.lease is not None  # set in __post_init__
+        return self.lease
 
     # --- called by routes -------------------------------------------------------------------
     def submit(self, spec: JobSpec, idempotency_key: str | None = None) -> tuple[Job, bool]:
@@ -234,38 +258,75 @@ class Supervisor:
 
     # --- the loop ---------------------------------------------------------------------------
     def start(self) -> None:
+        """Start standing by; if the lease is free now, recover at once (before serving)."""
         self.executor.watch(self._wake.set)  # reap at once when a job ends, not a poll later
         self._finisher.start()
-        self.recover()
+        if self._lease.renew():
+            self._begin_term()
+        self._lease.start()
         self._thread = threading.Thread(target=self._run, name="torchyard-supervisor", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop the loop. Running groups are left alone (a restart re-adopts them)."""
+        """Stop the loop and give the lease up. Running groups are left alone (whoever
+        supervises next re-adopts them)."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
         self._finisher.stop()
+        self._lease.stop(release=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self.tick()
+                if self._lead():
+                    self.tick()
             except Exception:
                 logger.exception("supervisor tick failed")
             self._wake.wait(self.settings.poll_interval_s)
             self._wake.clear()
 
-    def recover(self) -> None:
-        """Before launching anything: adopt live groups, give dead ones a final state.
+    def _lead(self) -> bool:
+        """True if this process supervises now; recovers first at the start of a term."""
+        if not self._lease.held():
+            if self._term is not None:
+                self._end_term()
+            return False
+        if self._lease.generation != self._term:
+            self._end_term()
+            self._begin_term()
+        return self._term is not None
+
+    def _begin_term(self) -> None:
+        generation = self._lease.generation
+        if self.recover():
+            self._term = generation
+            self._queue_changed()
+
+    def _end_term(self) -> None:
+        """Forget what this process watched: the next holder adopts it from the database."""
+        if self._term is not None:
+            logger.warning("supervisor: standing by (lease generation %s ended)", self._term)
+        self._term = None
+        self._refs.clear()
+        self._stopping.clear()
+        self._waiting = {}
+
+    def recover(self) -> bool:
+        """Before launching anything: adopt live groups, give dead ones a final state; False
+        when this process does not hold the lease (nothing done).
 
         Jobs holding resources are looked at too, whatever their state: a job cancelled just
         before the server stopped is terminal but its group may still be stopping (it is adopted,
-        and the loop stops it) or gone (its resources are freed now). Nothing here raises: a job
-        that cannot be looked at is finished (and so failed, saying why)."""
-        dead: list[int] = []
+        and the loop stops it) or gone (its resources are freed now). A launched job whose
+        reference was never stored (the last server died between starting its shim and storing
+        it) is adopted from the shim's claim on its run directory, or its launch is given up
+        (``service.runclaim``)."""
+        dead: dict[int, str | None] = {}
         with self.session_factory() as session:
+            if not self._lease.fence(session):
+                return False
             holders = set(repo.allocated_resources(session).values())
             jobs = {job.id: job for job in repo.active_jobs(session)}
             # Queued but already handed to the executor (Slurm: pending in its queue).
@@ -276,16 +337,37 @@ class Supervisor:
                     jobs[job_id] = job
             for job in jobs.values():
                 ref = job.executor_ref
-                if ref and job.executor == self.executor.name and self.executor.adopt(ref):
+                if ref and not self.executor.reachable(ref):
+                    logger.info("job %s: left alone: it runs where this server cannot adopt it "
+                                "(%s %s)", job.id, job.executor, ref)
+                    continue
+                if not ref:
+                    ref = self._reference_from_claim(job.id)
+                    if ref is None:
+                        dead[job.id] = NEVER_STARTED
+                        continue
+                    job.executor, job.executor_ref = self.executor.name, ref
+                if job.executor == self.executor.name and self.executor.adopt(ref):
                     self._refs[job.id] = ref
                     logger.info("job %s: re-adopted (%s %s)", job.id, job.executor, ref)
                     continue
-                dead.append(job.id)
-        for job_id in dead:
+                dead[job.id] = None
+            session.commit()
+        for job_id, reason in dead.items():
             try:
-                self._finish(job_id, None)
+                self._finish(job_id, None, reason=reason)
             except Exception:  # the server starts anyway; the next start tries again
                 logger.exception("job %s: could not be finished at start-up", job_id)
+        return True
+
+    def _reference_from_claim(self, job_id: int) -> str | None:
+        """The shim's reference from its claim, or None after giving the launch up."""
+        run = RunDir.for_job(self.settings.runs_dir, job_id)
+        found = runclaim.claim(run, {runclaim.ABANDONED: f"recovery of job {job_id}"})
+        if found is None or runclaim.is_abandoned(found):
+            logger.info("job %s: launched but never started; its launch is given up", job_id)
+            return None
+        return self.executor.reference_from_claim(found)
 
     def tick(self) -> None:
         # Each step on its own: one that fails (a bug, a database error) must not starve the
@@ -332,27 +414,43 @@ class Supervisor:
                    if st.phase is not Phase.pending and j not in self._seen_started]
         if started:
             with self.session_factory() as session:
+                if not self._lease.fence(session):
+                    return
                 for job_id in started:
                     repo.transition(session, job_id, JobState.starting, started_at=repo.utcnow())
                 session.commit()
             self._seen_started.update(started)
         self._waiting = waiting
 
-    def _finish(self, job_id: int, shim_code: int | None, why: str | None = None) -> None:
+    def _finish(
+        self, job_id: int, shim_code: int | None, why: str | None = None,
+        reason: str | None = None,
+    ) -> None:
         """Free the job's resources now; the finisher re-ingests its spools and makes it
         terminal, off this thread (``service.finisher``). ``shim_code``: the attempt loop's exit
         code, None when unknown (it ended unwatched); ``why``: the executor's account of the end
-        (Slurm's state), used when there is no outcome file."""
+        (Slurm's state), used when there is no outcome file; ``reason``: why it failed if it left
+        no outcome, when known better than that."""
         with self.session_factory() as session:
+            if not self._lease.fence(session):
+                return
             repo.release(session, job_id)
             session.commit()
-        self._finisher.enqueue(job_id, shim_code, why)
+        self._finisher.enqueue(job_id, shim_code, why, reason)
         self._queue_changed()
 
     def _mark_running(self) -> None:
-        """Sync attempts from the run dir; starting → running once rank 0 of an attempt is ready."""
+        """Sync attempts from the run dir; starting → running once rank 0 of an attempt is ready.
+
+        Only jobs this process watches: another host's run directories are not here."""
+        if not self._refs:
+            return
         with self.session_factory() as session:
+            if not self._lease.fence(session):
+                return
             for job in repo.active_jobs(session):
+                if job.id not in self._refs:
+                    continue
                 try:
                     self._sync_attempts(session, job)
                 except Exception:  # one job's files must not hold the others' (or the loop)
@@ -461,6 +559,8 @@ class Supervisor:
             return False
         unit = "GPUs" if job.kind == scheduler.GPU else "CPU slots"
         with self.session_factory() as session:
+            if not self._lease.fence(session):
+                return True  # not ours to decide now; skipped this pass
             repo.transition(
                 session, job.id, JobState.failed,
                 reason=f"nproc_per_node: needs {job.count} {unit}; this host has {have}",
@@ -493,7 +593,7 @@ class Supervisor:
 
     def _launch(self, session: Session, job: Job, spec: JobSpec, placement: Placement) -> None:
         token, token_hash = new_token()
-        if not repo.transition(
+        if not self._lease.fence(session) or not repo.transition(
             session, job.id, JobState.starting,
             started_at=repo.utcnow(), devices=",".join(placement.resources), token_hash=token_hash,
         ):
@@ -506,12 +606,23 @@ class Supervisor:
         except Exception as exc:  # whatever failed, the job must not stay starting, holding slots
             if not isinstance(exc, ScriptRefused | OSError):
                 logger.exception("job %s: launch failed", job.id)
-            repo.transition(session, job.id, JobState.failed, reason=f"could not start: {exc}")
-            repo.release(session, job.id)
+            if self._lease.fence(session):  # else the next supervisor gives the launch up
+                repo.transition(
+                    session, job.id, JobState.failed, reason=f"could not start: {exc}"
+                )
+                repo.release(session, job.id)
             session.commit()
             self._queue_changed()
             return
         self._refs[job.id] = ref
+        if self.settings.test_launch_pause_s:  # tests: a window to kill the server in
+            time.sleep(self.settings.test_launch_pause_s)
+        if not self._lease.fence(session):
+            # The next supervisor adopts the shim from its claim on the run (service.runclaim).
+            session.rollback()
+            logger.warning("job %s: lease lost while launching; left to the next supervisor",
+                           job.id)
+            return
         job_row = repo.get_job(session, job.id)
         if job_row is not None:
             job_row.executor, job_row.executor_ref = self.executor.name, ref

@@ -1,7 +1,15 @@
-"""Fixtures: a migrated SQLite app, and a real ``torchyard serve`` on a free port."""
+"""Fixtures: a migrated app, a real ``torchyard serve`` on a free port, and the store under them.
+
+The store is SQLite unless a test is parametrized with ``both_stores`` (or
+``pytest.mark.parametrize("store", [...], indirect=True)``): then it also runs against a real
+PostgreSQL server that one session fixture starts (``tests.pgserver``), each test on a new
+database. Without PostgreSQL installed that half is skipped with the reason, except under CI
+(``CI=true``), where it fails.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import socket
@@ -18,15 +26,38 @@ from fastapi.testclient import TestClient
 
 from service.api.app import create_app
 from service.settings import Settings
+from tests import pgserver
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TERMINAL = {"succeeded", "failed", "cancelled"}
+STORES = ["sqlite", "postgresql"]
+# Run a test once per store (the ``store`` fixture below reads the parameter).
+both_stores = pytest.mark.parametrize("store", STORES, indirect=True)
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[pgserver.PgServer]:
+    """One PostgreSQL server for the session; skipped (failed under CI=true) when not installed."""
+    bindir = pgserver.find_bindir()
+    reason = None
+    if bindir is None:
+        reason = "PostgreSQL is not installed (apt-get install postgresql): initdb not found"
+    elif importlib.util.find_spec("psycopg") is None:
+        reason = "psycopg is not installed (pip install -e '.[postgres]')"
+    if reason is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    assert bindir is not None
+    server = pgserver.start(bindir, free_port())
+    yield server
+    server.stop()
 
 
 @pytest.fixture(autouse=True)
@@ -37,9 +68,26 @@ def _testclient_host(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def api(tmp_path: Path) -> Iterator[TestClient]:
-    """The app on a fresh SQLite file migrated by Alembic; the supervisor loop does not run."""
-    settings = Settings(home=tmp_path / "home", cpu_slots=4, gpus="none")
+def store(request: pytest.FixtureRequest) -> str:
+    """``sqlite`` unless the test is parametrized over ``STORES``."""
+    return getattr(request, "param", "sqlite")
+
+
+@pytest.fixture
+def database_url(store: str, request: pytest.FixtureRequest) -> str | None:
+    """The test's database: None = SQLite under the server's home; else a new PostgreSQL one."""
+    if store == "sqlite":
+        return None
+    server: pgserver.PgServer = request.getfixturevalue("postgres_server")
+    return server.create_database()
+
+
+@pytest.fixture
+def api(tmp_path: Path, database_url: str | None) -> Iterator[TestClient]:
+    """The app on a fresh database migrated by Alembic; the supervisor loop does not run."""
+    settings = Settings(
+        home=tmp_path / "home", cpu_slots=4, gpus="none", database_url=database_url
+    )
     app = create_app(settings, run_supervisor=False)
     with TestClient(app, raise_server_exceptions=False) as client:
         yield client
@@ -76,7 +124,9 @@ class LiveServer:
                 time.sleep(0.2)
 
 
-def _start_server(home: Path, extra_env: dict[str, str], port: int | None = None) -> LiveServer:
+def _start_server(
+    home: Path, extra_env: dict[str, str], port: int | None = None, args: tuple[str, ...] = ()
+) -> LiveServer:
     port = port or free_port()
     env = {
         **os.environ,
@@ -92,7 +142,7 @@ def _start_server(home: Path, extra_env: dict[str, str], port: int | None = None
     home.mkdir(parents=True, exist_ok=True)
     log = home / f"server-{time.time_ns()}.log"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "service", "serve"],
+        [sys.executable, "-m", "service", "serve", *args],
         env=env, cwd=REPO_ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT,
         start_new_session=True,
     )
@@ -123,13 +173,21 @@ def _stop_server(server: LiveServer) -> None:
 
 
 @pytest.fixture
-def live_server_factory(tmp_path: Path) -> Iterator[Callable[..., LiveServer]]:
+def live_server_factory(
+    tmp_path: Path, database_url: str | None
+) -> Iterator[Callable[..., LiveServer]]:
+    """Starts servers; on PostgreSQL every server of the test shares the test's database."""
     started: list[LiveServer] = []
+    store_env = {"TORCHYARD_DATABASE_URL": database_url} if database_url else {}
 
-    def start(_home: Path | None = None, _port: int | None = None, **extra_env: str) -> LiveServer:
-        """A new server; pass ``_home`` and ``_port`` of an old one to restart it in place."""
+    def start(
+        _home: Path | None = None, _port: int | None = None, _args: tuple[str, ...] = (),
+        **extra_env: str,
+    ) -> LiveServer:
+        """A new server; pass ``_home`` and ``_port`` of an old one to restart it in place;
+        ``_args``: more arguments of ``torchyard serve``."""
         home = _home or tmp_path / f"home{len(started)}"
-        server = _start_server(home, extra_env, _port)
+        server = _start_server(home, {**store_env, **extra_env}, _port, _args)
         started.append(server)
         return server
 

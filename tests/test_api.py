@@ -1,4 +1,4 @@
-"""API contract against the real app and a real SQLite file migrated by Alembic."""
+"""API contract against the real app on a database migrated by Alembic (SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ from fastapi.testclient import TestClient
 
 from service import repository as repo
 from service.jobtoken import new_token
+from tests.conftest import both_stores
+
+pytestmark = both_stores
 
 DIGITS = {"name": "digits-ddp", "model": "mlp", "dataset": "digits", "epochs": 5,
           "batch_size": 64, "lr": 0.05, "nproc_per_node": 2}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -10,7 +11,7 @@ from collections import Counter
 import httpx
 import psutil
 
-from tests.conftest import LiveServer
+from tests.conftest import LiveServer, both_stores
 
 
 def _rank_pids(shim_pid: int) -> dict[int, int]:
@@ -79,6 +80,7 @@ def test_sigkill_one_rank_restarts_from_checkpoint(live_server_factory) -> None:
     assert final == {(r, e) for r in (0, 1) for e in range(start + 1, 7)}
 
 
+@both_stores
 def test_server_sigkill_and_restart_keeps_job_and_every_record(live_server_factory) -> None:  # type: ignore[no-untyped-def]
     server = live_server_factory(TORCHYARD_TEST_EPOCH_SLEEP_S="0.5")
     with server.client() as c:
@@ -100,6 +102,7 @@ def test_server_sigkill_and_restart_keeps_job_and_every_record(live_server_facto
     assert len(items) == len({(i["rank"], i["epoch"], i["name"]) for i in items})
 
 
+@both_stores
 def test_server_down_for_the_end_of_a_job(live_server_factory) -> None:  # type: ignore[no-untyped-def]
     server = live_server_factory(TORCHYARD_TEST_EPOCH_SLEEP_S="0.3")
     with server.client() as c:
@@ -122,6 +125,37 @@ def test_server_down_for_the_end_of_a_job(live_server_factory) -> None:  # type:
     _no_duplicates(items)
     losses = {(i["rank"], i["epoch"]) for i in items if i["name"] == "loss"}
     assert losses == {(r, e) for r in (0, 1) for e in range(1, 7)}
+
+
+def test_server_killed_between_starting_a_shim_and_storing_it_keeps_the_job(live_server_factory) -> None:  # type: ignore[no-untyped-def]
+    """The crash window: killed after the shim started and before its reference was stored.
+    The restarted server adopts the shim from its claim: the job succeeds, once, every record
+    once (it used to be failed while its shim ran on)."""
+    env = {"TORCHYARD_TEST_EPOCH_SLEEP_S": "0.3"}
+    server = live_server_factory(TORCHYARD_TEST_LAUNCH_PAUSE_S="120", **env)
+    with server.client() as c:
+        job_id = c.post("/jobs", json={"dataset": "synthetic", "epochs": 4,
+                                       "nproc_per_node": 2}).json()["id"]
+    claim = server.home / "runs" / str(job_id) / "claim.json"
+    deadline = time.monotonic() + 60
+    while not claim.exists():
+        assert time.monotonic() < deadline, "the shim never claimed its run"
+        time.sleep(0.1)
+    with server.client() as c:
+        job = c.get(f"/jobs/{job_id}").json()
+    assert job["state"] == "starting" and job["pid"] is None  # inside the window
+    server.proc.send_signal(signal.SIGKILL)
+    server.proc.wait()
+    shim = json.loads(claim.read_text())["pid"]
+    assert psutil.pid_exists(shim)
+
+    again = live_server_factory(server.home, server.port, **env)
+    job = again.wait_for(job_id, {"succeeded"}, timeout_s=120)
+    assert job["pid"] == shim and len(job["attempts"]) == 1
+    items = _records(again, job_id)
+    _no_duplicates(items)
+    losses = {(i["rank"], i["epoch"]) for i in items if i["name"] == "loss"}
+    assert losses == {(r, e) for r in (0, 1) for e in range(1, 5)}
 
 
 def test_hung_rank_fails_with_progress_reason(live_server_factory) -> None:  # type: ignore[no-untyped-def]

@@ -19,6 +19,7 @@ from sqlalchemy import update
 from service import repository as repo
 from service.api.app import create_app
 from service.bounded import REASON_MAX_CHARS
+from service.executor.local import encode_reference
 from service.failure import describe_exit
 from service.finisher import Finisher
 from service.jobtoken import new_token
@@ -243,6 +244,11 @@ def test_the_server_starts_whatever_a_dead_job_left(tmp_path: Path) -> None:
         _give_token(c, job_id)
         with first.state.session_factory() as session:
             repo.allocate(session, job_id, ["cpu:0"])
+            # Launched (a stored reference) by a shim long gone; without one, the recovery
+            # would take it for a launch cut off before its shim started (service.runclaim).
+            job = repo.get_job(session, job_id)
+            assert job is not None
+            job.executor, job.executor_ref = "local", encode_reference(2**22 + 17, 1.0)
             session.commit()
     run = RunDir.for_job(settings.runs_dir, job_id)
     run.attempts_dir.mkdir(parents=True)
@@ -316,6 +322,7 @@ def test_finishing_runs_off_the_supervisor_loop(api: TestClient) -> None:
     _spool_lines(run.spool_file(0), 60_000)
     run.exit_file.write_text('{"state": "succeeded", "exit_code": 0}')
     supervisor = api.app.state.supervisor
+    assert supervisor.lease.renew()  # it acts only while it holds the lease (service.lease)
     supervisor._finisher.start()
     try:
         supervisor._finish(job_id, 0)  # what the reap does when the shim exits

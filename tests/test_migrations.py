@@ -1,33 +1,70 @@
-"""The schema comes only from Alembic, and the ORM models agree with its head."""
+"""The schema comes only from Alembic, and the ORM models agree with its head, on both stores."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import inspect, text
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, inspect, text
 
 from service.db import alembic_config, make_engine, upgrade
 from service.executor.local import decode_reference, encode_reference, shim_pid
 from service.models import Base
+from tests.conftest import both_stores
 
 
-def test_upgrade_from_empty_creates_tables(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'a.db'}"
+@pytest.fixture
+def url(tmp_path: Path, database_url: str | None) -> str:
+    return database_url or f"sqlite:///{tmp_path / 'a.db'}"
+
+
+def _revision(engine: Engine) -> str | None:
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+@both_stores
+def test_upgrade_from_empty_creates_tables(url: str, store: str) -> None:
     upgrade(url)
     engine = make_engine(url)
     names = set(inspect(engine).get_table_names())
     assert {"jobs", "metric_records", "allocations", "alembic_version"} <= names
     with engine.connect() as conn:
-        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
-        assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+        if store == "sqlite":
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+            assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+        else:
+            assert conn.execute(text("SHOW transaction_isolation")).scalar() == "read committed"
     engine.dispose()
 
 
-def test_models_match_migration_head(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'b.db'}"
+@both_stores
+def test_upgrade_from_the_previous_head_keeps_rows(url: str) -> None:
+    script = ScriptDirectory.from_config(alembic_config(url))
+    head = script.get_revision(script.get_current_head())
+    previous = head.down_revision
+    assert isinstance(previous, str)
+    upgrade(url, previous)
+    engine = make_engine(url)
+    assert _revision(engine) == previous
+    with engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO jobs (name, state, spec, created_at, priority)"
+            " VALUES ('old', 'succeeded', '{}', '2026-01-01 00:00:00', 0)"
+        ))
+    upgrade(url)
+    assert _revision(engine) == head.revision
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT name, state FROM jobs")).all() == [("old", "succeeded")]
+    engine.dispose()
+
+
+@both_stores
+def test_models_match_migration_head(url: str) -> None:
     upgrade(url)
     engine = make_engine(url)
     with engine.connect() as conn:
@@ -36,16 +73,16 @@ def test_models_match_migration_head(tmp_path: Path) -> None:
     assert diff == []
 
 
-def test_upgrade_twice_is_a_noop(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'c.db'}"
+@both_stores
+def test_upgrade_twice_is_a_noop(url: str) -> None:
     upgrade(url)
     upgrade(url)
 
 
-def test_0005_turns_a_pid_into_the_local_executors_reference(tmp_path: Path) -> None:
+@both_stores
+def test_0005_turns_a_pid_into_the_local_executors_reference(url: str) -> None:
     """A job launched before 0005 keeps its process: the reference the local executor adopts
     from is made of its pid and start time, and its metric records survive the migration."""
-    url = f"sqlite:///{tmp_path / 'd.db'}"
     upgrade(url, "0004")
     engine = make_engine(url)
     with engine.begin() as conn:
@@ -74,8 +111,8 @@ def test_0005_turns_a_pid_into_the_local_executors_reference(tmp_path: Path) -> 
     assert not columns & {"pid", "pid_create_time"}
 
 
-def test_0005_downgrade_restores_the_pid(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'e.db'}"
+@both_stores
+def test_0005_downgrade_restores_the_pid(url: str) -> None:
     upgrade(url)
     engine = make_engine(url)
     with engine.begin() as conn:

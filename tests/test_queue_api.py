@@ -1,10 +1,15 @@
-"""Scheduling API against the real app and a migrated SQLite file (no processes launched)."""
+"""Scheduling API against the real app on a migrated database, SQLite and PostgreSQL (no processes
+launched)."""
 
 from __future__ import annotations
 
 import time
 
 from fastapi.testclient import TestClient
+
+from tests.conftest import both_stores
+
+pytestmark = both_stores
 
 SMALL = {"dataset": "synthetic", "epochs": 1, "nproc_per_node": 1}
 

@@ -10,7 +10,7 @@ from datetime import datetime
 
 import httpx
 
-from tests.conftest import LiveServer
+from tests.conftest import LiveServer, both_stores
 
 ONE_SLOT = {"dataset": "synthetic", "synthetic_samples": 64, "epochs": 2, "nproc_per_node": 1}
 
@@ -50,6 +50,7 @@ def test_two_slots_run_two_jobs_side_by_side_and_the_third_after(live_server_fac
         assert job["queue_position"] is None and job["waiting_reason"] is None
 
 
+@both_stores
 def test_fifty_concurrent_posts_are_all_stored_and_never_share_a_slot(live_server_factory) -> None:  # type: ignore[no-untyped-def]
     server: LiveServer = live_server_factory(TORCHYARD_CPU_SLOTS="2")
     spec = {"dataset": "synthetic", "synthetic_samples": 64, "epochs": 1, "nproc_per_node": 1}
@@ -91,6 +92,7 @@ def test_fifty_concurrent_posts_are_all_stored_and_never_share_a_slot(live_serve
     assert "database is locked" not in server.log.read_text()
 
 
+@both_stores
 def test_restart_keeps_running_jobs_allocations(live_server_factory) -> None:  # type: ignore[no-untyped-def]
     env = {"TORCHYARD_CPU_SLOTS": "2", "TORCHYARD_TEST_EPOCH_SLEEP_S": "1"}
     server: LiveServer = live_server_factory(**env)

@@ -36,7 +36,7 @@ from service.api.auth import is_public, worker_job_id
 from service.jobtoken import new_token
 from service.settings import Settings, environ_for_children
 from service.state import JobState
-from tests.conftest import REPO_ROOT, LiveServer, free_port
+from tests.conftest import REPO_ROOT, LiveServer, both_stores, free_port
 from torchyard_contract.spec import JobSpec
 
 API_TOKEN = "api-token-for-tests-0123456789"
@@ -66,8 +66,9 @@ def _end(app: FastAPI, job_id: int, ago_s: float) -> None:
 
 
 @pytest.fixture
-def secured(tmp_path: Path) -> Iterator[TestClient]:
-    app = create_app(_settings(tmp_path, api_tokens=API_TOKEN), run_supervisor=False)
+def secured(tmp_path: Path, database_url: str | None) -> Iterator[TestClient]:
+    settings = _settings(tmp_path, api_tokens=API_TOKEN, database_url=database_url)
+    app = create_app(settings, run_supervisor=False)
     with TestClient(app, raise_server_exceptions=False) as client:
         yield client
 
@@ -164,8 +165,10 @@ def _matrix(server: InProcessServer, api_tokens: bool) -> list[str]:
     return failures
 
 
-def test_auth_matrix_with_api_tokens(tmp_path: Path) -> None:
-    app = create_app(_settings(tmp_path, api_tokens=API_TOKEN), run_supervisor=False)
+@both_stores
+def test_auth_matrix_with_api_tokens(tmp_path: Path, database_url: str | None) -> None:
+    settings = _settings(tmp_path, api_tokens=API_TOKEN, database_url=database_url)
+    app = create_app(settings, run_supervisor=False)
     with _serve(app) as server:
         assert _matrix(server, api_tokens=True) == []
 
@@ -218,6 +221,7 @@ def test_tokens_file(tmp_path: Path) -> None:
 REC = {"records": [{"rank": 0, "epoch": 1, "name": "loss", "value": 1.0, "time": 1.0}]}
 
 
+@both_stores
 def test_job_token_is_for_its_own_job_only(secured: TestClient) -> None:
     a, b = (secured.post("/jobs", json=DIGITS, headers=BEARER).json()["id"] for _ in range(2))
     token_a, token_b = _launch(secured.app, a), _launch(secured.app, b)
@@ -236,8 +240,10 @@ def test_job_token_is_for_its_own_job_only(secured: TestClient) -> None:
     assert token_b != token_a
 
 
-def test_job_token_expires_after_the_grace(tmp_path: Path) -> None:
-    app = create_app(_settings(tmp_path, worker_token_grace_s=30), run_supervisor=False)
+@both_stores
+def test_job_token_expires_after_the_grace(tmp_path: Path, database_url: str | None) -> None:
+    settings = _settings(tmp_path, worker_token_grace_s=30, database_url=database_url)
+    app = create_app(settings, run_supervisor=False)
     with TestClient(app) as c:
         recent, old = (c.post("/jobs", json=DIGITS).json()["id"] for _ in range(2))
         tokens = {j: _launch(app, j) for j in (recent, old)}

@@ -37,6 +37,12 @@ class RunDir:
         return self.root / "launch.json"
 
     @property
+    def claim_file(self) -> Path:
+        """Who owns this launch, created once (``service.runclaim``): the job's attempt loop as
+        it starts (pid, start time, host), or a recovering server that gave the launch up."""
+        return self.root / "claim.json"
+
+    @property
     def exit_file(self) -> Path:
         """The job's outcome, written once by the shim."""
         return self.root / "exit.json"

@@ -9,6 +9,7 @@ No module-level state.
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 from collections.abc import AsyncIterator
@@ -37,6 +38,7 @@ from service.api.deps import reject_unknown_query
 from service.api.openapi import build_openapi
 from service.api.prometheus import RequestTimer, Telemetry
 from service.api.prometheus import router as prometheus_router
+from service.changefeed import ChangeFeed, PgListener
 from service.db import make_engine, make_session_factory, upgrade
 from service.executor import Executor, make_executor
 from service.executor.slurmcli import SlurmError
@@ -60,7 +62,8 @@ def create_app(
         warm = _warm_pool(settings)
         executor = make_executor(settings, warm=warm)
     engine = make_engine(settings.resolved_database_url)
-    session_factory = make_session_factory(engine)
+    changes = ChangeFeed()
+    session_factory = make_session_factory(engine, changes)
     read_engine = make_engine(settings.resolved_database_url, readonly=True)
     read_session_factory = make_session_factory(read_engine)
     supervisor = Supervisor(
@@ -82,6 +85,11 @@ def create_app(
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         settings.runs_dir.mkdir(parents=True, exist_ok=True)
         upgrade(settings.resolved_database_url)
+        # PostgreSQL: hear every process's commits (SQLite: only this process's, see changefeed).
+        listener = None
+        if engine.dialect.name == "postgresql":
+            listener = PgListener(settings.resolved_database_url, changes)
+            listener.start()
         if run_supervisor:
             if warm is not None:
                 warm.start()  # in the background: jobs start cold until it is ready
@@ -93,6 +101,8 @@ def create_app(
             supervisor.stop()
             if warm is not None:
                 warm.close()
+            if listener is not None:
+                listener.stop()
             engine.dispose()
             read_engine.dispose()
 
@@ -107,6 +117,7 @@ def create_app(
     )
     app.state.settings = settings
     app.state.session_factory = session_factory
+    app.state.changes = changes
     app.state.read_session_factory = read_session_factory
     app.state.supervisor = supervisor
     app.state.draining = threading.Event()  # set on shutdown: streams end (service.api.drain)
@@ -127,7 +138,9 @@ def create_app(
 
     @app.get("/healthz", tags=["meta"])
     def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+        """``role``: ``supervisor`` in the process that holds the supervisor lease, ``standby``
+        in the others (docs/operations.md)."""
+        return {"status": "ok", "role": "supervisor" if supervisor.acting else "standby"}
 
     # Load balancers and uptime checks probe with HEAD (FastAPI routes answer only what they
     # declare; HEAD is answered like GET, without the body, and left out of the schema).
@@ -175,3 +188,11 @@ def _openapi(app: FastAPI, api_tokens: bool) -> dict:
             app, api_tokens=api_tokens, body_models=records.BODY_MODELS
         )
     return app.openapi_schema
+
+
+def create_app_from_environment() -> FastAPI:
+    """The app of one ``torchyard serve --workers N`` worker process, from ``TORCHYARD_*``."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return create_app(Settings())

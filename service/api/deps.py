@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.changefeed import ChangeFeed
 from service.settings import Settings
 from service.supervisor import Supervisor
 
@@ -51,10 +52,16 @@ def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
+def get_changes(request: Request) -> ChangeFeed:
+    """Wakes long polls and event streams when a job changes (``service.changefeed``)."""
+    return request.app.state.changes
+
+
 SessionDep = Annotated[Session, Depends(get_session)]
 SessionFactoryDep = Annotated[sessionmaker[Session], Depends(get_session_factory)]
 SupervisorDep = Annotated[Supervisor, Depends(get_supervisor)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
+ChangesDep = Annotated[ChangeFeed, Depends(get_changes)]
 JobId = Annotated[int, Path(ge=1, le=JOB_ID_MAX, description="the job's id")]
 
 

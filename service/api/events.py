@@ -14,7 +14,10 @@ with ``Last-Event-ID`` gets only newer records and only a later state: no gap, n
 The stream ends once the job is terminal and every record has been sent, or when the server
 shuts down (``service.api.drain``): a client then reconnects with ``Last-Event-ID``.
 
-The database is polled in short sessions on the thread pool; nothing is held across a sleep.
+The database is read in short sessions on the thread pool; nothing is held across a wait. A
+commit that changes the job or adds its records wakes the stream at once (``service.changefeed``:
+PostgreSQL ``LISTEN/NOTIFY``, or this process's own commits on SQLite); ``EVENTS_POLL_S`` is only
+the fallback for writers in other processes on SQLite.
 """
 
 from __future__ import annotations
@@ -24,14 +27,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated
 
-import anyio
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from service import repository as repo
-from service.api.deps import JobId, get_session_factory
+from service.api.deps import JobId, get_changes, get_session_factory
 from service.api.drain import draining
 from service.api.errors import ApiError
 from service.schemas import JobRead, MetricRead
@@ -101,8 +103,10 @@ async def job_events(
 ) -> AsyncIterator[ServerSentEvent]:
     """State and metric events of the job; resumable with ``Last-Event-ID`` (see module doc)."""
     factory = get_session_factory(request)
+    changes = get_changes(request)
     stopping = draining(request)
     while not stopping.is_set():
+        seen = changes.version(job_id)
         job, records = await run_in_threadpool(_poll, factory, job_id, cursor.seq)
         stage = stage_of(job.state)
         # A live state goes out before the records read after it (a client sees "running"
@@ -120,4 +124,4 @@ async def job_events(
         if stage == TERMINAL_STAGE and not records:
             return
         if len(records) < EVENTS_PAGE:
-            await anyio.sleep(EVENTS_POLL_S)
+            await changes.wait(job_id, seen, changes.fallback_s(EVENTS_POLL_S))

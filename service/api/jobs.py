@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Annotated
 
@@ -11,7 +10,14 @@ from pydantic import StringConstraints
 from starlette.concurrency import run_in_threadpool
 
 from service import repository as repo
-from service.api.deps import JOB_ID_MAX, JobId, SessionDep, SessionFactoryDep, SupervisorDep
+from service.api.deps import (
+    JOB_ID_MAX,
+    ChangesDep,
+    JobId,
+    SessionDep,
+    SessionFactoryDep,
+    SupervisorDep,
+)
 from service.api.drain import draining
 from service.api.errors import ERROR_RESPONSES, ApiError
 from service.schemas import AttemptRead, JobList, JobRead, MetricRead, MetricsPage
@@ -25,6 +31,7 @@ METRICS_PAGE_MAX = 10_000
 SEQ_MAX = 2**63 - 1  # record seq: SQLite's INTEGER PRIMARY KEY
 WAIT_DEFAULT_S = 30.0
 WAIT_MAX_S = 300.0
+# Woken by the change feed; this poll only covers writers in other processes on SQLite.
 WAIT_POLL_S = 0.25
 LABEL_FILTER = (
     rf"^[A-Za-z0-9][A-Za-z0-9._/-]{{0,62}}(=(?:{LABEL_VALUE_CHARS}){{0,{LABEL_VALUE_MAX}}})?$"
@@ -122,6 +129,7 @@ async def wait_for_job(
     request: Request,
     session_factory: SessionFactoryDep,
     supervisor: SupervisorDep,
+    changes: ChangesDep,
     timeout: Annotated[float, Query(ge=0, le=WAIT_MAX_S, allow_inf_nan=False)] = WAIT_DEFAULT_S,
 ) -> JobRead:
     """Long-poll: answers as soon as the job is terminal, or after ``timeout`` seconds (or when
@@ -130,11 +138,13 @@ async def wait_for_job(
     deadline = time.monotonic() + timeout
     stopping = draining(request)
     while True:
+        seen = changes.version(job_id)
         job = await run_in_threadpool(_read_job, session_factory, job_id)
         done = JobState(job.state) in TERMINAL_STATES or time.monotonic() >= deadline
         if done or stopping.is_set():
             return JobRead.from_row(job, supervisor.queue_status(job_id))
-        await asyncio.sleep(min(WAIT_POLL_S, max(0.0, deadline - time.monotonic())))
+        left = max(0.0, deadline - time.monotonic())
+        await changes.wait(job_id, seen, min(changes.fallback_s(WAIT_POLL_S), left))
 
 
 def _read_job(session_factory: SessionFactoryDep, job_id: int):  # type: ignore[no-untyped-def]

@@ -107,6 +107,19 @@ class Executor(Protocol):
         running (it is then watched like one this process submitted), False when it is gone."""
         ...
 
+    def reachable(self, reference: str) -> bool:
+        """False when ``reference`` names a job this process cannot adopt or watch from where it
+        runs (a local job started on another host): a supervisor then leaves it alone, neither
+        adopting it nor failing it. True for executors whose jobs are reachable from anywhere."""
+        ...
+
+    def reference_from_claim(self, claim: Mapping[str, object]) -> str | None:
+        """The reference of a job whose attempt loop claimed its run directory
+        (``service.runclaim``: ``pid``, ``create_time``, ``host`` as it wrote them), for a
+        recovery that finds a launched job whose reference was never stored (the server died
+        between ``submit`` and storing it). None when the claim names nothing it could adopt."""
+        ...
+
     def rank_log(
         self, run: RunDir, attempt: int, rank: int, stream: LogStreamName
     ) -> RankLog:

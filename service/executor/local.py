@@ -1,8 +1,10 @@
 """The local executor: each job's attempt loop (``python -m service.shim RUN_DIR``) runs as a
 process group of its own on the server's host, so the job outlives a server restart.
 
-Reference: JSON ``{"pid": <shim pid>, "create_time": <its start, epoch seconds>}`` — the start
-time tells the shim from a later process that reused its pid. Logs: torchrun's per-rank files
+Reference: JSON ``{"pid": <shim pid>, "create_time": <its start, epoch seconds>, "host": <host>}``
+— the start time tells the shim from a later process that reused its pid; the host says where
+the pid means anything: a supervisor on another host (a standby that took over) leaves the job
+alone (``reachable``). References from before ``host`` was added are taken as this host's. Logs: torchrun's per-rank files
 under ``RUN_DIR/logs/attempt-<n>/<run id>/attempt_0/<rank>/{stderr,stdout}.log``.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -42,8 +45,20 @@ def build_shim_command(python: str, run: RunDir) -> list[str]:
     return [python, "-m", "service.shim", str(run.root)]
 
 
-def encode_reference(pid: int, started: float | None) -> str:
-    return json.dumps({"pid": pid, "create_time": started})
+def encode_reference(pid: int, started: float | None, host: str | None = None) -> str:
+    data: dict[str, object] = {"pid": pid, "create_time": started}
+    if host is not None:
+        data["host"] = host
+    return json.dumps(data)
+
+
+def reference_host(reference: str) -> str | None:
+    """The host a local reference names; None when it names none (older references)."""
+    try:
+        host = json.loads(reference).get("host")
+    except (ValueError, AttributeError):
+        return None
+    return host if isinstance(host, str) else None
 
 
 def decode_reference(reference: str) -> tuple[int, float | None] | None:
@@ -119,7 +134,7 @@ class LocalExecutor:
                 )
         if self.standby is not None:
             self.standby.refill()
-        reference = encode_reference(popen.pid, create_time(popen.pid))
+        reference = encode_reference(popen.pid, create_time(popen.pid), socket.gethostname())
         with self._lock:
             self._handles[reference] = ProcessGroupHandle(pid=popen.pid, popen=popen)
         # Reap at once when the shim exits, not up to a poll interval later.
@@ -162,6 +177,18 @@ class LocalExecutor:
         with self._lock:
             self._handles.setdefault(reference, ProcessGroupHandle(pid=decoded[0]))
         return True
+
+    def reachable(self, reference: str) -> bool:
+        """Only on the host that started it (pids mean nothing elsewhere)."""
+        host = reference_host(reference)
+        return host is None or host == socket.gethostname()
+
+    def reference_from_claim(self, claim: Mapping[str, object]) -> str | None:
+        """The shim's own pid, start time and host, as it claimed its run directory."""
+        pid, started, host = claim.get("pid"), claim.get("create_time"), claim.get("host")
+        if not isinstance(pid, int) or not isinstance(started, int | float):
+            return None
+        return encode_reference(pid, float(started), host if isinstance(host, str) else None)
 
     def cancel(self, reference: str, grace_s: float) -> None:
         with self._lock:

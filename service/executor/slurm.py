@@ -221,6 +221,15 @@ class SlurmExecutor:
             return True
         return row is not None and not row.terminal
 
+    def reachable(self, reference: str) -> bool:
+        """Slurm jobs are asked about by id, from any host that can run Slurm's commands."""
+        return True
+
+    def reference_from_claim(self, claim: Mapping[str, object]) -> str | None:
+        """The Slurm job id the batch script's shim wrote into its claim (``SLURM_JOB_ID``)."""
+        job_id = claim.get("slurm_job_id")
+        return job_id if isinstance(job_id, str) and job_id.isdigit() else None
+
     def cancel(self, reference: str, grace_s: float) -> None:
         """``scancel``: Slurm sends every step and the batch script SIGTERM, then SIGKILL after
         the cluster's ``KillWait``; returns once Slurm lists the job as finished (nothing of it

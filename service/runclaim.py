@@ -1,0 +1,54 @@
+"""The claim on a launched job's run directory: closes the window between starting a job's shim
+and storing its reference.
+
+The supervisor commits ``starting``, has the executor start the shim, then stores the reference
+the executor returned. A server killed in between leaves a ``starting`` job with no reference
+while its shim may be running. So exactly one party claims ``RUN_DIR/claim.json``, once:
+
+* the shim, first thing, before it runs anything: it records its pid, start time and host, and
+  runs the job;
+* or the recovery of a later server that finds a launched job without a reference and no claim:
+  the launch is given up (the job fails), and a shim that starts after that exits at once
+  without running anything.
+
+A recovery that finds the shim's claim adopts the shim from it (``Executor.reference_from_claim``).
+The claim is created atomically with its content (a complete temp file hard-linked into place),
+so a reader never sees half of one and two claimants never both win.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from typing import Any
+
+from torchyard_contract.rundir import RunDir
+
+ABANDONED = "abandoned_by"
+
+
+def claim(run: RunDir, content: dict[str, Any]) -> dict[str, Any] | None:
+    """Claim the run with ``content``; None if this call won, else the claim that was there."""
+    run.root.mkdir(parents=True, exist_ok=True)
+    tmp = run.root / f".claim-{uuid.uuid4().hex}"
+    tmp.write_text(json.dumps(content))
+    try:
+        os.link(tmp, run.claim_file)
+        return None
+    except FileExistsError:
+        return read_claim(run) or {}
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def read_claim(run: RunDir) -> dict[str, Any] | None:
+    try:
+        data = json.loads(run.claim_file.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def is_abandoned(content: dict[str, Any]) -> bool:
+    return ABANDONED in content
