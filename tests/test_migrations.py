@@ -7,6 +7,7 @@ from pathlib import Path
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, text
 
 from service.db import alembic_config, make_engine, upgrade
@@ -37,9 +38,30 @@ def test_models_match_migration_head(tmp_path: Path) -> None:
 
 
 def test_upgrade_twice_is_a_noop(tmp_path: Path) -> None:
+    """A second upgrade (every server start runs one) changes neither the schema nor a row."""
     url = f"sqlite:///{tmp_path / 'c.db'}"
     upgrade(url)
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO jobs (name, state, priority, spec, created_at)"
+            " VALUES ('kept', 'queued', 0, '{}', '2026-01-01 00:00:00')"))
+    schema = _schema(engine)
+    engine.dispose()
+
     upgrade(url)
+    engine = make_engine(url)
+    assert _schema(engine) == schema
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT name FROM jobs")).scalars().all() == ["kept"]
+        head = conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
+    engine.dispose()
+    assert head == [ScriptDirectory.from_config(alembic_config(url)).get_current_head()]
+
+
+def _schema(engine) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
+    with engine.connect() as conn:
+        return conn.execute(text("SELECT name, sql FROM sqlite_master ORDER BY name")).tuples().all()
 
 
 def test_0005_turns_a_pid_into_the_local_executors_reference(tmp_path: Path) -> None:

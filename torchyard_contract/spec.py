@@ -87,6 +87,11 @@ ALLOWED_PYTHON_ENV = frozenset({"PYTHONHASHSEED", "PYTHONFAULTHANDLER", "PYTHOND
 NoNul = Annotated[str, StringConstraints(max_length=ARG_LEN_MAX, pattern=r"^[^\x00]*$")]
 EnvName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=ENV_NAME_PATTERN)]
 EnvValue = Annotated[str, StringConstraints(max_length=ENV_VALUE_LEN_MAX, pattern=r"^[^\x00]*$")]
+# The name of a secret in the server's secrets file (service.secretstore), never its value.
+SecretName = Annotated[
+    str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+]
+PATIENCE_MAX = 10_000
 
 
 def env_name_reserved(name: str) -> bool:
@@ -181,7 +186,27 @@ class JobSpec(BaseModel):
         default_factory=dict,
         max_length=ENV_MAX,
         description="script job: extra environment of every rank (not TORCHYARD_*, torchrun's, "
-        "PYTHON*, LD_*)",
+        "PYTHON*, LD_*); stored and shown to every reader, so never for secrets (use secret_env)",
+    )
+    secret_env: dict[EnvName, SecretName] = Field(
+        default_factory=dict,
+        max_length=ENV_MAX,
+        description="script job: variable → name of a secret in the server's "
+        "TORCHYARD_SECRETS_FILE; the value reaches only the ranks' environment (docs/security.md)",
+    )
+    nonfinite_patience: int | None = Field(
+        default=1,
+        ge=1,
+        le=PATIENCE_MAX,
+        description="stop the job (failed) when a rank reports a non-finite per-epoch 'loss' "
+        "this many epochs in a row; null = off",
+    )
+    divergence_patience: int | None = Field(
+        default=None,
+        ge=1,
+        le=PATIENCE_MAX,
+        description="stop the job (failed) when the cross-rank loss summary flags the same rank "
+        "as diverging this many epochs in a row; null = off",
     )
 
     @property
@@ -210,7 +235,7 @@ class JobSpec(BaseModel):
             raise ValueError("must not contain '..'")
         return value
 
-    @field_validator("env")
+    @field_validator("env", "secret_env")
     @classmethod
     def _env_not_reserved(cls, value: dict[str, str]) -> dict[str, str]:
         reserved = sorted(n for n in value if env_name_reserved(n))
@@ -234,10 +259,13 @@ class JobSpec(BaseModel):
     @model_validator(mode="after")
     def _check_script(self) -> JobSpec:
         if self.entrypoint is None:
-            for name in ("args", "env"):
+            for name in ("args", "env", "secret_env"):
                 if getattr(self, name):
                     raise ValueError(f"{name}: only allowed with 'entrypoint' (a script job)")
             return self
+        both = sorted(self.env.keys() & self.secret_env.keys())
+        if both:
+            raise ValueError(f"secret_env: {', '.join(both)} also set in 'env'; set it in one")
         given = sorted(self.model_fields_set & BUILTIN_ONLY_FIELDS)
         if given:
             raise ValueError(
