@@ -1,7 +1,7 @@
 """The supervisor owns jobs' lives and every state change after submission.
 
-One background thread runs ``tick()``: stop cancelled groups, reap finished ones, mark started
-ones running, then run a scheduling pass (``service.scheduler``: priority, FIFO, gang
+One background thread runs ``tick()``: fail jobs a loss guard asked to stop (``service.guard``),
+stop the groups of cancelled and failed jobs, reap finished ones, mark started ones running, then run a scheduling pass (``service.scheduler``: priority, FIFO, gang
 allocation, backfill behind a reservation). It is the only code that allocates resources, so two
 jobs never share one. Routes call ``submit``, ``cancel``, ``queue_status`` and ``resources``.
 """
@@ -19,8 +19,8 @@ from datetime import UTC
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from service import guard, scheduler
 from service import repository as repo
-from service import scheduler
 from service.admission import admit
 from service.executor.base import Executor, Phase, Submission
 from service.jobtoken import new_token
@@ -31,7 +31,7 @@ from service.scriptpath import ScriptRefused, ScriptsDisabled, rank_program, scr
 from service.settings import Settings
 from service.shim import ShimConfig
 from service.spool import read_spool
-from service.state import JobState
+from service.state import TERMINAL_STATES, JobState
 from torchyard_contract import envnames as names
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.spec import Backend, Device, JobSpec
@@ -178,7 +178,7 @@ class Supervisor:
             job = repo.get_job(session, job_id)
         if won:
             logger.info("job %s: cancelled", job_id)
-            self._queue_changed()  # the loop stops the group (see _stop_cancelled)
+            self._queue_changed()  # the loop stops the group (see _stop_ended)
         return job
 
     # --- the loop ---------------------------------------------------------------------------
@@ -229,7 +229,8 @@ class Supervisor:
             self._finish(job_id, None)
 
     def tick(self) -> None:
-        self._stop_cancelled()
+        self._fail_stop_requests()
+        self._stop_ended()
         self._reap_finished()
         self._mark_running()
         self._launch_queued()
@@ -253,9 +254,16 @@ class Supervisor:
         with self.session_factory() as session:
             spooled = read_spool(run.spool_dir)
             added = repo.insert_records(session, job_id, spooled)
-            if added:
+            job = repo.get_job(session, job_id)
+            if added and job is not None:
                 repo.mark_first_metric(session, job_id, spooled)
+                # Records that never reached the API are guarded too.
+                guard.check(session, job_id, job.spec, spooled)
             repo.set_attempts(session, job_id, read_attempts(run))
+            if job is not None and job.stop_reason is not None:
+                # A guard tripped (maybe just before the job ended on its own): it failed.
+                repo.transition(session, job_id, JobState.failed, reason=job.stop_reason,
+                                exit_code=(outcome or {}).get("exit_code"))
             if outcome is None:
                 reason = (
                     "the job's shim ended without an outcome"
@@ -459,15 +467,26 @@ class Supervisor:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in placement.gpu_indices)
         return env
 
-    def _stop_cancelled(self) -> None:
-        """Jobs cancelled in the database are stopped by the executor, each in its own thread."""
+    def _fail_stop_requests(self) -> None:
+        """Jobs a loss guard asked to stop (``service.guard``) fail with its reason; the next
+        step stops their groups like a cancel."""
+        with self.session_factory() as session:
+            requests = repo.stop_requested(session)
+            for job_id, reason in requests:
+                if repo.transition(session, job_id, JobState.failed, reason=reason):
+                    logger.info("job %s: stopped by a loss guard: %s", job_id, reason)
+            session.commit()
+
+    def _stop_ended(self) -> None:
+        """Jobs whose group still runs but which are terminal in the database (cancelled, or
+        failed by a guard) are stopped by the executor, each in its own thread."""
         running = [j for j in self._refs if j not in self._stopping]
         if not running:
             return
         with self.session_factory() as session:
             for job_id in running:
                 job = repo.get_job(session, job_id)
-                if job is not None and job.state == JobState.cancelled.value:
+                if job is not None and JobState(job.state) in TERMINAL_STATES:
                     self._stopping.add(job_id)
                     threading.Thread(
                         target=self._stop_group, args=(job_id,), daemon=True

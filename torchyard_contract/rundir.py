@@ -65,13 +65,6 @@ class RunDir:
         """Written by a rank after set-up, then touched as its heartbeat."""
         return self.attempts_dir / str(attempt) / f"ready-rank-{rank}"
 
-    def rank_logs(self) -> dict[int, Path]:
-        """Per-rank combined stdout/stderr files torchrun wrote under ``logs/``."""
-        found: dict[int, Path] = {}
-        for path in sorted(self.logs_dir.glob("**/attempt_*/*/stderr.log")):
-            found[int(path.parent.name)] = path
-        return found
-
     def prepare(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         self.logs_dir.mkdir(exist_ok=True)

@@ -1,4 +1,5 @@
-"""Typed dependencies: session, supervisor and settings come from ``app.state`` (``create_app``).
+"""Typed dependencies: session, supervisor and settings come from ``app.state`` (``create_app``);
+``JobDep`` loads the path's job or answers 404, for every ``/jobs/{job_id}/...`` route.
 
 ``reject_unknown_query`` is applied to every route by ``create_app``: a query parameter the route
 does not declare is a 422 "unknown field", as an unknown body field is.
@@ -15,6 +16,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from sqlalchemy.orm import Session, sessionmaker
 
+from service import repository as repo
+from service.api.errors import ApiError
+from service.models import Job
 from service.settings import Settings
 from service.supervisor import Supervisor
 
@@ -50,7 +54,19 @@ def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
+def get_job(job_id: int, request: Request) -> Job:
+    """The job ``job_id`` as it is now, or 404. Read in a session of its own that is closed
+    before the route runs (a long poll or a stream holds no connection); the row is detached,
+    so read its columns, never reload it."""
+    with _factory(request)() as session:
+        job = repo.get_job(session, job_id)
+    if job is None:
+        raise ApiError(404, "not_found", f"job {job_id} not found")
+    return job
+
+
 SessionDep = Annotated[Session, Depends(get_session)]
+JobDep = Annotated[Job, Depends(get_job)]
 SessionFactoryDep = Annotated[sessionmaker[Session], Depends(get_session_factory)]
 SupervisorDep = Annotated[Supervisor, Depends(get_supervisor)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]

@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from service import repository as repo
-from service.api.deps import get_session_factory
+from service.api.deps import JobDep, get_session_factory
 from service.api.errors import ApiError
 from service.schemas import JobRead, MetricRead
 from service.state import TERMINAL_STATES, JobState
@@ -55,14 +55,6 @@ class Cursor:
 
 def stage_of(state: JobState) -> int:
     return TERMINAL_STAGE if state in TERMINAL_STATES else STAGES[state]
-
-
-def _existing_job(job_id: int, request: Request) -> int:
-    """404 before the stream starts (a dependency runs before the response is sent)."""
-    with get_session_factory(request)() as session:
-        if repo.get_job(session, job_id) is None:
-            raise ApiError(404, "not_found", f"job {job_id} not found")
-    return job_id
 
 
 def _cursor(last_event_id: Annotated[str | None, Header()] = None) -> Cursor:
@@ -90,10 +82,11 @@ def _poll(
 @router.get("/{job_id}/events", response_class=EventSourceResponse)
 async def job_events(
     request: Request,
-    job_id: Annotated[int, Depends(_existing_job)],
+    found: JobDep,  # 404 before the stream starts (a dependency runs before the response)
     cursor: Annotated[Cursor, Depends(_cursor)],
 ) -> AsyncIterator[ServerSentEvent]:
     """State and metric events of the job; resumable with ``Last-Event-ID`` (see module doc)."""
+    job_id = found.id
     factory = get_session_factory(request)
     while True:
         job, records = await run_in_threadpool(_poll, factory, job_id, cursor.seq)

@@ -11,8 +11,9 @@ from fastapi import APIRouter, Header, Query, Response
 from starlette.concurrency import run_in_threadpool
 
 from service import repository as repo
-from service.api.deps import SessionDep, SessionFactoryDep, SupervisorDep
+from service.api.deps import JobDep, SessionDep, SessionFactoryDep, SupervisorDep
 from service.api.errors import ApiError
+from service.models import Job
 from service.schemas import AttemptRead, JobList, JobRead, MetricRead, MetricsPage
 from service.state import TERMINAL_STATES, JobState
 from service.supervisor import SubmitRejected
@@ -26,13 +27,6 @@ WAIT_MAX_S = 300.0
 WAIT_POLL_S = 0.25
 LABEL_FILTER = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}(=[^\x00-\x1f]{0,200})?$"
 IDEMPOTENCY_KEY = r"^[\x21-\x7e]{1,200}$"
-
-
-def _job_or_404(session: SessionDep, job_id: int):  # type: ignore[no-untyped-def]
-    job = repo.get_job(session, job_id)
-    if job is None:
-        raise ApiError(404, "not_found", f"job {job_id} not found")
-    return job
 
 
 @router.post(
@@ -100,13 +94,13 @@ def _matches(pattern: str, value: str) -> bool:
 
 
 @router.get("/{job_id}", response_model=JobRead)
-def get_job(job_id: int, session: SessionDep, supervisor: SupervisorDep) -> JobRead:
-    return JobRead.from_row(_job_or_404(session, job_id), supervisor.queue_status(job_id))
+def get_job(job: JobDep, supervisor: SupervisorDep) -> JobRead:
+    return JobRead.from_row(job, supervisor.queue_status(job.id))
 
 
 @router.get("/{job_id}/wait", response_model=JobRead)
 async def wait_for_job(
-    job_id: int,
+    job: JobDep,
     session_factory: SessionFactoryDep,
     supervisor: SupervisorDep,
     timeout: Annotated[float, Query(ge=0, le=WAIT_MAX_S, allow_inf_nan=False)] = WAIT_DEFAULT_S,
@@ -115,36 +109,37 @@ async def wait_for_job(
     the job as it is then (check ``state``). Never an error for a job that is still running."""
     deadline = time.monotonic() + timeout
     while True:
-        job = await run_in_threadpool(_read_job, session_factory, job_id)
         if JobState(job.state) in TERMINAL_STATES or time.monotonic() >= deadline:
-            return JobRead.from_row(job, supervisor.queue_status(job_id))
+            return JobRead.from_row(job, supervisor.queue_status(job.id))
         await asyncio.sleep(min(WAIT_POLL_S, max(0.0, deadline - time.monotonic())))
+        job = await run_in_threadpool(_read_job, session_factory, job.id)
 
 
-def _read_job(session_factory: SessionFactoryDep, job_id: int):  # type: ignore[no-untyped-def]
+def _read_job(session_factory: SessionFactoryDep, job_id: int) -> Job:
     # A short session per poll: a waiter holds no connection while it sleeps.
     with session_factory() as session:
-        return _job_or_404(session, job_id)
+        job = repo.get_job(session, job_id)
+    if job is None:
+        raise ApiError(404, "not_found", f"job {job_id} not found")
+    return job
 
 
 @router.get("/{job_id}/attempts", response_model=list[AttemptRead])
-def get_attempts(job_id: int, session: SessionDep) -> list[AttemptRead]:
+def get_attempts(job: JobDep) -> list[AttemptRead]:
     """Every attempt of the job: number, start/end (Unix s), exit code, failure reason."""
-    return JobRead.from_row(_job_or_404(session, job_id)).attempts
+    return JobRead.from_row(job).attempts
 
 
 @router.post("/{job_id}/cancel", response_model=JobRead)
-def cancel_job(job_id: int, supervisor: SupervisorDep) -> JobRead:
+def cancel_job(job: JobDep, supervisor: SupervisorDep) -> JobRead:
     """Cancel a queued or running job; cancelling a finished job returns it unchanged (200)."""
-    job = supervisor.cancel(job_id)
-    if job is None:
-        raise ApiError(404, "not_found", f"job {job_id} not found")
-    return JobRead.from_row(job, supervisor.queue_status(job_id))
+    cancelled = supervisor.cancel(job.id) or job  # jobs are never deleted: None cannot happen
+    return JobRead.from_row(cancelled, supervisor.queue_status(job.id))
 
 
 @router.get("/{job_id}/metrics", response_model=MetricsPage)
 def read_metrics(
-    job_id: int,
+    job: JobDep,
     session: SessionDep,
     after: Annotated[int, Query(ge=0, description="return records with seq > after")] = 0,
     limit: Annotated[int, Query(ge=1, le=METRICS_PAGE_MAX)] = METRICS_PAGE_DEFAULT,
@@ -153,7 +148,7 @@ def read_metrics(
 ) -> Response:
     # Read the state first: a record stored after this read is still returned next tick,
     # so a poller that sees a terminal state and then an empty page has seen everything.
-    job = _job_or_404(session, job_id)
+    job_id = job.id
     state = JobState(job.state)
     rows = repo.read_records(session, job_id, after, limit, rank, name)
     items = [MetricRead.from_row(r) for r in rows]  # type: ignore[arg-type]

@@ -8,10 +8,10 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
+from service import guard
 from service import repository as repo
 from service.api.auth import WorkerJobDep
-from service.api.deps import SessionDep
-from service.api.errors import ApiError
+from service.api.deps import JobDep, SessionDep
 from service.schemas import IngestResult, RecordBatch
 
 router = APIRouter(prefix="/jobs", tags=["workers"])
@@ -44,7 +44,7 @@ BatchDep = Annotated[RecordBatch, Depends(_record_batch)]
     },
 )
 def post_records(
-    job_id: WorkerJobDep, batch: BatchDep, session: SessionDep, request: Request
+    job_id: WorkerJobDep, job: JobDep, batch: BatchDep, session: SessionDep, request: Request
 ) -> IngestResult:
     """Store a batch in one transaction; replays of (attempt, rank, epoch, step, name) are ignored.
 
@@ -52,8 +52,6 @@ def post_records(
     and for ``TORCHYARD_WORKER_TOKEN_GRACE_S`` after it ended (a rank's last batch may land just
     after the group exits); the auth middleware enforces this (``service.api.auth``).
     """
-    if repo.get_job(session, job_id) is None:
-        raise ApiError(404, "not_found", f"job {job_id} not found")
     records = [
         repo.RecordIn(r.attempt, r.rank, r.epoch, r.step, r.name, r.value, r.time)  # type: ignore[arg-type]
         for r in batch.records
@@ -61,6 +59,7 @@ def post_records(
     added = repo.insert_records(session, job_id, records)
     if added:
         repo.mark_first_metric(session, job_id, records)
+        guard.check(session, job_id, job.spec, records)  # a loss gone bad stops the job
     session.commit()
     request.app.state.telemetry.records_ingested.inc(added)
     return IngestResult(accepted=added, duplicates=len(records) - added)
