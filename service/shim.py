@@ -4,7 +4,8 @@ The job's attempt loop, independent of how it was started: the local executor st
 job in a session of its own (so the job outlives the server); a batch script can run the same
 loop inside an allocation. The shim runs attempts (torchrun with ``--max-restarts=0``), restarts the group after a rank
 failure up to ``max_restarts`` (never after a start-up failure: a failure before every rank wrote
-its ready marker), enforces ``max_runtime_s`` and ``heartbeat_timeout_s``, and writes:
+its ready marker), runs every rank under ``service.ranktee`` (both streams in one file per rank),
+enforces ``max_runtime_s`` and ``heartbeat_timeout_s``, and writes:
 
 * ``attempts/<n>.json`` — number, started_at, ended_at, exit_code, rank_exit_codes (per rank,
   as torchrun's failure summary gives them; all 0 on success), reason, startup_failure;
@@ -27,6 +28,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from service import ranktee
 from service.executor.process import ProcessGroupHandle
 from service.failure import describe_exit, failed_rank_exit_codes
 from service.launcher import LaunchRequest, LocalTorchrunLauncher
@@ -113,7 +115,7 @@ class Shim:
             master_port=free_port(),
             run_dir=self.run.root,
             logs_dir=logs,
-            program=self.config.rank_program(self.run),
+            program=ranktee.wrap(self.run, number, self.config.rank_program(self.run)),
             env=env,
         )
         record = {

@@ -1,9 +1,11 @@
 """``GET /jobs/{id}/logs``: a rank's log, read from a byte offset, so a client can follow it.
 
-The executor says where the file is (``Executor.rank_log``; locally the one torchrun writes for
-the rank with ``--redirects``): ``stderr`` by default — what the worker logs (Python logging goes
-to stderr) and any traceback — or ``stdout`` with ``stream=stdout``. Every path part comes from
-an integer or a fixed name; no client string reaches the filesystem.
+The executor says where the file is (``Executor.rank_log``). By default (``stream=combined``)
+everything the rank wrote — its prints (stdout) and its logging and tracebacks (stderr) — in
+the order written; ``stream=stdout`` or ``stream=stderr`` reads one stream. An attempt launched
+before combined files existed is read as its ``stderr`` once it is over (the answer's ``stream``
+says which). Every path part comes from an integer or a fixed name; no client string reaches
+the filesystem.
 """
 
 from __future__ import annotations
@@ -16,8 +18,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
-from service import repository as repo
-from service.api.deps import SessionDep
+from service.api.deps import JobDep
 from service.api.errors import ApiError
 from service.executor.base import Executor
 from service.state import TERMINAL_STATES, JobState
@@ -29,6 +30,7 @@ LOG_PAGE_MAX = 1024 * 1024
 
 
 class LogStream(str, Enum):
+    combined = "combined"
     stderr = "stderr"
     stdout = "stdout"
 
@@ -36,6 +38,7 @@ class LogStream(str, Enum):
 class LogChunk(BaseModel):
     rank: int
     attempt: int
+    stream: LogStream = Field(description="what the text is: both streams (combined) or one")
     offset: int = Field(description="byte offset this text starts at")
     next_offset: int = Field(description="pass as ?offset= next time")
     text: str = Field(description="UTF-8, invalid bytes replaced; never splits a character")
@@ -60,18 +63,17 @@ def read_chunk(path: Path | None, offset: int, limit: int, final: bool) -> tuple
 
 @router.get("/{job_id}/logs", response_model=LogChunk)
 def read_logs(
-    job_id: int,
+    job: JobDep,
     request: Request,
-    session: SessionDep,
     rank: Annotated[int, Query(ge=0, le=65_535)] = 0,
     attempt: Annotated[int | None, Query(ge=1, le=10_000, description="default: latest")] = None,
     offset: Annotated[int, Query(ge=0, le=2**53)] = 0,
     limit: Annotated[int, Query(ge=1, le=LOG_PAGE_MAX)] = LOG_PAGE_DEFAULT,
-    stream: LogStream = LogStream.stderr,
+    stream: Annotated[
+        LogStream, Query(description="combined: stdout and stderr in the order written")
+    ] = LogStream.combined,
 ) -> LogChunk:
-    job = repo.get_job(session, job_id)
-    if job is None:
-        raise ApiError(404, "not_found", f"job {job_id} not found")
+    job_id = job.id
     nproc = int(job.spec.get("nproc_per_node", 1))
     if rank >= nproc:
         raise ApiError(404, "not_found", f"job {job_id} has ranks 0..{nproc - 1}; no rank {rank}")
@@ -86,8 +88,11 @@ def read_logs(
     run = RunDir.for_job(request.app.state.settings.runs_dir, job_id)
     executor: Executor = request.app.state.executor
     path = executor.rank_log(run, attempt, rank, stream.value).path
+    if path is None and stream is LogStream.combined and over:
+        stream = LogStream.stderr  # launched before combined files: the stream that explains
+        path = executor.rank_log(run, attempt, rank, stream.value).path
     text, next_offset, at_end = read_chunk(path, offset, limit, final=over)
     return LogChunk(
-        rank=rank, attempt=attempt, offset=offset, next_offset=next_offset, text=text,
+        rank=rank, attempt=attempt, stream=stream, offset=offset, next_offset=next_offset, text=text,
         complete=over and at_end,
     )

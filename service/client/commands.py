@@ -198,12 +198,13 @@ def logs(
         bool, typer.Option("--follow", "-f", help="keep reading until the attempt ends")
     ] = False,
     stream: Annotated[
-        str, typer.Option(help="stderr: what the rank logs, tracebacks; stdout: its prints")
-    ] = "stderr",
+        str | None,
+        typer.Option(help="one stream only: stdout (its prints) or stderr (logging, tracebacks)"),
+    ] = None,
     url: UrlOpt = DEFAULT_URL,
     token: TokenOpt = None,
 ) -> None:
-    """A rank's log (stderr by default: what the worker logs, tracebacks)."""
+    """Everything a rank printed, stdout and stderr in the order written (or one --stream)."""
     offset = 0
     with _client(url, token) as client:
         while True:

@@ -47,7 +47,9 @@ def follow(client: TorchyardClient, job: dict[str, Any], console: Console) -> Fo
             if event.kind == "state":
                 result.job = event.data
                 progress.update(task, state=event.data["state"])
-                console.print(f"job {job['id']}", state_text(event.data["state"]))
+                reason = f": {event.data['reason']}" if event.data.get("reason") else ""
+                console.print(f"job {job['id']}", state_text(event.data["state"]), reason,
+                              highlight=False)
                 continue
             m = event.data
             if m["name"] != "loss" or m["step"] is not None:

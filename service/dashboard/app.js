@@ -310,11 +310,18 @@
         `epoch ${i.epoch}: rank ${i.diverged_ranks.join(", rank ")}`))));
   }
 
+  // Everything the rank printed (stdout and stderr in the order written) unless one stream is
+  // picked; followed live while the attempt runs.
   function logsPanel(jobId, container) {
     const rankSel = h("select", {id: "log-rank"});
+    const streamSel = h("select", {id: "log-stream"},
+      h("option", {value: "combined"}, "stdout + stderr"),
+      h("option", {value: "stdout"}, "stdout"),
+      h("option", {value: "stderr"}, "stderr"));
     const pre = h("pre", {class: "log", id: "log-text"});
     const note = h("p", {class: "quiet", id: "log-note"});
-    container.replaceChildren(h("div", {class: "row"}, h("label", {}, "rank ", rankSel)),
+    container.replaceChildren(h("div", {class: "row"}, h("label", {}, "rank ", rankSel),
+                                h("label", {}, " output ", streamSel)),
                               note, pre);
     let ranks = 0;
     let offset = 0;
@@ -328,14 +335,17 @@
       pre.textContent = "";
       note.textContent = "";
     }
-    rankSel.addEventListener("change", () => { reset(); poll.stop(); poll = start(); });
+    for (const sel of [rankSel, streamSel]) {
+      sel.addEventListener("change", () => { reset(); poll.stop(); poll = start(); });
+    }
 
     const start = () => poller(async () => {
       if (rankSel.value === "") return true;
       let r;
       try {
-        r = await api(`/jobs/${jobId}/logs?` +
-                      new URLSearchParams({rank: rankSel.value, offset: String(offset)}));
+        const q = {rank: rankSel.value, offset: String(offset)};
+        if (streamSel.value !== "combined") q.stream = streamSel.value;
+        r = await api(`/jobs/${jobId}/logs?` + new URLSearchParams(q));
       } catch (err) {
         if (err instanceof ApiFailure && err.status === 404) {
           available = false;
@@ -350,7 +360,8 @@
         return true;
       }
       attempt = r.attempt;
-      note.textContent = `attempt ${r.attempt}` + (r.complete ? " · complete" : "");
+      note.textContent = `attempt ${r.attempt}` + (r.complete ? " · complete" : "") +
+        (streamSel.value === "combined" && r.stream !== "combined" ? ` · ${r.stream} only` : "");
       if (r.text) {
         const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
         let text = pre.textContent + r.text;

@@ -3,7 +3,8 @@ process group of its own on the server's host, so the job outlives a server rest
 
 Reference: JSON ``{"pid": <shim pid>, "create_time": <its start, epoch seconds>}`` — the start
 time tells the shim from a later process that reused its pid. Logs: torchrun's per-rank files
-under ``RUN_DIR/logs/attempt-<n>/<run id>/attempt_0/<rank>/{stderr,stdout}.log``.
+under ``RUN_DIR/logs/attempt-<n>/<run id>/attempt_0/<rank>/{stderr,stdout}.log``, and both
+streams in one file, ``RUN_DIR/logs/attempt-<n>/rank-<rank>.log`` (``service.ranktee``).
 """
 
 from __future__ import annotations
@@ -152,6 +153,9 @@ class LocalExecutor:
         self, run: RunDir, attempt: int, rank: int, stream: LogStreamName
     ) -> RankLog:
         """The newest torchrun run id's file if several; every path part is an int or fixed."""
+        if stream == "combined":
+            output = run.rank_output(attempt, rank)
+            return RankLog(rank=rank, node=None, path=output if output.exists() else None)
         pattern = f"attempt-{int(attempt)}/*/attempt_*/{int(rank)}/{stream}.log"
         found = sorted(run.logs_dir.glob(pattern), key=lambda p: p.stat().st_mtime)
         path: Path | None = found[-1] if found else None
