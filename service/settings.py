@@ -16,7 +16,8 @@ API_TOKEN_MIN_CHARS = 16
 # Never passed on to a job's shim or ranks (jobs run user code; see docs/security.md).
 # TORCHYARD_TOKEN is the CLI's (a server started from an operator's shell may have it).
 SECRET_ENV_VARS = frozenset(
-    {"TORCHYARD_API_TOKENS", "TORCHYARD_API_TOKENS_FILE", "TORCHYARD_TOKEN"}
+    {"TORCHYARD_API_TOKENS", "TORCHYARD_API_TOKENS_FILE", "TORCHYARD_TOKEN",
+     "TORCHYARD_SECRETS_FILE"}
 )
 
 
@@ -149,6 +150,11 @@ class Settings(BaseSettings):
         default_factory=list,
         description="directories a job's dataset_root must lie in, comma-separated (a relative "
         "dataset_root is taken inside the first); unset = HOME/data",
+    )
+    secrets_file: Path | None = Field(
+        default=None,
+        description="JSON object of secret name → value that script jobs name in secret_env; "
+        "read at each submit and launch; unset = no secrets (docs/security.md)",
     )
     worker_token_grace_s: float = Field(
         default=60.0,

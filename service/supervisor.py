@@ -19,7 +19,7 @@ from datetime import UTC
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from service import guard, scheduler
+from service import guard, scheduler, secretstore
 from service import repository as repo
 from service.admission import admit
 from service.executor.base import Executor, Phase, Submission
@@ -28,6 +28,7 @@ from service.models import Job
 from service.resources import Inventory
 from service.runfiles import read_attempts, read_json
 from service.scriptpath import ScriptRefused, ScriptsDisabled, rank_program, script_program
+from service.secretstore import SecretRefused
 from service.settings import Settings
 from service.shim import ShimConfig
 from service.spool import read_spool
@@ -128,6 +129,10 @@ class Supervisor:
             except ScriptsDisabled as exc:
                 raise SubmitRejected("scripts_disabled", str(exc), status=403) from exc
             except ScriptRefused as exc:
+                raise SubmitRejected("invalid_request", str(exc)) from exc
+            try:  # names only; values are read at launch
+                secretstore.check_names(spec.secret_env, self.settings.secrets_file)
+            except SecretRefused as exc:
                 raise SubmitRejected("invalid_request", str(exc)) from exc
         with self.session_factory() as session:
             if spec.resume_from is not None and repo.get_job(session, spec.resume_from) is None:
@@ -403,7 +408,7 @@ class Supervisor:
         try:
             ref = self._start_shim(job.id, token, spec, placement)
         except Exception as exc:  # whatever failed, the job must not stay starting, holding slots
-            if not isinstance(exc, ScriptRefused | OSError):
+            if not isinstance(exc, ScriptRefused | SecretRefused | OSError):
                 logger.exception("job %s: launch failed", job.id)
             repo.transition(session, job.id, JobState.failed, reason=f"could not start: {exc}")
             repo.release(session, job.id)
@@ -451,6 +456,8 @@ class Supervisor:
         threads = 1 if placement.device == "cpu" else max(1, cores // spec.nproc_per_node)
         env = {
             **spec.env,  # a script job's own variables; never torchyard's (JobSpec refuses them)
+            # Its secrets: only ever in a process environment (see service.secretstore).
+            **secretstore.resolve(spec.secret_env, self.settings.secrets_file),
             names.API_URL: self.api_url,
             names.JOB_ID: str(job_id),
             names.JOB_TOKEN: token,

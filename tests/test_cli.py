@@ -15,9 +15,11 @@ from torchyard_contract.rundir import RunDir
 CLI_TIMEOUT_S = 240
 
 
-def cli(server: LiveServer, *args: str) -> subprocess.CompletedProcess[str]:
+def cli(
+    server: LiveServer, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """``python -m service ARGS`` with the server's URL in the environment, wide output."""
-    env = {**os.environ, "TORCHYARD_URL": server.url, "COLUMNS": "200"}
+    env = {**os.environ, "TORCHYARD_URL": server.url, "COLUMNS": "200", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "service", *args], env=env, cwd=REPO_ROOT, capture_output=True,
         text=True, timeout=CLI_TIMEOUT_S, check=False,

@@ -59,8 +59,7 @@ def _exit_for(job: dict[str, Any]) -> int:
 
 
 def _job_line(job: dict[str, Any]) -> None:
-    reason = f": {job['reason']}" if job.get("reason") else ""
-    console.print(f"job {job['id']}", render.state_text(job["state"]), reason, highlight=False)
+    console.print(render.job_line(job), highlight=False)
 
 
 def _parse_pairs(pairs: list[str], option: str) -> dict[str, Any]:
