@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from service.client.api import TorchyardClient
-from service.client.render import fmt_value, job_line, state_text
+from service.client.render import fmt_value, job_line
 
 
 @dataclass
