@@ -13,15 +13,17 @@ import time
 
 import worker
 
-logging.basicConfig(level=logging.INFO, format="rank%(rank)s %(levelname)s %(message)s")
-
 
 def main() -> None:
     rank = int(os.environ.get("RANK", "0"))
+    handler = logging.StreamHandler()  # stderr
+    handler.setFormatter(logging.Formatter(f"rank{rank} %(levelname)s %(message)s"))
+    log = logging.getLogger("losses")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
     lists = sys.argv[1].split(";")
     losses = [float(v) for v in lists[min(rank, len(lists) - 1)].split(",")]
     sleep_s = float(sys.argv[2]) if len(sys.argv) > 2 else 0.3
-    log = logging.LoggerAdapter(logging.getLogger("losses"), {"rank": rank})
     for epoch, loss in enumerate(losses, start=1):
         print(f"Rank {rank}, Epoch {epoch}, Loss: {loss}", flush=True)
         log.info("epoch %d reported", epoch)
