@@ -260,14 +260,19 @@ class Supervisor:
             spooled = read_spool(run.spool_dir)
             added = repo.insert_records(session, job_id, spooled)
             job = repo.get_job(session, job_id)
+            stop_reason = job.stop_reason if job is not None else None
             if added and job is not None:
                 repo.mark_first_metric(session, job_id, spooled)
                 # Records that never reached the API are guarded too.
-                guard.check(session, job_id, job.spec, spooled)
-            repo.set_attempts(session, job_id, read_attempts(run))
-            if job is not None and job.stop_reason is not None:
+                stop_reason = guard.check(session, job_id, job.spec, spooled) or stop_reason
+            attempts = read_attempts(run)
+            if stop_reason and attempts and (outcome or {}).get("state") == "cancelled":
+                # The guard's stop reached the shim as a plain SIGTERM, which it calls a cancel.
+                attempts[-1]["reason"] = stop_reason
+            repo.set_attempts(session, job_id, attempts)
+            if stop_reason is not None:
                 # A guard tripped (maybe just before the job ended on its own): it failed.
-                repo.transition(session, job_id, JobState.failed, reason=job.stop_reason,
+                repo.transition(session, job_id, JobState.failed, reason=stop_reason,
                                 exit_code=(outcome or {}).get("exit_code"))
             if outcome is None:
                 reason = (

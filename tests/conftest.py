@@ -20,7 +20,9 @@ from service.api.app import create_app
 from service.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+RANK_HOOKS = REPO_ROOT / "tests" / "rankhooks"
 TERMINAL = {"succeeded", "failed", "cancelled"}
+
 
 
 def free_port() -> int:
@@ -80,6 +82,10 @@ def _start_server(home: Path, extra_env: dict[str, str], port: int | None = None
         "TORCHYARD_STOP_GRACE_S": "3",
         "OMP_NUM_THREADS": "1",
         "TORCHYARD_DATA_DIRS": str(home.parent),  # tests name dataset roots under tmp_path
+        # Every job process imports tests/rankhooks/sitecustomize.py: the TORCHYARD_TEST_* hooks.
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(RANK_HOOKS), os.environ.get("PYTHONPATH")) if p
+        ),
         **extra_env,
     }
     home.mkdir(parents=True, exist_ok=True)

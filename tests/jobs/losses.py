@@ -2,7 +2,8 @@
 
 ``python losses.py 'R0;R1' [SLEEP_S]``: ``R<n>`` is rank n's comma list of per-epoch losses
 (``nan``, ``inf`` allowed; the last list serves the ranks beyond it). Each epoch the rank prints
-``Rank r, Epoch e, Loss: v`` to stdout, logs a line to stderr, reports ``loss`` and sleeps.
+``Rank r, Epoch e, Loss: v`` to stdout, logs a line to stderr, reports ``loss`` (and
+``samples``, 100 on every rank) and sleeps.
 No torch, no process group: quick to start, and each rank runs on its own.
 """
 
@@ -27,7 +28,7 @@ def main() -> None:
     for epoch, loss in enumerate(losses, start=1):
         print(f"Rank {rank}, Epoch {epoch}, Loss: {loss}", flush=True)
         log.info("epoch %d reported", epoch)
-        worker.report(epoch=epoch, loss=loss)
+        worker.report(epoch=epoch, loss=loss, samples=100)
         time.sleep(sleep_s)
 
 
