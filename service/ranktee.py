@@ -103,8 +103,11 @@ def main(argv: list[str] | None = None) -> None:
         os.close(fd)
     code = child.wait()
     if code < 0:  # killed by a signal: die of it too, as torchrun would have seen the rank do
-        signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
+        sig = signal.Signals(-code)
+        if sig in FORWARDED:
+            signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+        code = 128 + sig  # a signal whose default is not to end a process: the shell's code
     sys.exit(code)
 
 

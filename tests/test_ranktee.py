@@ -55,3 +55,11 @@ def test_a_signal_reaches_the_program_and_its_death_is_passed_on(tmp_path: Path)
     assert proc.wait(timeout=30) == -signal.SIGTERM, "died of the program's signal"
     assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
     assert combined.read_text() == "ready\n"
+
+
+def test_death_by_sigkill_is_passed_on(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "run")
+    code = "import os, signal\nprint('bye')\nos.kill(os.getpid(), signal.SIGKILL)\n"
+    proc = _start(run, code, tmp_path / "o", tmp_path / "e")
+    assert proc.wait(timeout=60) == -signal.SIGKILL
+    assert run.rank_output(2, 3).read_text() == "bye\n"
