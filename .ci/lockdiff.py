@@ -15,7 +15,8 @@ def pins(lines: list[str]) -> dict[str, str]:
     return found
 
 
-locked = pins(open(sys.argv[1]).read().splitlines())
+with open(sys.argv[1]) as lock:
+    locked = pins(lock.read().splitlines())
 installed = pins(sys.stdin.read().splitlines())
 for name in sorted(installed):
     if locked.get(name) != installed[name]:

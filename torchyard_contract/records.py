@@ -12,7 +12,9 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from torchyard_contract.spec import refuse_coercion
 
 NonFinite = Literal["NaN", "Infinity", "-Infinity"]
 MetricValue = float | NonFinite
@@ -63,6 +65,16 @@ class RecordPost(BaseModel):
     name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:/-]+$")]
     value: MetricValue
     time: float = Field(ge=0, le=1e11, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _numbers_are_numbers(cls, data: object) -> object:
+        # A rank sends JSON numbers; ``true`` or ``"5"`` is refused, not coerced.
+        refuse_coercion(data, frozenset({"attempt", "rank", "epoch", "step", "time"}))
+        value = data.get("value") if isinstance(data, dict) else None
+        if isinstance(value, bool) or (isinstance(value, str) and value not in _VALUES):
+            raise ValueError("value: must be a number or one of 'NaN', 'Infinity', '-Infinity'")
+        return data
 
     @field_validator("value")
     @classmethod

@@ -54,6 +54,20 @@ class Backend(str, Enum):
     nccl = "nccl"
 
 
+def refuse_coercion(data: object, numbers: frozenset[str]) -> None:
+    """Numbers are numbers: ``true`` or ``"5"`` for a field in ``numbers`` is refused, not coerced
+    (pydantic's lax mode would take them). ``5.0`` is still the integer 5, as JSON Schema's
+    ``integer`` counts it (and JavaScript sends it), and ``5`` a valid float. Raises
+    ``ValueError("<field>: ...")``."""
+    if not isinstance(data, dict):
+        return
+    for name in sorted(numbers & data.keys()):
+        value = data[name]
+        if isinstance(value, bool | str | bytes):
+            # ValueError, not TypeError: pydantic reports only the former as a validation error.
+            raise ValueError(f"{name}: must be a number, not {type(value).__name__} {value!r:.40}")  # noqa: TRY004
+
+
 JobName = Annotated[
     str, StringConstraints(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 ]
@@ -61,7 +75,12 @@ JobName = Annotated[
 LabelKey = Annotated[
     str, StringConstraints(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
 ]
-LabelValue = Annotated[str, StringConstraints(max_length=200, pattern=r"^[^\x00-\x1f]*$")]
+# Printable: no C0/C1 control characters, DEL, or the Unicode line/paragraph separators.
+LABEL_VALUE_CHARS = r"[^\x00-\x1f\x7f-\x9f\u2028\u2029]"
+LABEL_VALUE_MAX = 200
+LabelValue = Annotated[
+    str, StringConstraints(max_length=LABEL_VALUE_MAX, pattern=rf"^{LABEL_VALUE_CHARS}*$")
+]
 PRIORITY_MIN, PRIORITY_MAX = -1000, 1000
 LABELS_MAX = 32
 
@@ -71,6 +90,14 @@ LABELS_MAX = 32
 # even though nothing ever goes through a shell.
 SCRIPT_PATH_PATTERN = r"^/?[A-Za-z0-9_][A-Za-z0-9_.+/-]*\.py$"
 MODULE_PATTERN = r"^-m [A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+# Both of the above in one pattern for the schema, with no path segment equal to '..' (spelled
+# without look-arounds so every JSON Schema tool and fuzzer can use it).
+_C, _N = r"[A-Za-z0-9_.+-]", r"[A-Za-z0-9_+-]"
+_SEGMENT = rf"(?:\.?\.?{_N}{_C}*|\.\.\.{_C}*|\.?)"  # any run of path characters but '..'
+ENTRYPOINT_PATTERN = (
+    rf"^(?:/?[A-Za-z0-9_]{_C}*(?:/{_SEGMENT})*(?:/\.\.)?\.py"
+    r"|-m [A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)$"
+)
 ENTRYPOINT_MAX = 1024
 ARGS_MAX, ARG_LEN_MAX = 256, 4096
 ENV_MAX, ENV_VALUE_LEN_MAX = 64, 4096
@@ -94,6 +121,16 @@ SecretName = Annotated[
 PATIENCE_MAX = 10_000
 
 
+def keys_by_name_pattern(schema: dict) -> None:
+    """JSON Schema of a ``dict[Key, Value]``: pydantic writes the key pattern as
+    ``patternProperties``, which leaves other keys unconstrained; say it as ``propertyNames``."""
+    patterns = schema.pop("patternProperties", None)
+    if patterns:
+        (pattern, value_schema), = patterns.items()
+        schema.setdefault("propertyNames", {})["pattern"] = pattern
+        schema["additionalProperties"] = value_schema
+
+
 def env_name_reserved(name: str) -> bool:
     """True for a variable torchyard or torchrun sets, or one that loads code (PYTHON*, LD_*)."""
     if name in ALLOWED_PYTHON_ENV:
@@ -105,11 +142,20 @@ TORCHVISION_DATASETS = {DatasetName.mnist, DatasetName.fashion_mnist, DatasetNam
 
 
 class JobSpec(BaseModel):
-    """What a user asks for. Unknown fields are rejected; every number is bounded."""
+    """What a user asks for. Unknown fields are rejected; every number is bounded; numbers and
+    booleans are not coerced (``true`` or ``"5"`` is not an integer; ``5`` is a float).
+
+    Two kinds of job share this one schema: the built-in trainer (no ``entrypoint``) and a
+    script job (``entrypoint`` set). A script job may not set the built-in trainer's fields
+    (``model``, ``dataset``, ``epochs``, ``batch_size``, ``lr``, ``optimizer``, ``momentum``,
+    ``weight_decay``, ``seed``, ``dataset_root``, ``download``, ``synthetic_samples``,
+    ``checkpoint_every``, ``keep_checkpoints``); ``args`` and ``env`` need ``entrypoint``."""
 
     model_config = ConfigDict(extra="forbid", use_enum_values=False)
 
-    name: JobName = "job"
+    name: JobName = Field(
+        default="job", description="display name; letters, digits, '.', '_', '-'"
+    )
     priority: int = Field(
         default=0,
         ge=PRIORITY_MIN,
@@ -119,39 +165,83 @@ class JobSpec(BaseModel):
     labels: dict[LabelKey, LabelValue] = Field(
         default_factory=dict,
         max_length=LABELS_MAX,
-        description="free-form key → value tags; GET /jobs?label=key=value filters on them",
+        json_schema_extra=keys_by_name_pattern,
+        description="free-form key → value tags; GET /jobs?label=key=value filters on them. "
+        "Values are printable text (no control characters, DEL or U+2028/U+2029)",
     )
-    model: ModelName = ModelName.mlp
-    dataset: DatasetName = DatasetName.digits
-    epochs: int = Field(default=5, ge=1, le=100_000)
-    batch_size: int = Field(default=64, ge=1, le=65_536, description="per rank")
-    lr: float = Field(default=0.05, gt=0, le=100, allow_inf_nan=False)
-    optimizer: OptimizerName = OptimizerName.sgd
-    momentum: float = Field(default=0.0, ge=0, lt=1, allow_inf_nan=False)
-    weight_decay: float = Field(default=0.0, ge=0, le=1, allow_inf_nan=False)
-    seed: int = Field(default=0, ge=0, le=2**31 - 1)
-    nproc_per_node: int = Field(default=1, ge=1, le=64)
-    device: Device = Device.auto
-    backend: Backend = Backend.auto
+    model: ModelName = Field(default=ModelName.mlp, description="built-in trainer: the network")
+    dataset: DatasetName = Field(
+        default=DatasetName.digits,
+        description="built-in trainer: the data; mnist, fashion_mnist and cifar10 are torchvision "
+        "datasets read from dataset_root (or downloaded with download: true)",
+    )
+    epochs: int = Field(
+        default=5, ge=1, le=100_000, description="built-in trainer: passes over the data"
+    )
+    batch_size: int = Field(
+        default=64, ge=1, le=65_536, description="built-in trainer: samples per step, per rank"
+    )
+    lr: float = Field(
+        default=0.05, gt=0, le=100, allow_inf_nan=False,
+        description="built-in trainer: learning rate",
+    )
+    optimizer: OptimizerName = Field(
+        default=OptimizerName.sgd, description="built-in trainer: the optimizer"
+    )
+    momentum: float = Field(
+        default=0.0, ge=0, lt=1, allow_inf_nan=False,
+        description="built-in trainer: SGD momentum (ignored by adam and adamw)",
+    )
+    weight_decay: float = Field(
+        default=0.0, ge=0, le=1, allow_inf_nan=False,
+        description="built-in trainer: L2 penalty / decoupled weight decay (adamw)",
+    )
+    seed: int = Field(
+        default=0, ge=0, le=2**31 - 1,
+        description="built-in trainer: seed of data shuffling and initialisation",
+    )
+    nproc_per_node: int = Field(
+        default=1, ge=1, le=64,
+        description="ranks (processes) to launch; each takes one GPU, or one CPU slot on CPU. "
+        "Refused (422) when this host could never fit them",
+    )
+    device: Device = Field(
+        default=Device.auto, description="where ranks train; auto = cuda when GPUs are configured"
+    )
+    backend: Backend = Field(
+        default=Backend.auto,
+        description="torch.distributed backend; auto = nccl on cuda, gloo on cpu; nccl needs a GPU",
+    )
     dataset_root: str | None = Field(
-        default=None, max_length=4096, description="local directory of a torchvision dataset"
+        default=None, max_length=4096,
+        description="built-in trainer: local directory of a torchvision dataset, inside "
+        "TORCHYARD_DATA_DIRS (refused with 422 otherwise)",
     )
-    download: bool = False
-    synthetic_samples: int = Field(default=2048, ge=16, le=10_000_000)
+    download: bool = Field(
+        default=False, strict=True,
+        description="built-in trainer: let torchvision download the dataset into dataset_root",
+    )
+    synthetic_samples: int = Field(
+        default=2048, ge=16, le=10_000_000,
+        description="built-in trainer: size of the synthetic dataset",
+    )
     checkpoint_every: int = Field(
         default=1,
         ge=0,
         le=100_000,
-        description="epochs between checkpoints, plus one after the last epoch; 0 = never",
+        description="built-in trainer: epochs between checkpoints, plus one after the last epoch; "
+        "0 = never",
     )
     keep_checkpoints: int = Field(
-        default=2, ge=1, le=100, description="newest checkpoints kept in RUN_DIR/checkpoints"
+        default=2, ge=1, le=100,
+        description="built-in trainer: newest checkpoints kept in RUN_DIR/checkpoints",
     )
     resume_from: int | None = Field(
         default=None,
         ge=1,
         le=2**62,
-        description="id of an earlier job whose latest checkpoint this job starts from",
+        description="id of an earlier job whose latest checkpoint this job starts from (422 when "
+        "no such job exists)",
     )
     max_restarts: int = Field(
         default=0,
@@ -176,8 +266,10 @@ class JobSpec(BaseModel):
     entrypoint: str | None = Field(
         default=None,
         max_length=ENTRYPOINT_MAX,
-        description="script job: 'path/to/script.py' inside TORCHYARD_SCRIPT_DIRS, or "
-        "'-m package.module'; null = the built-in trainer",
+        pattern=ENTRYPOINT_PATTERN,
+        description="script job: 'path/to/script.py' inside TORCHYARD_SCRIPT_DIRS (no '..' "
+        "segment), or '-m package.module'; null = the built-in trainer. Script jobs need API "
+        "tokens (403 otherwise) and a file that exists (422 otherwise)",
     )
     args: list[NoNul] = Field(
         default_factory=list, max_length=ARGS_MAX, description="script job: argv after the script"
@@ -185,6 +277,7 @@ class JobSpec(BaseModel):
     env: dict[EnvName, EnvValue] = Field(
         default_factory=dict,
         max_length=ENV_MAX,
+        json_schema_extra=keys_by_name_pattern,
         description="script job: extra environment of every rank (not TORCHYARD_*, torchrun's, "
         "PYTHON*, LD_*); stored and shown to every reader, so never for secrets (use secret_env)",
     )
@@ -221,19 +314,24 @@ class JobSpec(BaseModel):
             return self.entrypoint[3:]
         return None
 
-    @field_validator("entrypoint")
+    @model_validator(mode="before")
     @classmethod
-    def _entrypoint_syntax(cls, value: str | None) -> str | None:
-        if value is None:
+    def _numbers_are_numbers(cls, data: object) -> object:
+        refuse_coercion(data, NUMBER_FIELDS)
+        return data
+
+    @field_validator("entrypoint", mode="before")
+    @classmethod
+    def _entrypoint_syntax(cls, value: object) -> object:
+        # Before the field's own pattern (ENTRYPOINT_PATTERN, the same rule): a clearer message.
+        if not isinstance(value, str) or re.fullmatch(ENTRYPOINT_PATTERN, value):
             return value
-        if not (re.fullmatch(SCRIPT_PATH_PATTERN, value) or re.fullmatch(MODULE_PATTERN, value)):
-            raise ValueError(
-                "must be 'path/to/script.py' (letters, digits, _ . + - /) or '-m package.module', "
-                f"without spaces, quotes or shell syntax; got {value!r}"
-            )
         if ".." in value.split("/"):
             raise ValueError("must not contain '..'")
-        return value
+        raise ValueError(
+            "must be 'path/to/script.py' (letters, digits, _ . + - /) or '-m package.module', "
+            f"without spaces, quotes or shell syntax; got {value[:ENTRYPOINT_MAX]!r}"
+        )
 
     @field_validator("env", "secret_env")
     @classmethod
@@ -245,6 +343,31 @@ class JobSpec(BaseModel):
                 "PYTHON* and LD_* are reserved)"
             )
         return value
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema, handler):  # type: ignore[no-untyped-def]
+        """As a response, a spec carries every field (a script spec: all but the built-in
+        trainer's), so the output schema requires them; as a request, defaulted fields are
+        optional. FastAPI then publishes ``JobSpec-Input`` and ``JobSpec-Output``."""
+        schema = handler(core_schema)
+        target = handler.resolve_ref_schema(schema)
+        if handler.mode == "serialization":
+            target["required"] = [n for n in cls.model_fields if n not in BUILTIN_ONLY_FIELDS]
+            target["title"] = "JobSpecOutput"  # generators name classes by title: no clash
+        else:  # the model validators' rules, so a schema-valid spec is one they accept
+            target["allOf"] = [
+                {
+                    "if": {"properties": {"entrypoint": {"type": "string"}},
+                           "required": ["entrypoint"]},
+                    "then": {"properties": dict.fromkeys(sorted(BUILTIN_ONLY_FIELDS), False)},
+                    "else": {"properties": {"args": {"maxItems": 0},
+                                            "env": {"maxProperties": 0}}},
+                },
+                {"not": {"properties": {"backend": {"const": "nccl"},
+                                        "device": {"const": "cpu"}},
+                         "required": ["backend", "device"]}},
+            ]
+        return schema
 
     @model_serializer(mode="wrap")
     def _drop_builtin_fields(self, handler: SerializerFunctionWrapHandler):
@@ -291,3 +414,7 @@ BUILTIN_ONLY_FIELDS = frozenset({
     "seed", "dataset_root", "download", "synthetic_samples", "checkpoint_every",
     "keep_checkpoints",
 })
+NUMBER_FIELDS = frozenset(
+    name for name, field in JobSpec.model_fields.items()
+    if {int, float} & {field.annotation, *getattr(field.annotation, "__args__", ())}
+)

@@ -13,13 +13,24 @@ from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.openapi.utils import get_openapi
 
 from service import __version__
-from service.api import dashboard, errors, events, jobs, logs, records, resources, series, summary
-from service.api.auth import AuthMiddleware, TokenSet, is_public, worker_job_id
+from service.api import (
+    apidocs,
+    dashboard,
+    errors,
+    events,
+    jobs,
+    logs,
+    records,
+    resources,
+    series,
+    summary,
+)
+from service.api.auth import AuthMiddleware, TokenSet
 from service.api.bodylimit import BodyLimitMiddleware
 from service.api.deps import reject_unknown_query
+from service.api.openapi import build_openapi
 from service.api.prometheus import RequestTimer, Telemetry
 from service.api.prometheus import router as prometheus_router
 from service.db import make_engine, make_session_factory, upgrade
@@ -68,6 +79,11 @@ def create_app(
     app = FastAPI(
         title="torchyard", version=__version__, lifespan=lifespan,
         dependencies=[Depends(reject_unknown_query)], responses=errors.ERROR_RESPONSES,
+        # /docs is served by service.api.apidocs from assets the wheel ships (no CDN).
+        docs_url=None, redoc_url=None,
+        # operationId = the route function's name (submit_job, read_metrics...): what generated
+        # clients call their methods. Names are unique (test_openapi checks the clients).
+        generate_unique_id_function=lambda route: route.name,
     )
     app.state.settings = settings
     app.state.session_factory = session_factory
@@ -81,6 +97,7 @@ def create_app(
     app.include_router(resources.router)
     app.include_router(series.router)
     app.include_router(dashboard.router)
+    app.include_router(apidocs.router)
     app.include_router(summary.router)
     app.include_router(logs.router)
     app.include_router(events.router)
@@ -89,6 +106,10 @@ def create_app(
     @app.get("/healthz", tags=["meta"])
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
+
+    # Load balancers and uptime checks probe with HEAD (FastAPI routes answer only what they
+    # declare; HEAD is answered like GET, without the body, and left out of the schema).
+    app.add_api_route("/healthz", healthz, methods=["HEAD"], include_in_schema=False)
 
     # add_middleware wraps: the last one added runs first.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
@@ -105,24 +126,14 @@ def create_app(
         )
     # Outermost: the latency histogram sees every answer, auth's 401s and the 413s included.
     app.add_middleware(RequestTimer, telemetry=app.state.telemetry)
-    app.openapi = lambda: _openapi_with_security(app, tokens.enabled)  # type: ignore[method-assign]
+    app.openapi = lambda: _openapi(app, tokens.enabled)  # type: ignore[method-assign]
     return app
 
 
-def _openapi_with_security(app: FastAPI, api_tokens: bool) -> dict:
-    """The schema, saying which token each operation takes (as this server is configured)."""
+def _openapi(app: FastAPI, api_tokens: bool) -> dict:
+    """Built once per app (the routes do not change after ``create_app``)."""
     if app.openapi_schema is None:
-        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
-        schemes = schema.setdefault("components", {}).setdefault("securitySchemes", {})
-        schemes["jobToken"] = {"type": "http", "scheme": "bearer",
-                               "description": "the job's own token (ranks only)"}
-        if api_tokens:
-            schemes["apiToken"] = {"type": "http", "scheme": "bearer"}
-        for path, operations in schema.get("paths", {}).items():
-            for method, operation in operations.items():
-                if worker_job_id(method.upper(), path.replace("{job_id}", "1")) is not None:
-                    operation["security"] = [{"jobToken": []}]
-                elif api_tokens and not is_public(path):
-                    operation["security"] = [{"apiToken": []}]
-        app.openapi_schema = schema
+        app.openapi_schema = build_openapi(
+            app, api_tokens=api_tokens, body_models=records.BODY_MODELS
+        )
     return app.openapi_schema

@@ -2,7 +2,8 @@
 
 Contract (docs/security.md):
 
-* **Public** (never a token): ``/healthz``, the dashboard shell ``/`` and ``/static/...``.
+* **Public** (never a token): ``/healthz``, the dashboard shell ``/`` and ``/static/...``, and
+  the API reference page ``/docs`` (it holds no data; it reads ``/openapi.json`` with the token).
 * **Worker route** (``POST /jobs/{id}/records``): only that job's
   own token, while the job is starting or running and for ``worker_token_grace_s`` after it
   ended (a rank's last batch may land just after the group exits; the spool is re-ingested at the
@@ -27,7 +28,7 @@ from datetime import timedelta
 from enum import Enum
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
@@ -38,7 +39,7 @@ from service.api.errors import ApiError, error_body
 from service.jobtoken import hash_token
 from service.state import ACTIVE_STATES, JobState
 
-PUBLIC_PATHS = frozenset({"/healthz", "/"})
+PUBLIC_PATHS = frozenset({"/healthz", "/", "/docs"})
 PUBLIC_PREFIXES = ("/static/",)
 WORKER_METHOD = "POST"
 WORKER_PATH = re.compile(r"^/jobs/(?P<job_id>[0-9]{1,30})/records$")
@@ -188,7 +189,10 @@ def get_principal(request: Request) -> Principal:
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
 
 
-def require_worker(job_id: int, principal: PrincipalDep) -> int:
+def require_worker(
+    job_id: Annotated[int, Path(ge=1, le=JOB_ID_MAX, description="the job's id")],
+    principal: PrincipalDep,
+) -> int:
     """Defence in depth for worker routes: the middleware let only this job's token through."""
     if principal.role is not Role.job or principal.job_id != job_id:
         raise ApiError(403, "forbidden", f"a valid job token for job {job_id} is required")

@@ -19,7 +19,7 @@ from service.api.errors import ApiError
 router = APIRouter(tags=["dashboard"], include_in_schema=False)
 DASHBOARD_DIR = Path(__file__).resolve().parents[1] / "dashboard"
 # Whitelisted by name: no path from the URL ever reaches the file system.
-ASSETS = {"app.js": "text/javascript", "style.css": "text/css"}
+ASSETS = {"app.js": "text/javascript", "style.css": "text/css", "docs.js": "text/javascript"}
 PLOTLY_JS = "plotly.min.js"
 # The app's own files change with the server: revalidate (FileResponse sends an ETag). plotly.js
 # changes only with the plotly package: cache it for a day.
@@ -37,12 +37,12 @@ def plotly_js_path() -> Path | None:
     return path if path.is_file() else None
 
 
-@router.get("/")
+@router.api_route("/", methods=["GET", "HEAD"])
 def index() -> FileResponse:
     return FileResponse(DASHBOARD_DIR / "index.html", media_type="text/html", headers=REVALIDATE)
 
 
-@router.get("/static/{name}")
+@router.api_route("/static/{name}", methods=["GET", "HEAD"])
 def static_file(name: str) -> FileResponse:
     if name == PLOTLY_JS:
         path = plotly_js_path()

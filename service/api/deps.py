@@ -8,9 +8,9 @@ does not declare is a 422 "unknown field", as an unknown body field is.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Annotated
+from typing import Annotated, get_args, get_origin
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
 from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
@@ -23,6 +23,7 @@ from service.settings import Settings
 from service.supervisor import Supervisor
 
 READ_METHODS = frozenset({"GET", "HEAD"})
+JOB_ID_MAX = 2**63 - 1  # SQLite's INTEGER PRIMARY KEY
 
 
 def _factory(request: Request) -> sessionmaker[Session]:
@@ -54,7 +55,10 @@ def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_job(job_id: int, request: Request) -> Job:
+JobId = Annotated[int, Path(ge=1, le=JOB_ID_MAX, description="the job's id")]
+
+
+def get_job(job_id: JobId, request: Request) -> Job:
     """The job ``job_id`` as it is now, or 404. Read in a session of its own that is closed
     before the route runs (a long poll or a stream holds no connection); the row is detached,
     so read its columns, never reload it."""
@@ -72,21 +76,36 @@ SupervisorDep = Annotated[Supervisor, Depends(get_supervisor)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 
-def _query_names(dependant: Dependant) -> set[str]:
-    names = {p.alias for p in dependant.query_params}
+def _query_params(dependant: Dependant) -> dict[str, bool]:
+    """Every query parameter the route declares → whether it may repeat (a list)."""
+    params = {p.alias: _is_list(p.field_info.annotation) for p in dependant.query_params}
     for sub in dependant.dependencies:
-        names |= _query_names(sub)
-    return names
+        params |= _query_params(sub)
+    return params
+
+
+def _is_list(annotation: object) -> bool:
+    if get_origin(annotation) in (list, set, frozenset, tuple):
+        return True
+    return any(_is_list(arg) for arg in get_args(annotation) if get_origin(annotation) is not None)
 
 
 def reject_unknown_query(request: Request) -> None:
+    """422 for a query parameter the route does not declare ("unknown field"), and for one
+    that is not a list but given more than once (which one would count is not in the schema)."""
     route = request.scope.get("route")
-    if not isinstance(route, APIRoute):
+    if not isinstance(route, APIRoute) or not route.include_in_schema:
         return
-    declared = _query_names(route.dependant)  # a walk of a few nodes: cheaper than caching
+    declared = _query_params(route.dependant)  # a walk of a few nodes: cheaper than caching
     unknown = sorted({k for k in request.query_params if k not in declared})
-    if unknown:
+    repeated = sorted({
+        k for k in request.query_params
+        if k in declared and not declared[k] and len(request.query_params.getlist(k)) > 1
+    })
+    if unknown or repeated:
         raise RequestValidationError([
-            {"type": "extra_forbidden", "loc": ("query", k), "msg": "unknown field", "input": None}
-            for k in unknown
+            *({"type": "extra_forbidden", "loc": ("query", k), "msg": "unknown field",
+               "input": None} for k in unknown),
+            *({"type": "value_error", "loc": ("query", k), "msg": "given more than once",
+               "input": None} for k in repeated),
         ])

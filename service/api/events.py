@@ -31,7 +31,6 @@ from starlette.concurrency import run_in_threadpool
 
 from service import repository as repo
 from service.api.deps import JobDep, get_session_factory
-from service.api.errors import ApiError
 from service.schemas import JobRead, MetricRead
 from service.state import TERMINAL_STATES, JobState
 
@@ -40,7 +39,9 @@ EVENTS_POLL_S = 0.5
 EVENTS_PAGE = 1000
 TERMINAL_STAGE = 3
 STAGES = {JobState.queued: 0, JobState.starting: 1, JobState.running: 2}
-_CURSOR = re.compile(r"^(\d{1,18})-(-1|[0-3])$")
+# An event id of this stream, or empty (start from the beginning); blanks around it are ignored.
+LAST_EVENT_ID_PATTERN = r"^[ \t]*(?:[0-9]{1,18}-(?:-1|[0-3]))?[ \t]*$"
+_CURSOR = re.compile(r"^([0-9]{1,18})-(-1|[0-3])$")
 
 
 @dataclass(frozen=True)
@@ -57,16 +58,18 @@ def stage_of(state: JobState) -> int:
     return TERMINAL_STAGE if state in TERMINAL_STATES else STAGES[state]
 
 
-def _cursor(last_event_id: Annotated[str | None, Header()] = None) -> Cursor:
-    if last_event_id is None or not last_event_id.strip():
-        return Cursor()
+def _cursor(
+    last_event_id: Annotated[
+        str,  # not ``str | None``: a header is absent or a string, never null
+        Header(
+            alias="Last-Event-ID",
+            pattern=LAST_EVENT_ID_PATTERN,
+            description="resume after this event id ('<seq>-<stage>', as sent in 'id:')",
+        ),
+    ] = "",
+) -> Cursor:
     match = _CURSOR.match(last_event_id.strip())
-    if match is None:
-        raise ApiError(
-            422, "invalid_request",
-            f"Last-Event-ID: must be an event id of this stream (<seq>-<stage>); got {last_event_id!r}",
-        )
-    return Cursor(int(match[1]), int(match[2]))
+    return Cursor(int(match[1]), int(match[2])) if match else Cursor()
 
 
 def _poll(

@@ -3,29 +3,32 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response
+from pydantic import StringConstraints
 from starlette.concurrency import run_in_threadpool
 
 from service import repository as repo
-from service.api.deps import JobDep, SessionDep, SessionFactoryDep, SupervisorDep
-from service.api.errors import ApiError
+from service.api.deps import JOB_ID_MAX, JobDep, SessionDep, SessionFactoryDep, SupervisorDep
+from service.api.errors import ERROR_RESPONSES, ApiError
 from service.models import Job
 from service.schemas import AttemptRead, JobList, JobRead, MetricRead, MetricsPage
 from service.state import TERMINAL_STATES, JobState
 from service.supervisor import SubmitRejected
-from torchyard_contract.spec import JobSpec
+from torchyard_contract.spec import LABEL_VALUE_CHARS, LABEL_VALUE_MAX, JobSpec
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 METRICS_PAGE_DEFAULT = 1000
 METRICS_PAGE_MAX = 10_000
+SEQ_MAX = 2**63 - 1  # record seq: SQLite's INTEGER PRIMARY KEY
 WAIT_DEFAULT_S = 30.0
 WAIT_MAX_S = 300.0
 WAIT_POLL_S = 0.25
-LABEL_FILTER = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}(=[^\x00-\x1f]{0,200})?$"
+LABEL_FILTER = (
+    rf"^[A-Za-z0-9][A-Za-z0-9._/-]{{0,62}}(=(?:{LABEL_VALUE_CHARS}){{0,{LABEL_VALUE_MAX}}})?$"
+)
 IDEMPOTENCY_KEY = r"^[\x21-\x7e]{1,200}$"
 
 
@@ -33,7 +36,18 @@ IDEMPOTENCY_KEY = r"^[\x21-\x7e]{1,200}$"
     "",
     status_code=201,
     response_model=JobRead,
-    responses={200: {"model": JobRead, "description": "repeated Idempotency-Key: the first job"}},
+    responses={
+        200: {"model": JobRead, "description": "repeated Idempotency-Key: the first job"},
+        # Refusals that depend on this server's settings or state, not only on the spec:
+        403: {**ERROR_RESPONSES[403], "description": "a script job (entrypoint) on a server "
+              "without API tokens or without TORCHYARD_SCRIPT_DIRS"},
+        409: {**ERROR_RESPONSES[409], "description": "the Idempotency-Key was used with "
+              "another spec"},
+        422: {**ERROR_RESPONSES[422], "description": "an invalid spec; or a valid one this "
+              "server cannot run: nproc_per_node more than this host has, dataset_root outside "
+              "TORCHYARD_DATA_DIRS, entrypoint not a file in the script directories, "
+              "resume_from naming no job"},
+    },
 )
 def submit_job(
     spec: JobSpec,
@@ -65,20 +79,20 @@ def list_jobs(
     state: JobState | None = None,
     name: Annotated[str | None, Query(max_length=100)] = None,
     label: Annotated[
-        list[str],
+        list[Annotated[str, StringConstraints(pattern=LABEL_FILTER)]],
         Query(
             max_length=16,
             description="repeatable; 'key=value' or 'key' (has the label); all must match",
         ),
     ] = [],  # noqa: B006 - FastAPI copies query defaults
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    before: Annotated[int | None, Query(ge=1, description="cursor: jobs with id < before")] = None,
+    before: Annotated[
+        int | None, Query(ge=1, le=JOB_ID_MAX, description="cursor: jobs with id < before")
+    ] = None,
 ) -> JobList:
     """Newest first; pass ``next_before`` as ``?before=`` for the next page."""
     labels = []
-    for item in label:
-        if not _matches(LABEL_FILTER, item):
-            raise ApiError(422, "invalid_request", f"label: {item!r} is not 'key' or 'key=value'")
+    for item in label:  # each matches LABEL_FILTER (checked with the other parameters)
         key, sep, value = item.partition("=")
         labels.append((key, value if sep else None))
     jobs = repo.list_jobs(session, state, name, limit, before, labels)
@@ -87,10 +101,6 @@ def list_jobs(
         items=[JobRead.from_row(j, supervisor.queue_status(j.id)) for j in jobs],
         next_before=next_before,
     )
-
-
-def _matches(pattern: str, value: str) -> bool:
-    return re.fullmatch(pattern, value) is not None
 
 
 @router.get("/{job_id}", response_model=JobRead)
@@ -141,7 +151,9 @@ def cancel_job(job: JobDep, supervisor: SupervisorDep) -> JobRead:
 def read_metrics(
     job: JobDep,
     session: SessionDep,
-    after: Annotated[int, Query(ge=0, description="return records with seq > after")] = 0,
+    after: Annotated[
+        int, Query(ge=0, le=SEQ_MAX, description="return records with seq > after")
+    ] = 0,
     limit: Annotated[int, Query(ge=1, le=METRICS_PAGE_MAX)] = METRICS_PAGE_DEFAULT,
     rank: Annotated[int | None, Query(ge=0, le=65_535)] = None,
     name: Annotated[str | None, Query(max_length=64)] = None,

@@ -11,6 +11,7 @@ the filesystem.
 from __future__ import annotations
 
 import codecs
+import os
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -19,7 +20,7 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
 from service.api.deps import JobDep
-from service.api.errors import ApiError
+from service.api.errors import ERROR_RESPONSES, ApiError
 from service.executor.base import Executor
 from service.state import TERMINAL_STATES, JobState
 from torchyard_contract.rundir import RunDir
@@ -27,6 +28,7 @@ from torchyard_contract.rundir import RunDir
 router = APIRouter(prefix="/jobs", tags=["logs"])
 LOG_PAGE_DEFAULT = 64 * 1024
 LOG_PAGE_MAX = 1024 * 1024
+LOG_OFFSET_MAX = 2**53  # the largest integer a JSON client (JavaScript) holds exactly
 
 
 class LogStream(str, Enum):
@@ -51,6 +53,10 @@ def read_chunk(path: Path | None, offset: int, limit: int, final: bool) -> tuple
     if path is None:
         return "", offset, True
     with path.open("rb") as f:
+        # Past the end there is nothing to read; seeking there can fail (EINVAL past the
+        # filesystem's largest file), so do not.
+        if offset >= os.fstat(f.fileno()).st_size:
+            return "", offset, True
         f.seek(offset)
         data = f.read(limit + 1)
     at_end = len(data) <= limit
@@ -61,13 +67,19 @@ def read_chunk(path: Path | None, offset: int, limit: int, final: bool) -> tuple
     return text, offset + len(data) - pending, at_end and pending == 0
 
 
-@router.get("/{job_id}/logs", response_model=LogChunk)
+@router.get(
+    "/{job_id}/logs",
+    response_model=LogChunk,
+    responses={404: {**ERROR_RESPONSES[404], "description": "no such job, rank or attempt"}},
+)
 def read_logs(
     job: JobDep,
     request: Request,
     rank: Annotated[int, Query(ge=0, le=65_535)] = 0,
     attempt: Annotated[int | None, Query(ge=1, le=10_000, description="default: latest")] = None,
-    offset: Annotated[int, Query(ge=0, le=2**53)] = 0,
+    offset: Annotated[
+        int, Query(ge=0, le=LOG_OFFSET_MAX, description="byte offset; past the end: empty text")
+    ] = 0,
     limit: Annotated[int, Query(ge=1, le=LOG_PAGE_MAX)] = LOG_PAGE_DEFAULT,
     stream: Annotated[
         LogStream, Query(description="combined: stdout and stderr in the order written")
@@ -93,6 +105,7 @@ def read_logs(
         path = executor.rank_log(run, attempt, rank, stream.value).path
     text, next_offset, at_end = read_chunk(path, offset, limit, final=over)
     return LogChunk(
-        rank=rank, attempt=attempt, stream=stream, offset=offset, next_offset=next_offset, text=text,
+        rank=rank, attempt=attempt, stream=stream, offset=offset, next_offset=next_offset,
+        text=text,
         complete=over and at_end,
     )

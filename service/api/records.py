@@ -12,6 +12,7 @@ from service import guard
 from service import repository as repo
 from service.api.auth import WorkerJobDep
 from service.api.deps import JobDep, SessionDep
+from service.api.errors import ERROR_RESPONSES
 from service.schemas import IngestResult, RecordBatch
 
 router = APIRouter(prefix="/jobs", tags=["workers"])
@@ -31,16 +32,24 @@ async def _record_batch(request: Request) -> RecordBatch:
         ) from None
 
 
-# Documented as before (the dependency hides the body from OpenAPI); OpenAPI 3.1 takes $defs.
-_BODY_SCHEMA = RecordBatch.model_json_schema()
+# The dependency hides the body from FastAPI's document: it is declared here and added to
+# ``components`` by ``service.api.openapi``.
+BODY_MODELS = (RecordBatch,)
 BatchDep = Annotated[RecordBatch, Depends(_record_batch)]
 
 
 @router.post(
     "/{job_id}/records",
     response_model=IngestResult,
+    responses={
+        403: {**ERROR_RESPONSES[403], "description": "not this job's token, or the job ended "
+              "more than TORCHYARD_WORKER_TOKEN_GRACE_S ago"},
+    },
     openapi_extra={
-        "requestBody": {"required": True, "content": {"application/json": {"schema": _BODY_SCHEMA}}}
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/RecordBatch"}}},
+        }
     },
 )
 def post_records(

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from service import repository as repo
-from service.api.deps import JobDep, SessionDep
+from service.api.deps import JOB_ID_MAX, JobDep, SessionDep
 from service.downsample import Line, build_lines
 from service.schemas import MetricValue
 from service.state import JobState
@@ -96,7 +96,10 @@ def read_series(
 @router.get("/progress", response_model=ProgressList)
 def read_progress(
     session: SessionDep,
-    job_id: Annotated[list[int], Query(max_length=PROGRESS_JOBS_MAX, description="repeatable")],
+    job_id: Annotated[
+        list[Annotated[int, Field(ge=1, le=JOB_ID_MAX)]],
+        Query(max_length=PROGRESS_JOBS_MAX, description="repeatable"),
+    ],
 ) -> ProgressList:
     """Newest record (seq, epoch) of each listed job: one indexed lookup per job. Unknown ids
     come back with ``last_seq`` 0, like jobs that reported nothing yet."""

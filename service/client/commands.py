@@ -9,6 +9,7 @@ when the server refuses a request or cannot be reached, and 2 on bad usage.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -72,11 +73,27 @@ def _parse_pairs(pairs: list[str], option: str) -> dict[str, Any]:
     return out
 
 
+class SpecLoader(yaml.SafeLoader):
+    """YAML with YAML 1.2's numbers: ``1e-3`` is a float. PyYAML (YAML 1.1) reads it as the string
+    "1e-3", which the server refuses (spec numbers are never coerced from strings)."""
+
+
+SpecLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def yaml_value(text: str) -> Any:
+    return yaml.load(text, Loader=SpecLoader)  # SpecLoader is a SafeLoader: no objects built
+
+
 def load_spec_file(path: Path) -> dict[str, Any]:
     """A job spec from a ``.json`` file or a YAML one (``.yaml``/``.yml``); must be a mapping."""
     text = path.read_text(encoding="utf-8")
     try:
-        spec = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        spec = json.loads(text) if path.suffix == ".json" else yaml_value(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise typer.BadParameter(f"{path} is not valid: {exc}", param_hint="SPEC_FILE") from None
     if not isinstance(spec, dict):
@@ -111,7 +128,7 @@ def submit(
     flags = {"name": name, "model": model, "dataset": dataset, "epochs": epochs,
              "batch_size": batch_size, "lr": lr, "nproc_per_node": nproc, "priority": priority}
     spec.update({k: v for k, v in flags.items() if v is not None})
-    spec.update({k: yaml.safe_load(v) for k, v in _parse_pairs(set_, "--set").items()})
+    spec.update({k: yaml_value(v) for k, v in _parse_pairs(set_, "--set").items()})
     if label:
         spec["labels"] = {**spec.get("labels", {}), **_parse_pairs(label, "--label")}
     with _client(url, token) as client:

@@ -1,0 +1,209 @@
+"""The published OpenAPI document (``GET /openapi.json``, checked in as ``docs/openapi.json``).
+
+FastAPI builds it from the routes and the pydantic models that validate requests, so every bound
+the server enforces is the one the document states. This module only finishes it:
+
+* models a route validates itself (the record batch, parsed in one pass for speed) are added to
+  ``components`` and referenced from there, like every other body;
+* the event stream is described as OpenAPI 3.1 can say it (``itemSchema`` is a 3.2 keyword);
+* error answers are JSON on every route, also where the success answer is not (SSE, Prometheus);
+* each operation says which token it takes, as this server is configured;
+* the job a submission returns links (OpenAPI ``links``) to every operation on that job, so
+  clients and stateful fuzzers know that ``id`` feeds ``{job_id}``.
+
+Contract: :func:`build_openapi` is pure given the app's routes and ``api_tokens``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from service.api.auth import is_public, worker_job_id
+
+COMPONENT_REF = "#/components/schemas/{model}"
+EVENT_STREAM = "text/event-stream"
+JSON = "application/json"
+DESCRIPTION = """\
+Runs PyTorch DDP training jobs and keeps everything they report.
+
+Errors are always JSON: `{"error", "message", "details": [{"field", "message"}]}`.
+Within this API version changes are additive only (new operations, new optional request
+fields, new response fields, new enum values in responses); see docs/api.md."""
+# One event of the stream. OpenAPI 3.1 has no ``itemSchema`` (3.2); before 3.2 the convention,
+# which tools such as schemathesis follow, is that ``schema`` of text/event-stream is one event.
+EVENT_STREAM_SCHEMA = {
+    "type": "object",
+    "description": "One Server-Sent Event (the schema of each event, as before OpenAPI 3.2). "
+    "`event: state`: data is the job, as GET /jobs/{job_id}; `event: metric`: data is one "
+    "record, as an item of GET /jobs/{job_id}/metrics. `id` is the cursor to send back as "
+    "Last-Event-ID.",
+    "required": ["event", "data", "id"],
+    "properties": {
+        "event": {"type": "string", "enum": ["state", "metric"]},
+        "id": {"type": "string", "pattern": "^[0-9]{1,18}-(?:-1|[0-3])$"},
+        "data": {
+            "type": "string",
+            "contentMediaType": JSON,
+            "contentSchema": {"oneOf": [{"$ref": "#/components/schemas/JobRead"},
+                                        {"$ref": "#/components/schemas/MetricRead"}]},
+        },
+        "retry": {"type": "integer", "minimum": 0},
+    },
+}
+
+
+def build_openapi(
+    app: FastAPI, *, api_tokens: bool, body_models: Sequence[type[BaseModel]] = ()
+) -> dict:
+    """The document for ``app``; ``body_models`` are request bodies that routes parse themselves
+    and reference as ``#/components/schemas/<Model>``."""
+    schema = get_openapi(
+        title=app.title, version=app.version, routes=app.routes, description=DESCRIPTION
+    )
+    components = schema.setdefault("components", {})
+    _add_models(components.setdefault("schemas", {}), body_models)
+    schemes = components.setdefault("securitySchemes", {})
+    schemes["jobToken"] = {"type": "http", "scheme": "bearer",
+                           "description": "the job's own token (ranks only)"}
+    if api_tokens:
+        schemes["apiToken"] = {"type": "http", "scheme": "bearer",
+                               "description": "one of TORCHYARD_API_TOKENS"}
+    _link_submit_to_job_operations(schema.get("paths", {}))
+    _inline_request_bodies(schema)
+    for path, operations in schema.get("paths", {}).items():
+        for method, operation in operations.items():
+            _json_errors(operation)
+            if worker_job_id(method.upper(), path.replace("{job_id}", "1")) is not None:
+                operation["security"] = [{"jobToken": []}]
+            elif api_tokens and not is_public(path):
+                operation["security"] = [{"apiToken": []}]
+    return schema
+
+
+def _link_submit_to_job_operations(paths: dict) -> None:
+    """``POST /jobs`` → each operation on ``/jobs/{job_id}...`` but the ranks' own."""
+    links = {
+        operation["operationId"]: {
+            "operationId": operation["operationId"],
+            "parameters": {"job_id": "$response.body#/id"},
+            "description": f"{method.upper()} {path} on the job just submitted",
+        }
+        for path, operations in paths.items() if path.startswith("/jobs/{job_id}")
+        for method, operation in operations.items()
+        if worker_job_id(method.upper(), path.replace("{job_id}", "1")) is None
+    }
+    submit = paths.get("/jobs", {}).get("post", {}).get("responses", {})
+    for status in ("200", "201"):
+        if status in submit:
+            submit[status]["links"] = links
+
+
+def _inline_request_bodies(schema: dict) -> None:
+    """Request bodies spelled inline, with the request-only models they use.
+
+    A generator treats a component as something the server sends: openapi-typescript makes every
+    property with a ``default`` required there, so a typed client could not post
+    ``{"epochs": 3}``. Inside a request body the same schema means what the server does: a
+    defaulted field may be left out. Enums and models that responses share stay components.
+    """
+    schemas = schema.get("components", {}).get("schemas", {})
+    bodies = [
+        media for operations in schema.get("paths", {}).values()
+        for operation in operations.values()
+        for media in operation.get("requestBody", {}).get("content", {}).values()
+    ]
+    elsewhere = [item for path in schema.get("paths", {}).values() for op in path.values()
+                 for key, item in op.items() if key != "requestBody"]
+    in_responses = _closure(elsewhere, schemas)
+    request_only = {name for name in _closure(bodies, schemas) - in_responses
+                    if "properties" in schemas.get(name, {})}
+
+    def inline(node: object) -> object:
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            name = ref.removeprefix("#/components/schemas/")
+            if ref.startswith("#/components/schemas/") and name in request_only:
+                return inline(schemas[name])
+            return {k: inline(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [inline(v) for v in node]
+        return node
+
+    for media in bodies:
+        media["schema"] = inline(media["schema"])
+    for name in request_only:
+        del schemas[name]
+
+
+def _closure(node: object, schemas: dict) -> set[str]:
+    """Names of the component schemas ``node`` uses, directly or through other ones."""
+    found: set[str] = set()
+    todo = _refs(node)
+    while todo:
+        name = todo.pop()
+        if name not in found:
+            found.add(name)
+            todo |= _refs(schemas.get(name, {}))
+    return found
+
+
+def _refs(node: object) -> set[str]:
+    """Names of the component schemas ``node`` refers to directly."""
+    found: set[str] = set()
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            ref = item.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/components/schemas/"):
+                found.add(ref.removeprefix("#/components/schemas/"))
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return found
+
+
+def _add_models(schemas: dict, models: Sequence[type[BaseModel]]) -> None:
+    if not models:
+        return
+    _, defs = models_json_schema([(m, "validation") for m in models], ref_template=COMPONENT_REF)
+    for name, model_schema in defs.get("$defs", {}).items():
+        schemas.setdefault(name, model_schema)
+
+
+def _json_errors(operation: dict) -> None:
+    """Success answers keep their media type (an SSE stream as a 3.1 string schema); error
+    answers are JSON only."""
+    for status, response in operation.get("responses", {}).items():
+        content = response.get("content")
+        if not content:
+            continue
+        if status.startswith(("4", "5")) and JSON in content:
+            response["content"] = {JSON: content[JSON]}
+        elif EVENT_STREAM in content:
+            content[EVENT_STREAM] = {"schema": EVENT_STREAM_SCHEMA}
+
+
+def checked_in_document() -> str:
+    """The document as checked in (``docs/openapi.json``): a server with API tokens configured
+    (the deployed shape; without tokens only the ``apiToken`` scheme and requirements drop)."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from service.api.app import create_app  # here, not at the top: app imports this module
+    from service.settings import Settings
+
+    with tempfile.TemporaryDirectory() as home:
+        settings = Settings(home=Path(home), gpus="none", cpu_slots=1, api_tokens="openapi-document-token")
+        document = create_app(settings, run_supervisor=False).openapi()
+    return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
+
+
+if __name__ == "__main__":  # python -m service.api.openapi > docs/openapi.json
+    print(checked_in_document(), end="")
