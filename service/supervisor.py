@@ -269,6 +269,14 @@ class Supervisor:
             if stop_reason and attempts and (outcome or {}).get("state") == "cancelled":
                 # The guard's stop reached the shim as a plain SIGTERM, which it calls a cancel.
                 attempts[-1]["reason"] = stop_reason
+            for attempt in attempts:
+                if attempt.get("ended_at") is None:
+                    # The shim was killed before it closed the attempt (a stop whose grace ran
+                    # out): the attempt is over all the same; never leave one running forever.
+                    attempt["ended_at"] = time.time()
+                    attempt["reason"] = attempt.get("reason") or stop_reason or (
+                        (outcome or {}).get("reason") or "the job's shim ended without an outcome"
+                    )
             repo.set_attempts(session, job_id, attempts)
             if stop_reason is not None:
                 # A guard tripped (maybe just before the job ended on its own): it failed.

@@ -171,6 +171,9 @@ def test_nan_stopped_job_shows_why_it_stopped(server, page) -> None:  # type: ig
     page.wait_for_function(
         "() => document.getElementById('chart-note').textContent.includes('NaN at epoch 1')")
     assert page.locator("#cancel-button").is_hidden()
+    # Once the group is stopped, the attempt says why it ended too.
+    page.wait_for_function(
+        "(r) => document.getElementById('attempts').innerText.includes(r)", arg=reason)
     _shot(page, "nan-stopped-job")
 
 

@@ -51,7 +51,10 @@ def _assert_stopped(server: LiveServer, job: dict) -> None:
             assert time.monotonic() < deadline, "the job's group was not stopped"
             time.sleep(0.2)
         records = c.get(f"/jobs/{job['id']}/metrics", params={"name": "loss"}).json()["items"]
-        assert c.get(f"/jobs/{job['id']}").json()["state"] == "failed", "stays failed"
+        final = c.get(f"/jobs/{job['id']}").json()
+    assert final["state"] == "failed" and final["reason"] == job["reason"], "stays failed"
+    last = final["attempts"][-1]
+    assert last["ended_at"] is not None and last["reason"] == job["reason"], last
     assert max(m["epoch"] for m in records) < LONG // 2, "stopped early, not run to the end"
 
 

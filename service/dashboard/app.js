@@ -474,8 +474,12 @@
         drawChart(chart, chartNote, s);
         if (s.lines.length) await refreshSummary(name);
       }
-      // Once terminal and drawn from a terminal read, nothing changes any more.
-      return !(TERMINAL.has(job.state) && !changed);
+      // Once terminal, drawn from a terminal read and every attempt over, nothing changes any
+      // more (a cancelled or guard-stopped job is terminal while its group is still stopping).
+      const ended = parseTime(job.ended_at);
+      const over = job.attempts.every((a) => a.ended_at !== null) ||
+                   (ended !== null && Date.now() - ended > 60_000);
+      return !(TERMINAL.has(job.state) && !changed && over);
     };
     let poll = poller(tick, POLL_MS);
     metricSel.addEventListener("change", () => {  // the poller may have stopped (terminal job)
