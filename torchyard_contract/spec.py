@@ -149,7 +149,8 @@ class JobSpec(BaseModel):
     script job (``entrypoint`` set). A script job may not set the built-in trainer's fields
     (``model``, ``dataset``, ``epochs``, ``batch_size``, ``lr``, ``optimizer``, ``momentum``,
     ``weight_decay``, ``seed``, ``dataset_root``, ``download``, ``synthetic_samples``,
-    ``checkpoint_every``, ``keep_checkpoints``); ``args`` and ``env`` need ``entrypoint``."""
+    ``checkpoint_every``, ``keep_checkpoints``); ``args``, ``env`` and ``secret_env`` need
+    ``entrypoint``."""
 
     model_config = ConfigDict(extra="forbid", use_enum_values=False)
 
@@ -284,6 +285,7 @@ class JobSpec(BaseModel):
     secret_env: dict[EnvName, SecretName] = Field(
         default_factory=dict,
         max_length=ENV_MAX,
+        json_schema_extra=keys_by_name_pattern,
         description="script job: variable → name of a secret in the server's "
         "TORCHYARD_SECRETS_FILE; the value reaches only the ranks' environment (docs/security.md)",
     )
@@ -361,7 +363,8 @@ class JobSpec(BaseModel):
                            "required": ["entrypoint"]},
                     "then": {"properties": dict.fromkeys(sorted(BUILTIN_ONLY_FIELDS), False)},
                     "else": {"properties": {"args": {"maxItems": 0},
-                                            "env": {"maxProperties": 0}}},
+                                            "env": {"maxProperties": 0},
+                                            "secret_env": {"maxProperties": 0}}},
                 },
                 {"not": {"properties": {"backend": {"const": "nccl"},
                                         "device": {"const": "cpu"}},

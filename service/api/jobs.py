@@ -46,7 +46,7 @@ IDEMPOTENCY_KEY = r"^[\x21-\x7e]{1,200}$"
         422: {**ERROR_RESPONSES[422], "description": "an invalid spec; or a valid one this "
               "server cannot run: nproc_per_node more than this host has, dataset_root outside "
               "TORCHYARD_DATA_DIRS, entrypoint not a file in the script directories, "
-              "resume_from naming no job"},
+              "resume_from naming no job, secret_env naming a secret the server does not hold"},
     },
 )
 def submit_job(
