@@ -26,7 +26,7 @@ class AdmissionRefused(PermissionError):
 
 def require_tokens_for_scripts(spec: JobSpec, settings: Settings) -> None:
     """Refuse a script job unless API tokens are configured."""
-    if getattr(spec, "entrypoint", None) and not settings.api_tokens_configured:
+    if spec.is_script and not settings.api_tokens_configured:
         raise AdmissionRefused(
             "entrypoint: script jobs run arbitrary code and need API tokens; start the server "
             "with TORCHYARD_API_TOKENS (or TORCHYARD_API_TOKENS_FILE) set"

@@ -9,9 +9,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 # Never passed on to a job's shim or ranks (jobs run user code; see docs/security.md).
-# TORCHYARD_TOKEN is the CLI's (a server started from an operator's shell may have it).
+# TORCHYARD_TOKEN is the CLI's (a server started from an operator's shell may have it); a
+# database URL may carry a password.
 SECRET_ENV_VARS = frozenset(
-    {"TORCHYARD_API_TOKENS", "TORCHYARD_API_TOKENS_FILE", "TORCHYARD_TOKEN"}
+    {"TORCHYARD_API_TOKENS", "TORCHYARD_API_TOKENS_FILE", "TORCHYARD_TOKEN",
+     "TORCHYARD_SECRETS_FILE", "TORCHYARD_DATABASE_URL"}
 )
 
 

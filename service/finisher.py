@@ -21,12 +21,14 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from service import guard
 from service import repository as repo
 from service.bounded import bounded_text
 from service.recordscope import RecordScope, world_size
@@ -155,6 +157,8 @@ class Finisher:
             added = repo.insert_records(session, job_id, records)
             if added:
                 repo.mark_first_metric(session, job_id, records)
+                # Records that never reached the API are guarded too (service.guard).
+                guard.check(session, job_id, job.spec, records)
             session.commit()
             return added
 
@@ -181,9 +185,18 @@ class Finisher:
         with self.session_factory() as session:
             if not self.fence(session):
                 return
+            job = repo.get_job(session, job_id)
+            stop_reason = job.stop_reason if job is not None else None
+            if job is not None:
+                repo.set_attempts(session, job_id, _closed_attempts(
+                    job.attempts or [], stop_reason if state is JobState.cancelled else None,
+                    stop_reason or reason,
+                ))
+            if stop_reason is not None:
+                # A guard tripped (maybe just before the job ended on its own): it failed.
+                state, reason = JobState.failed, stop_reason
             won = repo.transition(session, job_id, state, exit_code=exit_code,
                                   reason=bounded_text(reason) if reason else None)
-            job = repo.get_job(session, job_id)
             if not won and job is not None and job.exit_code is None:
                 job.exit_code = exit_code  # cancelled by the user: still say how it exited
             repo.release(session, job_id)
@@ -199,3 +212,17 @@ class Finisher:
                 session.commit()
         except Exception:
             logger.exception("job %s: could not even be failed", job_id)
+
+
+def _closed_attempts(attempts: list[dict], stopped_by: str | None, why: str | None) -> list[dict]:
+    """The job's attempts as they end: an attempt its shim never closed (killed when a stop's
+    grace ran out) ends now, never left running forever; ``stopped_by`` — a guard's reason whose
+    stop reached the shim as a plain SIGTERM, which it calls a cancel — names the last one."""
+    closed = [dict(a) for a in attempts]
+    if stopped_by and closed:
+        closed[-1]["reason"] = stopped_by
+    for attempt in closed:
+        if attempt.get("ended_at") is None:
+            attempt["ended_at"] = time.time()
+            attempt["reason"] = attempt.get("reason") or why or "the job's shim ended"
+    return closed

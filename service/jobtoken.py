@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import hmac
 import secrets
 
 
@@ -16,8 +15,3 @@ def new_token() -> tuple[str, str]:
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
-
-def token_matches(token: str, stored_hash: str | None) -> bool:
-    if not stored_hash:
-        return False
-    return hmac.compare_digest(hash_token(token), stored_hash)

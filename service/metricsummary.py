@@ -21,6 +21,8 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+# The relative distance that flags a rank unless the caller asks for another (0.5 = 50 %).
+DEFAULT_THRESHOLD = 0.5
 # Keeps the relative distance defined when the reference is 0 (e.g. an accuracy of 0).
 REL_FLOOR = 1e-8
 

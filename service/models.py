@@ -56,6 +56,10 @@ class Job(Base):
     devices: Mapped[str | None] = mapped_column(String(200))
     # Indexed: the auth middleware looks a bearer token up by its hash on every worker request.
     token_hash: Mapped[str | None] = mapped_column(String(64), index=True)
+    # Why a guard (service.guard: non-finite or diverging loss) wants the job stopped. Set once,
+    # compare-and-set, by whichever process ingested the offending record; the supervisor then
+    # fails the job with it and stops its group.
+    stop_reason: Mapped[str | None] = mapped_column(Text)
     # Attempt records as the job's shim wrote them (see service.shim); [] before launch.
     attempts: Mapped[list | None] = mapped_column(JSON)
 

@@ -14,7 +14,7 @@ from service.bounded import bounded_text
 from service.changefeed import note_change
 from service.models import Allocation, Job, JobLabel, MetricRecord
 from service.state import ALLOWED_FROM, TERMINAL_STATES, JobState
-from torchyard_contract.records import nonfinite_name
+from torchyard_contract.records import decode_value, nonfinite_name
 from torchyard_contract.spec import JobSpec
 
 EPOCH_STEP = -1  # stored step of a per-epoch record; the API shows it as null
@@ -278,8 +278,41 @@ def read_records(
     return session.execute(q).all()
 
 
-def count_records(session: Session, job_id: int) -> int:
-    return session.scalar(select(func.count()).where(MetricRecord.job_id == job_id)) or 0
+def epoch_losses(
+    session: Session, job_id: int, attempt: int, first: int, last: int, rank: int | None = None
+) -> list[tuple[int, int, float]]:
+    """``(rank, epoch, value)`` of the per-epoch ``loss`` records of one attempt with
+    ``first <= epoch <= last`` (one rank's, or every rank's); non-finite values as floats."""
+    m = MetricRecord
+    q = select(m.rank, m.epoch, m.value, m.nonfinite).where(
+        m.job_id == job_id, m.attempt == attempt, m.name == "loss", m.step == EPOCH_STEP,
+        m.epoch >= first, m.epoch <= last,
+    )
+    if rank is not None:
+        q = q.where(m.rank == rank)
+    return [
+        (r, e, decode_value(nf) if nf else float(v))
+        for r, e, v, nf in session.execute(q).tuples().all()
+    ]
+
+
+def request_stop(session: Session, job_id: int, reason: str) -> bool:
+    """Note why a guard wants an active job stopped; only the first request counts (CAS).
+    True if this call set it. The supervisor acts on it (``stop_requested``)."""
+    active = [JobState.starting.value, JobState.running.value]
+    result = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.stop_reason.is_(None), Job.state.in_(active))
+        .values(stop_reason=reason)
+    )
+    return result.rowcount == 1
+
+
+def stop_requested(session: Session) -> Sequence[tuple[int, str]]:
+    """``(job id, stop_reason)`` of active jobs a guard wants stopped."""
+    active = [JobState.starting.value, JobState.running.value]
+    q = select(Job.id, Job.stop_reason).where(Job.state.in_(active), Job.stop_reason.is_not(None))
+    return session.execute(q).tuples().all()  # type: ignore[return-value]
 
 
 # --- chart series and progress (dashboard) -----------------------------------------------------

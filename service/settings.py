@@ -15,6 +15,7 @@ from service.jobtoken import hash_token
 from torchyard_contract.spec import SLURM_CONSTRAINT_PATTERN, SLURM_NAME_PATTERN
 
 API_TOKEN_MIN_CHARS = 16
+
 def _comma_list(value: object) -> object:
     """``"a, b,,c"`` → ``["a", "b", "c"]`` (env values are comma lists, not JSON)."""
     if isinstance(value, str):
@@ -224,6 +225,11 @@ class Settings(BaseSettings):
         default_factory=list,
         description="directories a job's dataset_root must lie in, comma-separated (a relative "
         "dataset_root is taken inside the first); unset = HOME/data",
+    )
+    secrets_file: Path | None = Field(
+        default=None,
+        description="JSON object of secret name → value that script jobs name in secret_env; "
+        "read at each submit and launch; unset = no secrets (docs/security.md)",
     )
     worker_token_grace_s: float = Field(
         default=60.0,

@@ -4,7 +4,8 @@ The job's attempt loop, independent of how it was started: the local executor st
 job in a session of its own (so the job outlives the server); a batch script can run the same
 loop inside an allocation. The shim runs attempts (torchrun with ``--max-restarts=0``), restarts the group after a rank
 failure up to ``max_restarts`` (never after a start-up failure: a failure before every rank wrote
-its ready marker), enforces ``max_runtime_s`` and ``heartbeat_timeout_s``, and writes:
+its ready marker), runs every rank under ``service.ranktee`` (both streams in one file per rank),
+enforces ``max_runtime_s`` and ``heartbeat_timeout_s``, and writes:
 
 * ``attempts/<n>.json`` — number, started_at, ended_at, exit_code, rank_exit_codes (per rank,
   as torchrun's failure summary gives them; all 0 on success), reason, startup_failure;
@@ -40,7 +41,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from service import runclaim
+from service import ranktee, runclaim
 from service.executor.process import ProcessGroupHandle, create_time
 from service.executor.slurmscript import StepRequest, build_srun_command
 from service.failure import describe_exit, failed_rank_exit_codes
@@ -150,7 +151,7 @@ class Shim:
         if self.why_cold:
             with open(logs / "torchrun.log", "a", encoding="utf-8") as log:
                 log.write(f"torchyard: warm start unavailable ({self.why_cold}); starting cold\n")
-        handle = self._start(logs, env)
+        handle = self._start(number, logs, env)
         forced_reason: str | None = None
         while (code := handle.poll()) is None:
             forced_reason = self._why_stop(number)
@@ -193,9 +194,10 @@ class Shim:
         _write_json(self.run.attempt_file(number), record)
         return code, reason, bool(record["startup_failure"])
 
-    def _start(self, logs: Path, env: dict[str, str]) -> ProcessGroupHandle:
+    def _start(self, number: int, logs: Path, env: dict[str, str]) -> ProcessGroupHandle:
         """Start one attempt's group: torchrun here, or (slurm) one torchrun per node via srun."""
-        program = self.config.rank_program(self.run)
+        # Each rank under service.ranktee: both streams also in one file, in the order written.
+        program = ranktee.wrap(self.run, number, self.config.rank_program(self.run))
         if self.launcher != "slurm":
             req = LaunchRequest(
                 job_id=self.config.job_id,

@@ -1,12 +1,13 @@
 """The supervisor owns jobs' lives and every state change after submission.
 
-One background thread runs ``tick()``: stop cancelled groups, reap finished ones (their
-resources are freed at once; ``service.finisher`` re-ingests their spools and makes them
-terminal on a thread of its own), mark started ones running, then run a scheduling pass
-(``service.scheduler``: priority, FIFO, gang allocation, backfill behind a reservation). Each
-step, and each job within a step, is isolated: whatever one job left in its run directory cannot
-stop the loop. It is the only code that allocates resources, so two jobs never share one. Routes
-call ``submit``, ``cancel``, ``queue_status`` and ``resources``.
+One background thread runs ``tick()``: fail jobs a loss guard asked to stop (``service.guard``),
+stop the groups of cancelled and failed jobs, reap finished ones (their resources are freed at
+once; ``service.finisher`` re-ingests their spools and makes them terminal on a thread of its
+own), mark started ones running, then run a scheduling pass (``service.scheduler``: priority,
+FIFO, gang allocation, backfill behind a reservation). Each step, and each job within a step, is
+isolated: whatever one job left in its run directory cannot stop the loop. It is the only code
+that allocates resources, so two jobs never share one. Routes call ``submit``, ``cancel``,
+``queue_status`` and ``resources``.
 
 Every server process has a supervisor, but only the holder of the lease (``service.lease``)
 acts: it recovers at the start of each term, ticks while ``held()``, and writes its state
@@ -27,8 +28,9 @@ from datetime import UTC
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from service import guard, scheduler, secretstore
 from service import repository as repo
-from service import runclaim, scheduler
+from service import runclaim
 from service.admission import admit
 from service.executor.base import Executor, Phase, Status, Submission
 from service.executor.slurmcli import NodeRow, SlurmError
@@ -40,9 +42,10 @@ from service.recordscope import world_size
 from service.resources import Inventory
 from service.runfiles import read_attempts
 from service.scriptpath import ScriptRefused, ScriptsDisabled, rank_program, script_program
+from service.secretstore import SecretRefused
 from service.settings import Settings
 from service.shim import ShimConfig
-from service.state import JobState
+from service.state import TERMINAL_STATES, JobState
 from torchyard_contract import envnames as names
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.spec import SLURM_FIELDS, Backend, Device, JobSpec
@@ -200,6 +203,10 @@ class Supervisor:
                 raise SubmitRejected("scripts_disabled", str(exc), status=403) from exc
             except ScriptRefused as exc:
                 raise SubmitRejected("invalid_request", str(exc)) from exc
+            try:  # names only; values are read at launch
+                secretstore.check_names(spec.secret_env, self.settings.secrets_file)
+            except SecretRefused as exc:
+                raise SubmitRejected("invalid_request", str(exc)) from exc
         with self.session_factory() as session:
             if spec.resume_from is not None and repo.get_job(session, spec.resume_from) is None:
                 raise SubmitRejected("invalid_request", f"resume_from: job {spec.resume_from} not found")
@@ -253,7 +260,7 @@ class Supervisor:
             job = repo.get_job(session, job_id)
         if won:
             logger.info("job %s: cancelled", job_id)
-            self._queue_changed()  # the loop stops the group (see _stop_cancelled)
+            self._queue_changed()  # the loop stops the group (see _stop_ended)
         return job
 
     # --- the loop ---------------------------------------------------------------------------
@@ -372,8 +379,8 @@ class Supervisor:
     def tick(self) -> None:
         # Each step on its own: one that fails (a bug, a database error) must not starve the
         # others, or a stuck reap would hold every queued job.
-        for step in (self._stop_cancelled, self._reap_finished, self._mark_running,
-                     self._launch_queued):
+        for step in (self._fail_stop_requests, self._stop_ended, self._reap_finished,
+                     self._mark_running, self._launch_queued):
             try:
                 step()
             except Exception:
@@ -604,7 +611,7 @@ class Supervisor:
         try:
             ref = self._start_shim(job.id, token, spec, placement)
         except Exception as exc:  # whatever failed, the job must not stay starting, holding slots
-            if not isinstance(exc, ScriptRefused | OSError):
+            if not isinstance(exc, ScriptRefused | SecretRefused | OSError):
                 logger.exception("job %s: launch failed", job.id)
             if self._lease.fence(session):  # else the next supervisor gives the launch up
                 repo.transition(
@@ -693,6 +700,8 @@ class Supervisor:
     def _common_env(self, job_id: int, token: str, run: RunDir, spec: JobSpec) -> dict[str, str]:
         env = {
             **spec.env,  # a script job's own variables; never torchyard's (JobSpec refuses them)
+            # Its secrets: only ever in a process environment (see service.secretstore).
+            **secretstore.resolve(spec.secret_env, self.settings.secrets_file),
             names.API_URL: self.api_url,
             names.JOB_ID: str(job_id),
             names.JOB_TOKEN: token,
@@ -705,15 +714,28 @@ class Supervisor:
             env[names.RESUME_DIR] = str(source.checkpoints_dir)
         return env
 
-    def _stop_cancelled(self) -> None:
-        """Jobs cancelled in the database are stopped by the executor, each in its own thread."""
+    def _fail_stop_requests(self) -> None:
+        """Jobs a loss guard asked to stop (``service.guard``) fail with its reason; the next
+        step stops their groups like a cancel."""
+        with self.session_factory() as session:
+            if not self._lease.fence(session):
+                return
+            requests = repo.stop_requested(session)
+            for job_id, reason in requests:
+                if repo.transition(session, job_id, JobState.failed, reason=reason):
+                    logger.info("job %s: stopped by a loss guard: %s", job_id, reason)
+            session.commit()
+
+    def _stop_ended(self) -> None:
+        """Jobs whose group still runs but which are terminal in the database (cancelled, or
+        failed by a guard) are stopped by the executor, each in its own thread."""
         running = [j for j in self._refs if j not in self._stopping]
         if not running:
             return
         with self.session_factory() as session:
             for job_id in running:
                 job = repo.get_job(session, job_id)
-                if job is not None and job.state == JobState.cancelled.value:
+                if job is not None and JobState(job.state) in TERMINAL_STATES:
                     self._stopping.add(job_id)
                     threading.Thread(
                         target=self._stop_group, args=(job_id,), daemon=True

@@ -29,10 +29,12 @@ from service.settings import Settings
 from tests import pgserver
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+RANK_HOOKS = REPO_ROOT / "tests" / "rankhooks"
 TERMINAL = {"succeeded", "failed", "cancelled"}
 STORES = ["sqlite", "postgresql"]
 # Run a test once per store (the ``store`` fixture below reads the parameter).
 both_stores = pytest.mark.parametrize("store", STORES, indirect=True)
+
 
 
 def free_port() -> int:
@@ -137,6 +139,10 @@ def _start_server(
         "TORCHYARD_STOP_GRACE_S": "3",
         "OMP_NUM_THREADS": "1",
         "TORCHYARD_DATA_DIRS": str(home.parent),  # tests name dataset roots under tmp_path
+        # Every job process imports tests/rankhooks/sitecustomize.py: the TORCHYARD_TEST_* hooks.
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(RANK_HOOKS), os.environ.get("PYTHONPATH")) if p
+        ),
         **extra_env,
     }
     home.mkdir(parents=True, exist_ok=True)

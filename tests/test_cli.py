@@ -15,9 +15,11 @@ from torchyard_contract.rundir import RunDir
 CLI_TIMEOUT_S = 240
 
 
-def cli(server: LiveServer, *args: str) -> subprocess.CompletedProcess[str]:
+def cli(
+    server: LiveServer, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """``python -m service ARGS`` with the server's URL in the environment, wide output."""
-    env = {**os.environ, "TORCHYARD_URL": server.url, "COLUMNS": "200"}
+    env = {**os.environ, "TORCHYARD_URL": server.url, "COLUMNS": "200", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "service", *args], env=env, cwd=REPO_ROOT, capture_output=True,
         text=True, timeout=CLI_TIMEOUT_S, check=False,
@@ -63,8 +65,11 @@ def test_submit_follow_prints_final_losses_and_exits_0(
     assert sum("loss" in line for line in followed.stdout.splitlines()) == 4  # 2 ranks x 2 epochs
     log = cli(live_server, "logs", str(job["id"]), "--rank", "1", "--follow")
     path = RunDir.for_job(live_server.home / "runs", job["id"]).logs_dir
-    (log_file,) = path.glob("attempt-1/*/attempt_*/1/stderr.log")
-    assert log.returncode == 0 and log.stdout == log_file.read_text(errors="replace")
+    combined = (path / "attempt-1" / "rank-1.log").read_text(errors="replace")
+    assert log.returncode == 0 and log.stdout == combined and "rank1 INFO" in combined
+    (stderr_file,) = path.glob("attempt-1/*/attempt_*/1/stderr.log")
+    only = cli(live_server, "logs", str(job["id"]), "--rank", "1", "--stream", "stderr")
+    assert only.returncode == 0 and only.stdout == stderr_file.read_text(errors="replace")
 
 
 def test_wait_exit_codes(live_server_factory) -> None:  # type: ignore[no-untyped-def]

@@ -155,3 +155,74 @@ def test_submit_form_creates_a_job_and_shows_validation_errors(server, page) -> 
     with server.client() as c:
         assert c.get(f"/jobs/{job_id}").json()["name"] == "from-form"
     server.wait_for(job_id, {"succeeded"}, timeout_s=180)
+
+
+def test_nan_stopped_job_shows_why_it_stopped(server, page) -> None:  # type: ignore[no-untyped-def]
+    """``lr: 90`` gives NaN from epoch 1: the loss guard fails the job, the page says why."""
+    with server.client() as c:
+        job_id = c.post("/jobs", json={"name": "nan-loss", "dataset": "synthetic", "lr": 90,
+                                       "epochs": 1000}).json()["id"]
+    server.wait_for(job_id, {"failed"}, timeout_s=180)
+    page.goto(f"{server.url}/#/jobs/{job_id}")
+    page.wait_for_function("() => document.getElementById('job-state').innerText === 'failed'")
+    reason = "rank 0 reported loss NaN at epoch 1"
+    page.wait_for_function(
+        "(r) => document.getElementById('job-reason').innerText === r", arg=reason)
+    page.wait_for_function(
+        "() => document.getElementById('chart-note').textContent.includes('NaN at epoch 1')")
+    assert page.locator("#cancel-button").is_hidden()
+    # Once the group is stopped, the attempt says why it ended too.
+    page.wait_for_function(
+        "(r) => document.getElementById('attempts').innerText.includes(r)", arg=reason)
+    _shot(page, "nan-stopped-job")
+
+
+SCRIPT_TOKEN = "dashboard-tests-api-token-0123456789"
+
+
+@pytest.fixture(scope="module")
+def script_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """A server that runs script jobs (they need API tokens)."""
+    scripts = tmp_path_factory.mktemp("scripts")
+    (scripts / "losses.py").write_text((REPO_ROOT / "tests" / "jobs" / "losses.py").read_text())
+    srv = _start_server(tmp_path_factory.mktemp("dash-scripts") / "home",
+                        {"TORCHYARD_SCRIPT_DIRS": str(scripts),
+                         "TORCHYARD_API_TOKENS": SCRIPT_TOKEN})
+    yield srv
+    _stop_server(srv)
+
+
+def test_script_job_output_shows_prints_and_logs_live_in_order(script_server, page) -> None:  # type: ignore[no-untyped-def]
+    """The log panel shows everything a rank wrote — its prints (stdout) and its logging
+    (stderr) — in the order written, growing while the job runs; one stream on request."""
+    epochs = 12
+    losses = ",".join(f"{1 / e:.3f}" for e in range(1, epochs + 1))
+    with script_server.client() as c:  # LiveServer.client sends the first API token
+        job_id = c.post("/jobs", json={"name": "prints", "entrypoint": "losses.py",
+                                       "nproc_per_node": 2, "args": [losses, "1"]}).json()["id"]
+    try:
+        script_server.wait_for(job_id, {"running"}, timeout_s=120)
+        page.add_init_script(f"localStorage.setItem('torchyard.token', '{SCRIPT_TOKEN}')")
+        page.goto(f"{script_server.url}/#/jobs/{job_id}")
+        page.evaluate("() => { window.sameDocument = true; }")
+        page.wait_for_function(
+            "() => document.getElementById('log-text').textContent.includes('Epoch 2,')")
+        assert page.locator("#job-state").inner_text() == "running"
+        page.wait_for_function(  # live: more lines arrive without a reload
+            "() => document.getElementById('log-text').textContent.includes('Epoch 4,')")
+        assert page.evaluate("() => window.sameDocument") is True
+        text = page.locator("#log-text").text_content()
+        for epoch in (1, 2, 3):
+            printed = text.index(f"Rank 0, Epoch {epoch}, Loss:")
+            logged = text.index(f"rank0 INFO epoch {epoch} reported")
+            assert printed < logged < text.index(f"Rank 0, Epoch {epoch + 1}, Loss:"), text
+        _shot(page, "script-job-output")
+
+        page.select_option("#log-stream", "stdout")
+        page.wait_for_function(
+            "() => document.getElementById('log-text').textContent.includes('Epoch 1,')")
+        only = page.locator("#log-text").text_content()
+        assert "Rank 0, Epoch 1, Loss:" in only and "INFO" not in only
+    finally:
+        with script_server.client() as c:
+            c.post(f"/jobs/{job_id}/cancel")

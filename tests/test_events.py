@@ -61,24 +61,32 @@ def test_reconnect_with_last_event_id_gets_every_record_once(live_server_factory
     with httpx.Client(base_url=server.url, timeout=30) as c:
         assert _read_events(c, job_id, events[-1][1], stop_after_metrics=None) == []
 
-    # Logs, paged with a small limit, are exactly the files torchrun wrote, and complete.
+    # Logs, paged with a small limit, are exactly the files the rank wrote, and complete: by
+    # default both streams in one file; with stream=, the one torchrun kept for that stream.
+    run = RunDir.for_job(server.home / "runs", job_id)
     with httpx.Client(base_url=server.url, timeout=30) as c:
         for rank in (0, 1):
-            text, offset = "", 0
-            while True:
-                chunk = c.get(
-                    f"/jobs/{job_id}/logs", params={"rank": rank, "offset": offset, "limit": 1000}
-                ).json()
-                assert (chunk["rank"], chunk["attempt"], chunk["offset"]) == (rank, 1, offset)
-                text += chunk["text"]
-                offset = chunk["next_offset"]
-                if chunk["complete"]:
-                    break
-            run = RunDir.for_job(server.home / "runs", job_id)
-            path = LocalExecutor().rank_log(run, 1, rank, "stderr").path
-            assert path is not None
-            assert text == path.read_bytes().decode("utf-8", errors="replace")
-            assert f"rank{rank} INFO" in text
+            read = {}
+            for stream in ("combined", "stderr", "stdout"):
+                text, offset = "", 0
+                while True:
+                    params = {"rank": rank, "offset": offset, "limit": 1000}
+                    if stream != "combined":
+                        params["stream"] = stream
+                    chunk = c.get(f"/jobs/{job_id}/logs", params=params).json()
+                    assert (chunk["rank"], chunk["attempt"], chunk["offset"]) == (rank, 1, offset)
+                    assert chunk["stream"] == stream
+                    text += chunk["text"]
+                    offset = chunk["next_offset"]
+                    if chunk["complete"]:
+                        break
+                path = LocalExecutor().rank_log(run, 1, rank, stream).path  # type: ignore[arg-type]
+                assert path is not None
+                assert text == path.read_bytes().decode("utf-8", errors="replace")
+                read[stream] = text
+            assert f"rank{rank} INFO" in read["stderr"]
+            # The built-in trainer prints nothing: everything it wrote is its stderr, in order.
+            assert read["stdout"] == "" and read["combined"] == read["stderr"]
 
 
 def test_event_and_log_errors(api: TestClient) -> None:
@@ -98,8 +106,8 @@ def test_event_and_log_errors(api: TestClient) -> None:
         assert r.status_code == 422 and r.json()["details"][0]["field"] == "offset"
     # Queued: nothing written yet, not complete (a follower keeps polling).
     chunk = api.get(f"/jobs/{job_id}/logs", params={"rank": 1}).json()
-    assert chunk == {"rank": 1, "attempt": 1, "offset": 0, "next_offset": 0, "text": "",
-                     "complete": False}
+    assert chunk == {"rank": 1, "attempt": 1, "stream": "combined", "offset": 0,
+                     "next_offset": 0, "text": "", "complete": False}
 
 
 def test_log_chunks_never_split_a_character(tmp_path: Path) -> None:

@@ -15,11 +15,12 @@ from tests.conftest import LiveServer, both_stores
 
 
 def _rank_pids(shim_pid: int) -> dict[int, int]:
-    """rank → pid, from the shim's descendants' environment."""
+    """rank → pid of the trainer (``python -m worker``; not the ``service.ranktee`` wrapper in
+    front of it), from the shim's descendants' environment."""
     found = {}
     for proc in psutil.Process(shim_pid).children(recursive=True):
         try:
-            if "worker" in proc.cmdline() and "RANK" in proc.environ():
+            if proc.cmdline()[1:3] == ["-m", "worker"] and "RANK" in proc.environ():
                 found[int(proc.environ()["RANK"])] = proc.pid
         except psutil.Error:
             continue

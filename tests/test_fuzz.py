@@ -50,9 +50,11 @@ EXCLUDED = [schemathesis.checks.positive_data_acceptance]
 # Fields whose valid values this server may still refuse (422) because of its state or settings,
 # as POST /jobs documents: ranks that do not fit this host, a dataset_root outside
 # TORCHYARD_DATA_DIRS, an entrypoint that is not a file in the script directories, resume_from
-# naming no job, nnodes > 1 or a Slurm field on the local executor.
+# naming no job, secret_env naming a secret the server does not hold, nnodes > 1 or a Slurm
+# field on the local executor.
 STATE_DEPENDENT = {"POST /jobs": {"nproc_per_node", "dataset_root", "entrypoint", "resume_from",
-                                  "nnodes", "partition", "account", "qos", "constraint"}}
+                                  "secret_env", "nnodes", "partition", "account", "qos",
+                                  "constraint"}}
 HOSTILE_SETTINGS = {"cpu_slots": 4, "gpus": "none", "api_tokens": API_TOKEN}
 
 

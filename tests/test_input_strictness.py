@@ -75,7 +75,7 @@ def test_record_values_of_the_wrong_type_are_refused() -> None:
 def test_a_log_offset_past_any_file_is_an_empty_chunk_not_a_500(api: TestClient) -> None:
     job_id = _submit(api).json()["id"]
     settings = api.app.state.settings  # type: ignore[attr-defined]
-    log = RunDir.for_job(settings.runs_dir, job_id).logs_dir / "attempt-1/r/attempt_0/0/stderr.log"
+    log = RunDir.for_job(settings.runs_dir, job_id).rank_output(1, 0)  # the default stream
     log.parent.mkdir(parents=True)
     log.write_text("hello\n")
     for offset in (0, 6, 17592186044415, LOG_OFFSET_MAX):

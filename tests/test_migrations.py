@@ -75,8 +75,33 @@ def test_models_match_migration_head(url: str) -> None:
 
 @both_stores
 def test_upgrade_twice_is_a_noop(url: str) -> None:
+    """A second upgrade (every server start runs one) changes neither the schema nor a row."""
     upgrade(url)
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO jobs (name, state, priority, spec, created_at)"
+            " VALUES ('kept', 'queued', 0, '{}', '2026-01-01 00:00:00')"))
+    schema = _schema(engine)
+    engine.dispose()
+
     upgrade(url)
+    engine = make_engine(url)
+    assert _schema(engine) == schema
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT name FROM jobs")).scalars().all() == ["kept"]
+        head = conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
+    engine.dispose()
+    assert head == [ScriptDirectory.from_config(alembic_config(url)).get_current_head()]
+
+
+def _schema(engine: Engine) -> dict[str, list[tuple[str, str, bool]]]:
+    """Every table's columns (name, type, nullable), as the store reports them."""
+    inspector = inspect(engine)
+    return {
+        table: [(c["name"], str(c["type"]), c["nullable"]) for c in inspector.get_columns(table)]
+        for table in sorted(inspector.get_table_names())
+    }
 
 
 @both_stores

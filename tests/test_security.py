@@ -19,7 +19,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from types import SimpleNamespace
 
 import fastapi.routing
 import httpx
@@ -269,10 +268,10 @@ def test_server_secrets_are_not_inherited_by_jobs() -> None:
 
 
 def test_script_jobs_need_api_tokens(tmp_path: Path) -> None:
-    script = SimpleNamespace(entrypoint="train.py")
+    script = JobSpec(entrypoint="train.py")
     with pytest.raises(AdmissionRefused, match="TORCHYARD_API_TOKENS"):
-        require_tokens_for_scripts(script, _settings(tmp_path))  # type: ignore[arg-type]
-    require_tokens_for_scripts(script, _settings(tmp_path, api_tokens=API_TOKEN))  # type: ignore[arg-type]
+        require_tokens_for_scripts(script, _settings(tmp_path))
+    require_tokens_for_scripts(script, _settings(tmp_path, api_tokens=API_TOKEN))
     require_tokens_for_scripts(JobSpec(), _settings(tmp_path))  # built-in trainer: fine
 
 

@@ -17,8 +17,3 @@ DEVICE = "TORCHYARD_DEVICE"  # cpu | cuda, as placed by the supervisor
 BACKEND = "TORCHYARD_BACKEND"  # gloo | nccl
 # torch's own: where @record writes the first failing rank's exception.
 ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
-
-# Test hooks (see worker.env.WorkerEnv).
-TEST_FAIL_RANK = "TORCHYARD_TEST_FAIL_RANK"
-TEST_EPOCH_SLEEP_S = "TORCHYARD_TEST_EPOCH_SLEEP_S"
-TEST_DIVERGE_RANK = "TORCHYARD_TEST_DIVERGE_RANK"

@@ -77,12 +77,10 @@ class RunDir:
         """Written by a rank after set-up, then touched as its heartbeat."""
         return self.attempts_dir / str(attempt) / f"ready-rank-{rank}"
 
-    def rank_logs(self) -> dict[int, Path]:
-        """Per-rank combined stdout/stderr files torchrun wrote under ``logs/``."""
-        found: dict[int, Path] = {}
-        for path in sorted(self.logs_dir.glob("**/attempt_*/*/stderr.log")):
-            found[int(path.parent.name)] = path
-        return found
+    def rank_output(self, attempt: int, rank: int) -> Path:
+        """Everything ``rank`` printed in ``attempt``, both streams in the order written
+        (``service.ranktee``); torchrun keeps each stream apart under ``attempt-<n>/`` too."""
+        return self.logs_dir / f"attempt-{int(attempt)}" / f"rank-{int(rank)}.log"
 
     def prepare(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)

@@ -126,6 +126,11 @@ ALLOWED_PYTHON_ENV = frozenset({"PYTHONHASHSEED", "PYTHONFAULTHANDLER", "PYTHOND
 NoNul = Annotated[str, StringConstraints(max_length=ARG_LEN_MAX, pattern=r"^[^\x00]*$")]
 EnvName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=ENV_NAME_PATTERN)]
 EnvValue = Annotated[str, StringConstraints(max_length=ENV_VALUE_LEN_MAX, pattern=r"^[^\x00]*$")]
+# The name of a secret in the server's secrets file (service.secretstore), never its value.
+SecretName = Annotated[
+    str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+]
+PATIENCE_MAX = 10_000
 
 
 def keys_by_name_pattern(schema: dict) -> None:
@@ -156,7 +161,8 @@ class JobSpec(BaseModel):
     script job (``entrypoint`` set). A script job may not set the built-in trainer's fields
     (``model``, ``dataset``, ``epochs``, ``batch_size``, ``lr``, ``optimizer``, ``momentum``,
     ``weight_decay``, ``seed``, ``dataset_root``, ``download``, ``synthetic_samples``,
-    ``checkpoint_every``, ``keep_checkpoints``); ``args`` and ``env`` need ``entrypoint``."""
+    ``checkpoint_every``, ``keep_checkpoints``); ``args``, ``env`` and ``secret_env`` need
+    ``entrypoint``."""
 
     model_config = ConfigDict(extra="forbid", use_enum_values=False)
 
@@ -313,7 +319,28 @@ class JobSpec(BaseModel):
         max_length=ENV_MAX,
         json_schema_extra=keys_by_name_pattern,
         description="script job: extra environment of every rank (not TORCHYARD_*, torchrun's, "
-        "PYTHON*, LD_*)",
+        "PYTHON*, LD_*); stored and shown to every reader, so never for secrets (use secret_env)",
+    )
+    secret_env: dict[EnvName, SecretName] = Field(
+        default_factory=dict,
+        max_length=ENV_MAX,
+        json_schema_extra=keys_by_name_pattern,
+        description="script job: variable → name of a secret in the server's "
+        "TORCHYARD_SECRETS_FILE; the value reaches only the ranks' environment (docs/security.md)",
+    )
+    nonfinite_patience: int | None = Field(
+        default=1,
+        ge=1,
+        le=PATIENCE_MAX,
+        description="stop the job (failed) when a rank reports a non-finite per-epoch 'loss' "
+        "this many epochs in a row; null = off",
+    )
+    divergence_patience: int | None = Field(
+        default=None,
+        ge=1,
+        le=PATIENCE_MAX,
+        description="stop the job (failed) when the cross-rank loss summary flags the same rank "
+        "as diverging this many epochs in a row; null = off",
     )
 
     @property
@@ -347,7 +374,7 @@ class JobSpec(BaseModel):
             f"without spaces, quotes or shell syntax; got {value[:ENTRYPOINT_MAX]!r}"
         )
 
-    @field_validator("env")
+    @field_validator("env", "secret_env")
     @classmethod
     def _env_not_reserved(cls, value: dict[str, str]) -> dict[str, str]:
         reserved = sorted(n for n in value if env_name_reserved(n))
@@ -377,7 +404,8 @@ class JobSpec(BaseModel):
                            "required": ["entrypoint"]},
                     "then": {"properties": dict.fromkeys(sorted(BUILTIN_ONLY_FIELDS), False)},
                     "else": {"properties": {"args": {"maxItems": 0},
-                                            "env": {"maxProperties": 0}}},
+                                            "env": {"maxProperties": 0},
+                                            "secret_env": {"maxProperties": 0}}},
                 },
                 {"not": {"properties": {"backend": {"const": "nccl"},
                                         "device": {"const": "cpu"}},
@@ -404,10 +432,13 @@ class JobSpec(BaseModel):
     @model_validator(mode="after")
     def _check_script(self) -> JobSpec:
         if self.entrypoint is None:
-            for name in ("args", "env"):
+            for name in ("args", "env", "secret_env"):
                 if getattr(self, name):
                     raise ValueError(f"{name}: only allowed with 'entrypoint' (a script job)")
             return self
+        both = sorted(self.env.keys() & self.secret_env.keys())
+        if both:
+            raise ValueError(f"secret_env: {', '.join(both)} also set in 'env'; set it in one")
         given = sorted(self.model_fields_set & BUILTIN_ONLY_FIELDS)
         if given:
             raise ValueError(

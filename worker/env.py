@@ -27,16 +27,6 @@ def _int(environ: Mapping[str, str], name: str, default: int | None) -> int | No
         raise ValueError(f"{name} must be an integer, got {raw!r}") from None
 
 
-def _float(environ: Mapping[str, str], name: str) -> float | None:
-    raw = environ.get(name, "").strip()
-    if not raw:
-        return None
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be a number, got {raw!r}") from None
-
-
 def _choice(environ: Mapping[str, str], name: str, allowed: tuple[str, ...]) -> str | None:
     raw = environ.get(name, "").strip().lower()
     if not raw:
@@ -58,12 +48,6 @@ class WorkerEnv:
     ``device``/``backend`` are ``None`` when the supervisor did not resolve them (running
     outside torchyard); the trainer then picks cuda/nccl if CUDA is available, else
     cpu/gloo. ``api_url``/``job_id`` being ``None`` puts the reporter in no-op mode.
-
-    Test hooks (for the test suite only): ``TORCHYARD_TEST_FAIL_RANK`` makes that rank raise
-    at the start of epoch 1 after setup; ``TORCHYARD_TEST_EPOCH_SLEEP_S`` sleeps that many
-    seconds at the start of every epoch so a test can cancel a running job;
-    ``TORCHYARD_TEST_DIVERGE_RANK`` makes that rank report ten times its true loss, so the
-    cross-rank summary has a diverging rank to flag.
     """
 
     rank: int = 0
@@ -79,9 +63,6 @@ class WorkerEnv:
     resume_dir: Path | None = None  # TORCHYARD_RESUME_DIR: checkpoints of the job named by resume_from
     device: str | None = None
     backend: str | None = None
-    test_fail_rank: int | None = None
-    test_epoch_sleep_s: float | None = None
-    test_diverge_rank: int | None = None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> WorkerEnv:
@@ -102,9 +83,6 @@ class WorkerEnv:
             resume_dir=Path(p) if (p := _str(environ, names.RESUME_DIR)) else None,
             device=_choice(environ, names.DEVICE, ("cpu", "cuda")),
             backend=_choice(environ, names.BACKEND, ("gloo", "nccl")),
-            test_fail_rank=_int(environ, names.TEST_FAIL_RANK, None),
-            test_epoch_sleep_s=_float(environ, names.TEST_EPOCH_SLEEP_S),
-            test_diverge_rank=_int(environ, names.TEST_DIVERGE_RANK, None),
         )
 
     @classmethod

@@ -10,7 +10,7 @@ Records per rank per epoch (epoch numbers start at 1, ``step`` is null):
   as-is; training continues).
 * ``samples`` – samples this rank trained on (its DistributedSampler shard, which pads
   so every rank gets ``ceil(N / world_size)``).
-* ``seconds`` – wall time of the training pass (excludes evaluation and test-hook sleep).
+* ``seconds`` – wall time of the training pass (excludes evaluation).
 * ``samples_per_s`` – ``samples / seconds``.
 * ``test_accuracy`` – fraction correct on the *full* test split, evaluated by every rank
   independently (no collective, so it cannot hang; ranks agree since DDP keeps the
@@ -60,7 +60,6 @@ log = logging.getLogger(__name__)
 # torchrun long before this fires.
 PG_TIMEOUT = timedelta(minutes=30)
 EVAL_BATCH = 1024
-TEST_DIVERGE_FACTOR = 10.0  # the TORCHYARD_TEST_DIVERGE_RANK hook scales the reported loss
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -137,10 +136,6 @@ def _run(spec: JobSpec, env: WorkerEnv, run_dir: Path, use_cuda: bool) -> None:
         if resumed_from is not None and start_epoch <= spec.epochs:
             reporter.report(epoch=start_epoch, resumed_from_epoch=resumed_from)
         for epoch in range(start_epoch, spec.epochs + 1):
-            if epoch == 1 and env.test_fail_rank == env.rank:
-                raise RuntimeError(f"test hook: rank {env.rank} failed")
-            if env.test_epoch_sleep_s:
-                time.sleep(env.test_epoch_sleep_s)
             sampler.set_epoch(epoch)
             metrics = _train_epoch(
                 ddp, optimizer, loss_fn, sampler, train_x, train_y, spec.batch_size, device,
@@ -148,8 +143,6 @@ def _run(spec: JobSpec, env: WorkerEnv, run_dir: Path, use_cuda: bool) -> None:
             )
             if test is not None:
                 metrics["test_accuracy"] = _accuracy(model, *test)
-            if env.test_diverge_rank == env.rank:
-                metrics["loss"] *= TEST_DIVERGE_FACTOR
             reporter.report(epoch=epoch, **metrics)
             log.info(
                 "epoch %d/%d: loss %.6g, %d samples, %.0f samples/s", epoch, spec.epochs,

@@ -4,7 +4,7 @@ Contract (docs/security.md):
 
 * **Public** (never a token): ``/healthz``, the dashboard shell ``/`` and ``/static/...``, and
   the API reference page ``/docs`` (it holds no data; it reads ``/openapi.json`` with the token).
-* **Worker routes** (``POST /jobs/{id}/records``, ``POST /jobs/{id}/heartbeat``): only that job's
+* **Worker route** (``POST /jobs/{id}/records``): only that job's
   own token, while the job is starting or running and for ``worker_token_grace_s`` after it
   ended (the route then answers 409, so a rank's late batch learns that nothing is stored after
   the end; see ``service.recordscope``). No token is 401; any other token is 403, API tokens included: metrics come only
@@ -42,7 +42,7 @@ from service.state import ACTIVE_STATES, JobState
 PUBLIC_PATHS = frozenset({"/healthz", "/", "/docs"})
 PUBLIC_PREFIXES = ("/static/",)
 WORKER_METHOD = "POST"
-WORKER_PATH = re.compile(r"^/jobs/(?P<job_id>[0-9]{1,30})/(?:records|heartbeat)$")
+WORKER_PATH = re.compile(r"^/jobs/(?P<job_id>[0-9]{1,30})/records$")
 JOB_ID_MAX = 2**63 - 1
 REALM = 'Bearer realm="torchyard"'
 

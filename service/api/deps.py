@@ -1,4 +1,5 @@
-"""Typed dependencies: session, supervisor and settings come from ``app.state`` (``create_app``).
+"""Typed dependencies: session, supervisor and settings come from ``app.state`` (``create_app``);
+``JobDep`` loads the path's job or answers 404, for every ``/jobs/{job_id}/...`` route.
 
 ``reject_unknown_query`` is applied to every route by ``create_app``: a query parameter the route
 does not declare is a 422 "unknown field", as an unknown body field is.
@@ -15,7 +16,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from sqlalchemy.orm import Session, sessionmaker
 
+from service import repository as repo
+from service.api.errors import ApiError
 from service.changefeed import ChangeFeed
+from service.models import Job
 from service.settings import Settings
 from service.supervisor import Supervisor
 
@@ -57,12 +61,26 @@ def get_changes(request: Request) -> ChangeFeed:
     return request.app.state.changes
 
 
+JobId = Annotated[int, Path(ge=1, le=JOB_ID_MAX, description="the job's id")]
+
+
+def get_job(job_id: JobId, request: Request) -> Job:
+    """The job ``job_id`` as it is now, or 404. Read in a session of its own that is closed
+    before the route runs (a long poll or a stream holds no connection); the row is detached,
+    so read its columns, never reload it."""
+    with _factory(request)() as session:
+        job = repo.get_job(session, job_id)
+    if job is None:
+        raise ApiError(404, "not_found", f"job {job_id} not found")
+    return job
+
+
 SessionDep = Annotated[Session, Depends(get_session)]
+JobDep = Annotated[Job, Depends(get_job)]
 SessionFactoryDep = Annotated[sessionmaker[Session], Depends(get_session_factory)]
 SupervisorDep = Annotated[Supervisor, Depends(get_supervisor)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 ChangesDep = Annotated[ChangeFeed, Depends(get_changes)]
-JobId = Annotated[int, Path(ge=1, le=JOB_ID_MAX, description="the job's id")]
 
 
 def _query_params(dependant: Dependant) -> dict[str, bool]:

@@ -33,9 +33,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from service import repository as repo
-from service.api.deps import JobId, get_changes, get_session_factory
+from service.api.deps import JobDep, get_changes, get_session_factory
 from service.api.drain import draining
-from service.api.errors import ApiError
 from service.schemas import JobRead, MetricRead
 from service.state import TERMINAL_STATES, JobState
 
@@ -61,14 +60,6 @@ class Cursor:
 
 def stage_of(state: JobState) -> int:
     return TERMINAL_STAGE if state in TERMINAL_STATES else STAGES[state]
-
-
-def _existing_job(job_id: JobId, request: Request) -> int:
-    """404 before the stream starts (a dependency runs before the response is sent)."""
-    with get_session_factory(request)() as session:
-        if repo.get_job(session, job_id) is None:
-            raise ApiError(404, "not_found", f"job {job_id} not found")
-    return job_id
 
 
 def _cursor(
@@ -98,10 +89,11 @@ def _poll(
 @router.get("/{job_id}/events", response_class=EventSourceResponse)
 async def job_events(
     request: Request,
-    job_id: Annotated[int, Depends(_existing_job)],
+    found: JobDep,  # 404 before the stream starts (a dependency runs before the response)
     cursor: Annotated[Cursor, Depends(_cursor)],
 ) -> AsyncIterator[ServerSentEvent]:
     """State and metric events of the job; resumable with ``Last-Event-ID`` (see module doc)."""
+    job_id = found.id
     factory = get_session_factory(request)
     changes = get_changes(request)
     stopping = draining(request)

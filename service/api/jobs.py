@@ -13,13 +13,14 @@ from service import repository as repo
 from service.api.deps import (
     JOB_ID_MAX,
     ChangesDep,
-    JobId,
+    JobDep,
     SessionDep,
     SessionFactoryDep,
     SupervisorDep,
 )
 from service.api.drain import draining
 from service.api.errors import ERROR_RESPONSES, ApiError
+from service.models import Job
 from service.schemas import AttemptRead, JobList, JobRead, MetricRead, MetricsPage
 from service.state import TERMINAL_STATES, JobState
 from service.supervisor import SubmitRejected
@@ -39,13 +40,6 @@ LABEL_FILTER = (
 IDEMPOTENCY_KEY = r"^[\x21-\x7e]{1,200}$"
 
 
-def _job_or_404(session: SessionDep, job_id: int):  # type: ignore[no-untyped-def]
-    job = repo.get_job(session, job_id)
-    if job is None:
-        raise ApiError(404, "not_found", f"job {job_id} not found")
-    return job
-
-
 @router.post(
     "",
     status_code=201,
@@ -60,8 +54,9 @@ def _job_or_404(session: SessionDep, job_id: int):  # type: ignore[no-untyped-de
         422: {**ERROR_RESPONSES[422], "description": "an invalid spec; or a valid one this "
               "server cannot run: nproc_per_node more than this host has, dataset_root outside "
               "TORCHYARD_DATA_DIRS, entrypoint not a file in the script directories, "
-              "resume_from naming no job, nnodes > 1 or a Slurm field (partition, account, "
-              "qos, constraint) on the local executor"},
+              "resume_from naming no job, secret_env naming a secret the server does not hold, "
+              "nnodes > 1 or a Slurm field (partition, account, qos, constraint) on the local "
+              "executor"},
     },
 )
 def submit_job(
@@ -119,13 +114,13 @@ def list_jobs(
 
 
 @router.get("/{job_id}", response_model=JobRead)
-def get_job(job_id: JobId, session: SessionDep, supervisor: SupervisorDep) -> JobRead:
-    return JobRead.from_row(_job_or_404(session, job_id), supervisor.queue_status(job_id))
+def get_job(job: JobDep, supervisor: SupervisorDep) -> JobRead:
+    return JobRead.from_row(job, supervisor.queue_status(job.id))
 
 
 @router.get("/{job_id}/wait", response_model=JobRead)
 async def wait_for_job(
-    job_id: JobId,
+    job: JobDep,
     request: Request,
     session_factory: SessionFactoryDep,
     supervisor: SupervisorDep,
@@ -138,39 +133,40 @@ async def wait_for_job(
     deadline = time.monotonic() + timeout
     stopping = draining(request)
     while True:
-        seen = changes.version(job_id)
-        job = await run_in_threadpool(_read_job, session_factory, job_id)
+        seen = changes.version(job.id)
         done = JobState(job.state) in TERMINAL_STATES or time.monotonic() >= deadline
         if done or stopping.is_set():
-            return JobRead.from_row(job, supervisor.queue_status(job_id))
+            return JobRead.from_row(job, supervisor.queue_status(job.id))
         left = max(0.0, deadline - time.monotonic())
-        await changes.wait(job_id, seen, min(changes.fallback_s(WAIT_POLL_S), left))
+        await changes.wait(job.id, seen, min(changes.fallback_s(WAIT_POLL_S), left))
+        job = await run_in_threadpool(_read_job, session_factory, job.id)
 
 
-def _read_job(session_factory: SessionFactoryDep, job_id: int):  # type: ignore[no-untyped-def]
+def _read_job(session_factory: SessionFactoryDep, job_id: int) -> Job:
     # A short session per poll: a waiter holds no connection while it sleeps.
     with session_factory() as session:
-        return _job_or_404(session, job_id)
+        job = repo.get_job(session, job_id)
+    if job is None:
+        raise ApiError(404, "not_found", f"job {job_id} not found")
+    return job
 
 
 @router.get("/{job_id}/attempts", response_model=list[AttemptRead])
-def get_attempts(job_id: JobId, session: SessionDep) -> list[AttemptRead]:
+def get_attempts(job: JobDep) -> list[AttemptRead]:
     """Every attempt of the job: number, start/end (Unix s), exit code, failure reason."""
-    return JobRead.from_row(_job_or_404(session, job_id)).attempts
+    return JobRead.from_row(job).attempts
 
 
 @router.post("/{job_id}/cancel", response_model=JobRead)
-def cancel_job(job_id: JobId, supervisor: SupervisorDep) -> JobRead:
+def cancel_job(job: JobDep, supervisor: SupervisorDep) -> JobRead:
     """Cancel a queued or running job; cancelling a finished job returns it unchanged (200)."""
-    job = supervisor.cancel(job_id)
-    if job is None:
-        raise ApiError(404, "not_found", f"job {job_id} not found")
-    return JobRead.from_row(job, supervisor.queue_status(job_id))
+    cancelled = supervisor.cancel(job.id) or job  # jobs are never deleted: None cannot happen
+    return JobRead.from_row(cancelled, supervisor.queue_status(job.id))
 
 
 @router.get("/{job_id}/metrics", response_model=MetricsPage)
 def read_metrics(
-    job_id: JobId,
+    job: JobDep,
     session: SessionDep,
     after: Annotated[
         int, Query(ge=0, le=SEQ_MAX, description="return records with seq > after")
@@ -181,7 +177,7 @@ def read_metrics(
 ) -> Response:
     # Read the state first: a record stored after this read is still returned next tick,
     # so a poller that sees a terminal state and then an empty page has seen everything.
-    job = _job_or_404(session, job_id)
+    job_id = job.id
     state = JobState(job.state)
     rows = repo.read_records(session, job_id, after, limit, rank, name)
     items = [MetricRead.from_row(r) for r in rows]  # type: ignore[arg-type]

@@ -1,9 +1,11 @@
 """``GET /jobs/{id}/logs``: a rank's log, read from a byte offset, so a client can follow it.
 
-The executor says where the file is (``Executor.rank_log``; locally the one torchrun writes for
-the rank with ``--redirects``): ``stderr`` by default — what the worker logs (Python logging goes
-to stderr) and any traceback — or ``stdout`` with ``stream=stdout``. Every path part comes from
-an integer or a fixed name; no client string reaches the filesystem.
+The executor says where the file is (``Executor.rank_log``). By default (``stream=combined``)
+everything the rank wrote — its prints (stdout) and its logging and tracebacks (stderr) — in
+the order written; ``stream=stdout`` or ``stream=stderr`` reads one stream. An attempt launched
+before combined files existed is read as its ``stderr`` once it is over (the answer's ``stream``
+says which). Every path part comes from an integer or a fixed name; no client string reaches
+the filesystem.
 
 A follower that starts late asks for ``?tail=N`` (the last N bytes) rather than reading a long
 log from offset 0, then follows with ``next_offset``; ``offset`` in the answer says where the text
@@ -21,8 +23,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
-from service import repository as repo
-from service.api.deps import JobId, SessionDep
+from service.api.deps import JobDep
 from service.api.errors import ERROR_RESPONSES, ApiError
 from service.executor.base import Executor
 from service.safefile import open_regular
@@ -36,6 +37,7 @@ LOG_OFFSET_MAX = 2**53  # the largest integer a JSON client (JavaScript) holds e
 
 
 class LogStream(str, Enum):
+    combined = "combined"
     stderr = "stderr"
     stdout = "stdout"
 
@@ -48,6 +50,7 @@ class LogChunk(BaseModel):
         description="the node the rank ran on (slurm executor); absent on the local executor "
         "(this host) and before the rank started",
     )
+    stream: LogStream = Field(description="what the text is: both streams (combined) or one")
     offset: int = Field(description="byte offset this text starts at")
     next_offset: int = Field(description="pass as ?offset= next time")
     text: str = Field(description="UTF-8, invalid bytes replaced; never splits a character")
@@ -103,25 +106,24 @@ def read_chunk(path: Path | None, offset: int, limit: int, final: bool) -> tuple
     responses={404: {**ERROR_RESPONSES[404], "description": "no such job, rank or attempt"}},
 )
 def read_logs(
-    job_id: JobId,
+    job: JobDep,
     request: Request,
-    session: SessionDep,
     rank: Annotated[int, Query(ge=0, le=65_535)] = 0,
     attempt: Annotated[int | None, Query(ge=1, le=10_000, description="default: latest")] = None,
     offset: Annotated[
         int, Query(ge=0, le=LOG_OFFSET_MAX, description="byte offset; past the end: empty text")
     ] = 0,
     limit: Annotated[int, Query(ge=1, le=LOG_PAGE_MAX)] = LOG_PAGE_DEFAULT,
-    stream: LogStream = LogStream.stderr,
+    stream: Annotated[
+        LogStream, Query(description="combined: stdout and stderr in the order written")
+    ] = LogStream.combined,
     tail: Annotated[
         int | None,
         Query(ge=1, le=LOG_PAGE_MAX,
               description="start this many bytes before the end (offset is then ignored)"),
     ] = None,
 ) -> LogChunk:
-    job = repo.get_job(session, job_id)
-    if job is None:
-        raise ApiError(404, "not_found", f"job {job_id} not found")
+    job_id = job.id
     world = int(job.spec.get("nproc_per_node", 1)) * int(job.spec.get("nnodes", 1))
     if rank >= world:
         raise ApiError(404, "not_found", f"job {job_id} has ranks 0..{world - 1}; no rank {rank}")
@@ -136,6 +138,9 @@ def read_logs(
     run = RunDir.for_job(request.app.state.settings.runs_dir, job_id)
     executor: Executor = request.app.state.executor
     where = executor.rank_log(run, attempt, rank, stream.value)
+    if where.path is None and stream is LogStream.combined and over:
+        stream = LogStream.stderr  # launched before combined files: the stream that explains
+        where = executor.rank_log(run, attempt, rank, stream.value)
     path = where.path
     if tail is not None:
         offset = max(0, _size(path) - tail)
@@ -143,8 +148,8 @@ def read_logs(
     offset = char_start(path, offset)
     text, next_offset, at_end = read_chunk(path, offset, limit, final=over)
     return LogChunk(
-        rank=rank, attempt=attempt, node=where.node, offset=offset, next_offset=next_offset,
-        text=text, complete=over and at_end,
+        rank=rank, attempt=attempt, node=where.node, stream=stream, offset=offset,
+        next_offset=next_offset, text=text, complete=over and at_end,
     )
 
 

@@ -16,9 +16,10 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
+from service import guard
 from service import repository as repo
 from service.api.auth import WorkerJobDep
-from service.api.deps import SessionDep
+from service.api.deps import JobDep, SessionDep
 from service.api.errors import ERROR_RESPONSES, RETRY_LATER, ApiError
 from service.recordscope import RecordScope
 from service.schemas import IngestResult, RecordBatch
@@ -66,7 +67,7 @@ BatchDep = Annotated[RecordBatch, Depends(_record_batch)]
     },
 )
 def post_records(
-    job_id: WorkerJobDep, batch: BatchDep, session: SessionDep, request: Request
+    job_id: WorkerJobDep, job: JobDep, batch: BatchDep, session: SessionDep, request: Request
 ) -> IngestResult:
     """Store a batch in one transaction; replays of (attempt, rank, epoch, step, name) are ignored.
 
@@ -76,6 +77,8 @@ def post_records(
     why). Nothing a rank reported is lost by this: the server ingests every rank's spool before
     a job that ended by itself turns terminal (docs/metrics.md).
     """
+    # Read again inside this write transaction (not the dependency's copy): writer sessions
+    # hold the write lock from their first statement (service.db) on SQLite.
     job = repo.get_job(session, job_id)
     if job is None:
         raise ApiError(404, "not_found", f"job {job_id} not found")
@@ -96,6 +99,7 @@ def post_records(
     added = repo.insert_records(session, job_id, records)
     if added:
         repo.mark_first_metric(session, job_id, records)
+        guard.check(session, job_id, job.spec, records)  # a loss gone bad stops the job
     session.commit()
     request.app.state.telemetry.records_ingested.inc(added)
     return IngestResult(accepted=added, duplicates=len(records) - added)

@@ -8,8 +8,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from service import repository as repo
-from service.api.deps import JOB_ID_MAX, JobId, SessionDep
-from service.api.errors import ApiError
+from service.api.deps import JOB_ID_MAX, JobDep, SessionDep
 from service.downsample import Line, build_lines
 from service.schemas import MetricValue
 from service.state import JobState
@@ -64,7 +63,7 @@ def _line(line: Line) -> SeriesLine:
 
 @router.get("/jobs/{job_id}/series", response_model=SeriesPage)
 def read_series(
-    job_id: JobId,
+    job: JobDep,
     session: SessionDep,
     name: Annotated[str, Query(min_length=1, max_length=64)] = "loss",
     level: Annotated[Literal["epoch", "step"], Query(description="per-epoch or per-step")] = "epoch",
@@ -72,9 +71,7 @@ def read_series(
 ) -> SeriesPage:
     """One metric of a job for charts: a line per (rank, attempt) plus the cross-rank mean, each
     downsampled to at most ``max_points`` (first, last and extreme points always kept)."""
-    job = repo.get_job(session, job_id)
-    if job is None:
-        raise ApiError(404, "not_found", f"job {job_id} not found")
+    job_id = job.id
     state = JobState(job.state)
     # Read the cursor before the rows: a record stored in between is in the rows and makes the
     # next progress poll look newer, so the client re-reads once; it is never missed.

@@ -11,14 +11,12 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from service import repository as repo
-from service.api.deps import JobId, SessionDep
-from service.api.errors import ApiError
-from service.metricsummary import EpochValue, summarize
+from service.api.deps import JobDep, SessionDep
+from service.metricsummary import DEFAULT_THRESHOLD, EpochValue, summarize
 from service.schemas import MetricValue
 from torchyard_contract.records import decode_value, to_wire
 
 router = APIRouter(prefix="/jobs", tags=["metrics"])
-DEFAULT_THRESHOLD = 0.5
 
 
 class EpochSummaryRead(BaseModel):
@@ -48,7 +46,7 @@ def _float(value: float | None, nonfinite: str | None) -> float:
 
 @router.get("/{job_id}/metrics/summary", response_model=MetricSummary)
 def metric_summary(
-    job_id: JobId,
+    job: JobDep,
     session: SessionDep,
     name: Annotated[str, Query(min_length=1, max_length=64)] = "loss",
     threshold: Annotated[
@@ -56,8 +54,7 @@ def metric_summary(
     ] = DEFAULT_THRESHOLD,
 ) -> MetricSummary:
     """Per epoch: count/mean/min/max/std across ranks, and the diverging ranks (docs/metrics.md)."""
-    if repo.get_job(session, job_id) is None:
-        raise ApiError(404, "not_found", f"job {job_id} not found")
+    job_id = job.id
     values = [
         EpochValue(attempt, rank, epoch, _float(value, nonfinite))
         for attempt, rank, epoch, _step, value, nonfinite

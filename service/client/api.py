@@ -105,9 +105,12 @@ class TorchyardClient:
 
     def logs(
         self, job_id: int, rank: int, offset: int, attempt: int | None = None,
-        stream: str = "stderr",
+        stream: str | None = None,
     ) -> dict:
-        params: dict[str, Any] = {"rank": rank, "offset": offset, "stream": stream}
+        """``stream`` None: both streams in the order written (the server's default)."""
+        params: dict[str, Any] = {"rank": rank, "offset": offset}
+        if stream is not None:
+            params["stream"] = stream
         if attempt is not None:
             params["attempt"] = attempt
         return self._call("GET", f"/jobs/{job_id}/logs", params=params)

@@ -60,8 +60,7 @@ def _exit_for(job: dict[str, Any]) -> int:
 
 
 def _job_line(job: dict[str, Any]) -> None:
-    reason = f": {job['reason']}" if job.get("reason") else ""
-    console.print(f"job {job['id']}", render.state_text(job["state"]), reason, highlight=False)
+    console.print(render.job_line(job), highlight=False)
 
 
 def _parse_pairs(pairs: list[str], option: str) -> dict[str, Any]:
@@ -215,12 +214,13 @@ def logs(
         bool, typer.Option("--follow", "-f", help="keep reading until the attempt ends")
     ] = False,
     stream: Annotated[
-        str, typer.Option(help="stderr: what the rank logs, tracebacks; stdout: its prints")
-    ] = "stderr",
+        str | None,
+        typer.Option(help="one stream only: stdout (its prints) or stderr (logging, tracebacks)"),
+    ] = None,
     url: UrlOpt = DEFAULT_URL,
     token: TokenOpt = None,
 ) -> None:
-    """A rank's log (stderr by default: what the worker logs, tracebacks)."""
+    """Everything a rank printed, stdout and stderr in the order written (or one --stream)."""
     offset = 0
     with _client(url, token) as client:
         while True:

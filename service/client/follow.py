@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from service.client.api import TorchyardClient
-from service.client.render import fmt_value, state_text
+from service.client.render import fmt_value, job_line
 
 
 @dataclass
@@ -47,7 +47,7 @@ def follow(client: TorchyardClient, job: dict[str, Any], console: Console) -> Fo
             if event.kind == "state":
                 result.job = event.data
                 progress.update(task, state=event.data["state"])
-                console.print(f"job {job['id']}", state_text(event.data["state"]))
+                console.print(job_line(event.data), highlight=False)
                 continue
             m = event.data
             if m["name"] != "loss" or m["step"] is not None:

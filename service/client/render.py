@@ -30,6 +30,12 @@ def state_text(state: str) -> Text:
     return Text(state, style=STATE_STYLES.get(state, ""))
 
 
+def job_line(job: dict[str, Any]) -> Text:
+    """``job 7 failed: <reason>``: the state and, when there is one, why."""
+    reason = f": {job['reason']}" if job.get("reason") else ""
+    return Text.assemble(f"job {job['id']} ", state_text(job["state"]), reason)
+
+
 def _age(iso: str | None) -> str:
     if not iso:
         return "-"

@@ -311,16 +311,21 @@
         `epoch ${i.epoch}: rank ${i.diverged_ranks.join(", rank ")}`))));
   }
 
-  // Follows a rank's log from its tail (a long log is not read from the start); earlier parts
+  // Everything the rank printed (stdout and stderr in the order written) unless one stream is
+  // picked; followed live from its tail (a long log is not read from the start); earlier parts
   // load on demand, LOG_PAGE_BYTES at a time.
   function logsPanel(jobId, container) {
     const rankSel = h("select", {id: "log-rank"});
+    const streamSel = h("select", {id: "log-stream"},
+      h("option", {value: "combined"}, "stdout + stderr"),
+      h("option", {value: "stdout"}, "stdout"),
+      h("option", {value: "stderr"}, "stderr"));
     const pre = h("pre", {class: "log", id: "log-text"});
     const note = h("p", {class: "quiet", id: "log-note"});
     const earlierBtn = h("button", {type: "button", id: "log-earlier", class: "quiet",
                                     hidden: true}, "Load earlier");
     container.replaceChildren(h("div", {class: "row"}, h("label", {}, "rank ", rankSel),
-                                                    earlierBtn),
+                                h("label", {}, " output ", streamSel), earlierBtn),
                               note, pre);
     let ranks = 0;
     let offset = null;  // null: not read yet, start at the tail
@@ -339,7 +344,9 @@
       pre.textContent = "";
       note.textContent = "";
     }
-    rankSel.addEventListener("change", () => { reset(); poll.stop(); poll = start(); });
+    for (const sel of [rankSel, streamSel]) {
+      sel.addEventListener("change", () => { reset(); poll.stop(); poll = start(); });
+    }
 
     earlierBtn.addEventListener("click", async () => {
       if (first <= 0 || attempt === null) return;
@@ -348,7 +355,8 @@
       try {
         const r = await api(`/jobs/${jobId}/logs?` + new URLSearchParams({
           rank: rankSel.value, attempt: String(attempt), offset: String(from),
-          limit: String(first - from)}));
+          limit: String(first - from),
+          ...(streamSel.value !== "combined" ? {stream: streamSel.value} : {})}));
         const keep = pre.scrollHeight - pre.scrollTop;  // stay on the same lines
         pre.textContent = r.text + pre.textContent;
         pre.scrollTop = pre.scrollHeight - keep;
@@ -369,6 +377,7 @@
       else params.offset = String(offset);
       let r;
       try {
+        if (streamSel.value !== "combined") params.stream = streamSel.value;
         r = await api(`/jobs/${jobId}/logs?` + new URLSearchParams(params));
       } catch (err) {
         if (err instanceof ApiFailure && err.status === 404) {
@@ -388,7 +397,8 @@
         earlierBtn.hidden = first <= 0;
       }
       attempt = r.attempt;
-      note.textContent = `attempt ${r.attempt}` + (r.complete ? " · complete" : "");
+      note.textContent = `attempt ${r.attempt}` + (r.complete ? " · complete" : "") +
+        (streamSel.value === "combined" && r.stream !== "combined" ? ` · ${r.stream} only` : "");
       if (r.text) {
         const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
         let text = pre.textContent + r.text;
@@ -516,8 +526,12 @@
         drawChart(chart, chartNote, s);
         if (s.lines.length) await refreshSummary(name);
       }
-      // Once terminal and drawn from a terminal read, nothing changes any more.
-      return !(TERMINAL.has(job.state) && !changed);
+      // Once terminal, drawn from a terminal read and every attempt over, nothing changes any
+      // more (a cancelled or guard-stopped job is terminal while its group is still stopping).
+      const ended = parseTime(job.ended_at);
+      const over = job.attempts.every((a) => a.ended_at !== null) ||
+                   (ended !== null && Date.now() - ended > 60_000);
+      return !(TERMINAL.has(job.state) && !changed && over);
     };
     let poll = poller(tick, POLL_MS);
     metricSel.addEventListener("change", () => {  // the poller may have stopped (terminal job)

@@ -22,7 +22,10 @@ from typing import Literal, Protocol
 
 from torchyard_contract.rundir import RunDir
 
-LogStreamName = Literal["stderr", "stdout"]
+# "combined": both streams of the rank in one file, in the order written (``RunDir.rank_output``,
+# written by ``service.ranktee``); an executor that cannot keep that order may interleave them
+# and mark each line with its stream. "stderr"/"stdout": one stream.
+LogStreamName = Literal["combined", "stderr", "stdout"]
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,8 @@ class Executor(Protocol):
     def rank_log(
         self, run: RunDir, attempt: int, rank: int, stream: LogStreamName
     ) -> RankLog:
-        """Where ``rank`` (global) of ``attempt`` wrote ``stream``."""
+        """Where ``rank`` (global) of ``attempt`` wrote ``stream`` (``combined``: both, as
+        above)."""
         ...
 
     def preflight(self, runs_dir: Path, api_url: str) -> None:

@@ -4,8 +4,10 @@ process group of its own on the server's host, so the job outlives a server rest
 Reference: JSON ``{"pid": <shim pid>, "create_time": <its start, epoch seconds>, "host": <host>}``
 — the start time tells the shim from a later process that reused its pid; the host says where
 the pid means anything: a supervisor on another host (a standby that took over) leaves the job
-alone (``reachable``). References from before ``host`` was added are taken as this host's. Logs: torchrun's per-rank files
-under ``RUN_DIR/logs/attempt-<n>/<run id>/attempt_0/<rank>/{stderr,stdout}.log``.
+alone (``reachable``). References from before ``host`` was added are taken as this host's. Logs:
+torchrun's per-rank files under
+``RUN_DIR/logs/attempt-<n>/<run id>/attempt_0/<rank>/{stderr,stdout}.log``, and both streams in
+one file, ``RUN_DIR/logs/attempt-<n>/rank-<rank>.log`` (``service.ranktee``).
 """
 
 from __future__ import annotations
@@ -204,6 +206,9 @@ class LocalExecutor:
         self, run: RunDir, attempt: int, rank: int, stream: LogStreamName
     ) -> RankLog:
         """The newest torchrun run id's file if several; every path part is an int or fixed."""
+        if stream == "combined":
+            output = run.rank_output(attempt, rank)
+            return RankLog(rank=rank, node=None, path=output if output.exists() else None)
         pattern = f"attempt-{int(attempt)}/*/attempt_*/{int(rank)}/{stream}.log"
         found = sorted(run.logs_dir.glob(pattern), key=_mtime)
         path: Path | None = found[-1] if found else None
