@@ -28,9 +28,8 @@ from datetime import UTC
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from service import guard, scheduler, secretstore
 from service import repository as repo
-from service import runclaim
+from service import runclaim, scheduler, secretstore
 from service.admission import admit
 from service.executor.base import Executor, Phase, Status, Submission
 from service.executor.slurmcli import NodeRow, SlurmError
