@@ -43,6 +43,7 @@ from service.executor.slurmscript import (
     rank_location,
     sbatch_environment,
 )
+from service.safefile import is_regular, read_bytes
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.spec import Device, JobSpec
 
@@ -262,10 +263,13 @@ class SlurmExecutor:
         name_file = node_dir / "node"
         node = None
         if _inside(name_file, root):
-            try:
-                node = name_file.read_text(errors="replace").strip()[:256] or None
-            except OSError:
-                node = None
+            # Regular files only: a FIFO the job left there would hold the reading thread.
+            raw = read_bytes(name_file, 256)
+            node = raw.decode(errors="replace").strip() or None if raw is not None else None
+        if stream == "combined":  # service.ranktee wrote it on the node, named by global rank
+            output = run.rank_output(attempt, rank)
+            found_output = _inside(output, root) and is_regular(output)
+            return RankLog(rank=rank, node=node, path=output if found_output else None)
         pattern = f"*/attempt_*/{int(local_rank)}/{stream}.log"
         found = sorted(
             (p for p in node_dir.glob(pattern) if _inside(p, root)), key=lambda p: p.stat().st_mtime
