@@ -275,7 +275,9 @@ class Settings(BaseSettings):
             try:
                 lines = self.api_tokens_file.read_text().splitlines()
             except OSError as exc:
-                raise ValueError(f"api_tokens_file: cannot read {self.api_tokens_file}: {exc}")
+                raise ValueError(
+                    f"api_tokens_file: cannot read {self.api_tokens_file}: {exc}"
+                ) from exc
             from_file = [ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")]
             if not from_file:
                 raise ValueError(f"api_tokens_file: {self.api_tokens_file} holds no tokens")

@@ -32,7 +32,10 @@ def test_labels_are_stored_and_filter_the_list(api: TestClient) -> None:
     b = api.post("/jobs", json={**SMALL, "labels": {"team": "nlp"}}).json()
     api.post("/jobs", json=SMALL)
     assert a["spec"]["labels"] == {"team": "vision", "exp": "lr-sweep"}
-    ids = lambda q: [j["id"] for j in api.get(f"/jobs?{q}").json()["items"]]
+
+    def ids(q: str) -> list[int]:
+        return [j["id"] for j in api.get(f"/jobs?{q}").json()["items"]]
+
     assert ids("label=team=vision") == [a["id"]]
     assert ids("label=team") == [b["id"], a["id"]]
     assert ids("label=team=vision&label=exp=lr-sweep") == [a["id"]]

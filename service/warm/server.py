@@ -330,7 +330,7 @@ class Server:
             pass
         self.sel.unregister(self.listener)
         self.listener.close()
-        for pid, channel in list(self.idle.items()):
+        for channel in list(self.idle.values()):
             self.sel.unregister(channel)
             channel.close()  # the idle child sees end of stream and exits
         self.idle.clear()
