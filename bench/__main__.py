@@ -5,8 +5,6 @@ after another, and prints a Markdown table per benchmark under a description of 
 ``--update-docs`` writes that text into docs/benchmarks.md between the results markers.
 """
 
-from __future__ import annotations
-
 import argparse
 import importlib
 import json

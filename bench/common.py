@@ -1,7 +1,5 @@
 """What every benchmark shares: result rows, percentiles, and a description of the machine."""
 
-from __future__ import annotations
-
 import math
 import os
 import platform

@@ -5,8 +5,6 @@ as ranks do (one request = one batch = one writer transaction). Every record is 
 natural key), so every one is validated, inserted and indexed. Goal: >= 50,000 records/s.
 """
 
-from __future__ import annotations
-
 import json
 import tempfile
 import threading

@@ -6,8 +6,6 @@ POST with a body) and reads one ``Content-Length`` response; enough for torchyar
 on 127.0.0.1, nothing more (no chunked bodies, redirects or TLS).
 """
 
-from __future__ import annotations
-
 import asyncio
 import json
 from typing import Any

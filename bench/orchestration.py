@@ -16,8 +16,6 @@ with its spread (each run's c / the a before it). Warm ranks run in the warm ser
 which the probe does not instrument: (c) has no rank phases.
 """
 
-from __future__ import annotations
-
 import json
 import os
 import statistics

@@ -8,8 +8,6 @@ the same pollers again with no pause (saturation). Requests go to 127.0.0.1 only
 Goal: p99 <= 10 ms and flat as the table grows; concurrent: zero errors.
 """
 
-from __future__ import annotations
-
 import asyncio
 import json
 import tempfile

@@ -9,8 +9,6 @@
   the middle by cursor.
 """
 
-from __future__ import annotations
-
 import statistics
 import tempfile
 import threading

@@ -5,8 +5,6 @@
 ``create_app`` under uvicorn, without the supervisor loop, so queued jobs stay queued.
 """
 
-from __future__ import annotations
-
 import os
 import signal
 import sqlite3
@@ -38,7 +36,7 @@ class Server:
     def start(
         cls, home: Path, *, supervisor: bool = True, env: dict[str, str] | None = None,
         args: tuple[str, ...] = (),
-    ) -> Server:
+    ) -> "Server":
         home.mkdir(parents=True, exist_ok=True)
         port = free_port()
         full_env = {

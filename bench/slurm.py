@@ -16,8 +16,6 @@ Runs alternate local, slurm 1×2, slurm 2×1. Without slurm-wlm and munge the Sl
 reported as missing instead of failing the other benchmarks.
 """
 
-from __future__ import annotations
-
 import statistics
 import tempfile
 import time

@@ -13,8 +13,6 @@ Warm and cold use two servers (``TORCHYARD_WARM_RANKS`` on / off) started once, 
 waited on until its pool is ready (``GET /resources``).
 """
 
-from __future__ import annotations
-
 import json
 import os
 import statistics

@@ -11,8 +11,6 @@ skipped with a row saying so where PostgreSQL is not installed. The server CPU f
 the torchyard processes, not PostgreSQL's backends.
 """
 
-from __future__ import annotations
-
 import asyncio
 import json
 import tempfile

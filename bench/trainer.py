@@ -12,8 +12,6 @@ optimizer, batch size (64) and seed, on one CPU thread (what a 1-slot CPU rank g
 Epochs alternate between the two so machine load hits both alike. Goal: >= 2x samples/s on CPU.
 """
 
-from __future__ import annotations
-
 import struct
 import tempfile
 import time

@@ -9,8 +9,6 @@ directory). gloo on CPU, NCCL on GPU, device from ``LOCAL_RANK``. Each rank prin
 the mean of its batch losses per epoch; with the same ``--seed`` both runs give the same losses.
 """
 
-from __future__ import annotations
-
 import argparse
 import os
 

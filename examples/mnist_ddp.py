@@ -17,8 +17,6 @@ Reports per rank per epoch: ``loss`` (mean of the rank's batch losses), ``test_a
 resumed start ``resumed_from_epoch``. Outside torchyard, checkpoints go to ``./checkpoints``.
 """
 
-from __future__ import annotations
-
 import argparse
 import os
 

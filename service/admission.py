@@ -11,8 +11,6 @@ outside the configured roots). It never touches the filesystem beyond resolving 
   path, so a relative path means the same thing to the worker as it did here.
 """
 
-from __future__ import annotations
-
 from pydantic import ValidationError
 
 from service.pathguard import PathRefused, confine

@@ -6,8 +6,6 @@ is stored and answered is cut here, saying so; the full text stays in the job's 
 (``GET /jobs/<id>/logs?rank=<r>``, ``RUN_DIR/logs/``), which are read in pages.
 """
 
-from __future__ import annotations
-
 REASON_MAX_CHARS = 2000  # a job's or an attempt's reason, as stored and answered
 LOG_LINE_MAX_CHARS = 300  # one line of a log tail quoted in a reason
 WHERE_FULL_TEXT = "the full text is in the job's logs"

@@ -14,8 +14,6 @@ read and a notification: read the version, read the database, then wait only if 
 changed since that version.
 """
 
-from __future__ import annotations
-
 import asyncio
 import logging
 import threading

@@ -4,8 +4,6 @@ Kept apart from ``service.settings`` (pydantic) so the per-job shim can use it w
 that import on every job's start path.
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 
 # Never passed on to a job's shim or ranks (jobs run user code; see docs/security.md).

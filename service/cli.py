@@ -1,7 +1,5 @@
 """The ``torchyard`` command: ``serve``, ``db upgrade``, and the client commands (``service.client``)."""
 
-from __future__ import annotations
-
 import ipaddress
 import logging
 import os

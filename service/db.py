@@ -5,8 +5,6 @@ per process) and a reader for GET routes (plain deferred ``BEGIN``, ``query_only
 never queues behind writes: in WAL mode readers see the last commit and never wait for a writer.
 """
 
-from __future__ import annotations
-
 import threading
 from pathlib import Path
 

@@ -6,8 +6,6 @@ point of the whole series and its extremes (a loss spike, a NaN) are always kept
 through the kept points looks like the line through all of them.
 """
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 from dataclasses import dataclass
 

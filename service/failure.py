@@ -5,8 +5,6 @@ Everything read here was written by the job (error files, logs), so it is read b
 full text stays in the rank's log.
 """
 
-from __future__ import annotations
-
 import json
 import re
 import signal

@@ -16,8 +16,6 @@ has seen every record (docs/metrics.md). An error finishing one job fails that j
 error as its reason; the thread goes on with the next.
 """
 
-from __future__ import annotations
-
 import logging
 import queue
 import threading

@@ -17,8 +17,6 @@ changes, then fails the job with that reason and stops its group like a cancel. 
 stored: they are data.
 """
 
-from __future__ import annotations
-
 import math
 from collections import defaultdict
 from collections.abc import Sequence

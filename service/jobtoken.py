@@ -1,7 +1,5 @@
 """Per-job worker tokens: made at launch, handed to ranks by environment, stored only as a hash."""
 
-from __future__ import annotations
-
 import hashlib
 import secrets
 

@@ -5,8 +5,6 @@ runs it. The job's attempt loop (``service.shim``) calls it; starting the job it
 executor's (``service.executor``).
 """
 
-from __future__ import annotations
-
 import os
 import subprocess
 from dataclasses import dataclass, field

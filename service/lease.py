@@ -18,8 +18,6 @@ every ``ttl_s / RENEWALS_PER_TTL`` seconds. With TTL = ``lease_ttl_s``:
   act: its lease is taken over at once instead of after its expiry.
 """
 
-from __future__ import annotations
-
 import logging
 import os
 import socket

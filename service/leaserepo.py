@@ -1,7 +1,5 @@
 """SQL of the supervisor lease (``service.lease``): claim or renew, check under a lock, release."""
 
-from __future__ import annotations
-
 from sqlalchemy import ColumnElement, case, func, literal_column, select, update
 from sqlalchemy.orm import Session
 

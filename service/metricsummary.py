@@ -13,8 +13,6 @@ Divergence rule, per epoch (``threshold`` is a relative distance, e.g. 0.5 = 50 
 * One rank alone never diverges; nor do ranks that are all non-finite.
 """
 
-from __future__ import annotations
-
 import math
 import statistics
 from collections import defaultdict

@@ -1,7 +1,5 @@
 """ORM tables. The schema itself is owned by Alembic (migrations/); a test checks they agree."""
 
-from __future__ import annotations
-
 from datetime import datetime
 
 from sqlalchemy import (

@@ -7,8 +7,6 @@ resolved the same way). ``..`` segments and symlinks that lead outside are refus
 it never creates, opens or reads the target.
 """
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 from pathlib import Path
 

@@ -17,8 +17,6 @@ by a process the program started is read for ``DRAIN_S`` after the program exits
 The standard library only: it runs in every rank.
 """
 
-from __future__ import annotations
-
 import argparse
 import os
 import selectors

@@ -7,8 +7,6 @@ that has not started (it would later shadow the genuine record as a "duplicate")
 is over (docs/metrics.md: no record is stored once a job is terminal).
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 from service.models import Job
@@ -44,7 +42,7 @@ class RecordScope:
     active: bool
 
     @classmethod
-    def of(cls, job: Job) -> RecordScope:
+    def of(cls, job: Job) -> "RecordScope":
         recorded: dict[int, dict] = {}
         for a in job.attempts or []:
             if isinstance(a, dict) and isinstance(a.get("number"), int):

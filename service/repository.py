@@ -1,7 +1,5 @@
 """All SQL lives here. State changes are compare-and-set: zero rows changed means someone else won."""
 
-from __future__ import annotations
-
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime

@@ -1,7 +1,5 @@
 """The host's schedulable resources: GPUs (detected without torch) or CPU slots."""
 
-from __future__ import annotations
-
 import shutil
 import subprocess
 from dataclasses import dataclass

@@ -16,8 +16,6 @@ The claim is created atomically with its content (a complete temp file hard-link
 so a reader never sees half of one and two claimants never both win.
 """
 
-from __future__ import annotations
-
 import json
 import os
 import uuid

@@ -14,8 +14,6 @@ A file that fails any of this is logged (once per version of the file) and treat
 nothing here raises.
 """
 
-from __future__ import annotations
-
 import json
 import logging
 import math

@@ -6,8 +6,6 @@ server or the shim reads from a run directory goes through here: a file that is 
 file or is larger than asked for is refused (``None``), never waited on or read whole.
 """
 
-from __future__ import annotations
-
 import os
 import stat
 from pathlib import Path

@@ -18,8 +18,6 @@ Anti-starvation is EASY backfill with a reservation, per resource kind (GPUs, CP
 * A job of another kind (a CPU job behind a blocked GPU job) is not affected.
 """
 
-from __future__ import annotations
-
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field

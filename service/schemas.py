@@ -1,7 +1,5 @@
 """HTTP shapes (apart from the ORM tables). The job spec itself is ``torchyard_contract.spec.JobSpec``."""
 
-from __future__ import annotations
-
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
@@ -84,7 +82,7 @@ class JobRead(BaseModel):
     attempts: list[AttemptRead]
 
     @classmethod
-    def from_row(cls, job: Job, waiting: Waiting | None = None) -> JobRead:
+    def from_row(cls, job: Job, waiting: Waiting | None = None) -> "JobRead":
         """``waiting``: the scheduler's view of a queued job (ignored once it left the queue)."""
         queued = job.state == JobState.queued.value and waiting is not None
         return cls(
@@ -192,7 +190,7 @@ class MetricRead(BaseModel):
     time: float
 
     @classmethod
-    def from_row(cls, r: MetricRecord) -> MetricRead:
+    def from_row(cls, r: MetricRecord) -> "MetricRead":
         return cls(
             seq=r.seq,
             attempt=r.attempt,

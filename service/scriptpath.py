@@ -19,8 +19,6 @@ Contract:
   and again at launch (what runs is what exists then).
 """
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path

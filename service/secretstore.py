@@ -14,8 +14,6 @@ caller passes it only through a process environment (``Submission.env``), never 
 of the run directory or an API answer.
 """
 
-from __future__ import annotations
-
 import json
 from collections.abc import Mapping
 from pathlib import Path

@@ -1,7 +1,5 @@
 """Service settings, read once from the environment (prefix ``TORCHYARD_``) and injected."""
 
-from __future__ import annotations
-
 import os
 from pathlib import Path
 from typing import Annotated, Literal

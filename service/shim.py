@@ -28,8 +28,6 @@ own, a double-forked daemon — is stopped (SIGTERM, up to ``STRAY_GRACE_S``, SI
 next attempt starts or the outcome is written, so no process of the job outlives it.
 """
 
-from __future__ import annotations
-
 import argparse
 import json
 import os
@@ -78,7 +76,7 @@ class ShimConfig:
         return self.nnodes * self.nproc_per_node
 
     @classmethod
-    def read(cls, run: RunDir) -> ShimConfig:
+    def read(cls, run: RunDir) -> "ShimConfig":
         return cls(**json.loads(run.launch_file.read_text()))
 
     def rank_program(self, run: RunDir) -> tuple[str, ...]:

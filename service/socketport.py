@@ -1,7 +1,5 @@
 """Free TCP ports, for each attempt's rendezvous."""
 
-from __future__ import annotations
-
 import socket
 
 

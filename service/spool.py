@@ -18,8 +18,6 @@ store — bounded, so that no spool can stall the server (issue 17):
 Ingestion is idempotent, so reading a record the API did store is harmless.
 """
 
-from __future__ import annotations
-
 import logging
 import os
 from collections.abc import Iterator

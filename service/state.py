@@ -1,7 +1,5 @@
 """Job states and the only legal transitions between them. Terminal states are terminal."""
 
-from __future__ import annotations
-
 from enum import Enum
 
 

@@ -13,8 +13,6 @@ to the tree are stopped. A process that escapes the tree anyway (ptrace tricks, 
 through another service such as systemd-run or at) is beyond what this can see; a cgroup would be.
 """
 
-from __future__ import annotations
-
 import ctypes
 import ctypes.util
 import logging

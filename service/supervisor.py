@@ -15,8 +15,6 @@ changes (its finisher's too) under the lease's fence. The others stand by (their
 serve).
 """
 
-from __future__ import annotations
-
 import logging
 import math
 import sys

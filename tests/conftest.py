@@ -7,8 +7,6 @@ database. Without PostgreSQL installed that half is skipped with the reason, exc
 (``CI=true``), where it fails.
 """
 
-from __future__ import annotations
-
 import importlib.util
 import os
 import signal

@@ -6,8 +6,6 @@ The cluster lives in a temp dir owned by the ``postgres`` user when the tests ru
 Each test gets its own database (``create_database``), so tests never see each other's rows.
 """
 
-from __future__ import annotations
-
 import glob
 import os
 import pwd

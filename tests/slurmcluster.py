@@ -11,8 +11,6 @@ The configuration follows what was measured on the CI machine class: no cgroups
 test can watch Slurm forget a finished job.
 """
 
-from __future__ import annotations
-
 import getpass
 import os
 import shutil
@@ -102,7 +100,7 @@ class SlurmCluster:
     pid_files: list[Path] = field(default_factory=list)
 
     @classmethod
-    def start(cls, root: Path) -> SlurmCluster:
+    def start(cls, root: Path) -> "SlurmCluster":
         """Start munged, slurmctld and one slurmd per node; wait until every node is idle."""
         root.mkdir(parents=True, exist_ok=True)
         for sub in ("munge", "state", "log", *(f"spool/{n}" for n in NODES)):

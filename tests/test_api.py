@@ -1,7 +1,5 @@
 """API contract against the real app on a database migrated by Alembic (SQLite and PostgreSQL)."""
 
-from __future__ import annotations
-
 import math
 
 from fastapi.testclient import TestClient

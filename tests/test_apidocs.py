@@ -3,8 +3,6 @@ live ``torchyard serve`` with API tokens, every request outside that server refu
 validator badge). Skipped, saying why, without ``/usr/bin/chromium`` (as tests/test_dashboard.py).
 """
 
-from __future__ import annotations
-
 import json
 from collections.abc import Iterator
 from urllib.parse import urlparse

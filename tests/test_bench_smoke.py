@@ -1,7 +1,5 @@
 """Every benchmark runs end to end at smoke sizes and yields its result rows (no timing asserts)."""
 
-from __future__ import annotations
-
 import json
 import math
 from pathlib import Path

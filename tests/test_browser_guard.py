@@ -4,8 +4,6 @@ rebinding, cross-site writes and form posts are refused; the dashboard cannot be
 Issue 17, finding 4. ``service.api.browserguard``.
 """
 
-from __future__ import annotations
-
 import json
 from pathlib import Path
 

@@ -1,8 +1,6 @@
 """Told, not polling: commits wake the routes waiting on a job (in process, and on PostgreSQL
 across processes through LISTEN/NOTIFY)."""
 
-from __future__ import annotations
-
 import asyncio
 import threading
 import time

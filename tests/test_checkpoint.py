@@ -1,7 +1,5 @@
 """Checkpoints: the worker.checkpoint API and a real 2-rank torchrun resume (no mocks)."""
 
-from __future__ import annotations
-
 import json
 from pathlib import Path
 from typing import Any

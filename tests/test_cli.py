@@ -1,7 +1,5 @@
 """The ``torchyard`` client commands, run as real subprocesses against a live server."""
 
-from __future__ import annotations
-
 import os
 import subprocess
 import sys

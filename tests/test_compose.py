@@ -1,7 +1,5 @@
 """docker-compose.yml and the Dockerfile are structurally sound (no Docker engine here to run them)."""
 
-from __future__ import annotations
-
 import re
 from pathlib import Path
 

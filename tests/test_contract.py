@@ -1,7 +1,5 @@
 """The contract package and the worker stay free of the server, web and SQL stacks (issue 13)."""
 
-from __future__ import annotations
-
 import json
 import math
 import subprocess

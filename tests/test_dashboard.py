@@ -5,8 +5,6 @@ Chromium comes from Debian (``apt-get install chromium``, done by ``.ci/run``), 
 ``playwright install``; without ``/usr/bin/chromium`` these tests are skipped, saying why.
 """
 
-from __future__ import annotations
-
 from collections.abc import Iterator
 from pathlib import Path
 

@@ -5,8 +5,6 @@ The server is the real app under uvicorn in a thread with the supervisor off; th
 posted with the job's token and the log is a file where torchrun writes it, so no job has to run.
 """
 
-from __future__ import annotations
-
 import socket
 import threading
 import time

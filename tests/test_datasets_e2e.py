@@ -1,7 +1,5 @@
 """torchvision datasets from a local root: a tiny MNIST written as IDX files, and a missing root."""
 
-from __future__ import annotations
-
 import struct
 from pathlib import Path
 

@@ -1,7 +1,5 @@
 """End to end: a real server, real torchrun process groups on CPU with gloo."""
 
-from __future__ import annotations
-
 import math
 import time
 

@@ -1,7 +1,5 @@
 """Event streams (resumed with Last-Event-ID) and per-rank logs read with an offset cursor."""
 
-from __future__ import annotations
-
 from pathlib import Path
 
 import httpx

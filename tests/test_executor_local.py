@@ -1,7 +1,5 @@
 """The local executor's verbs on real process groups (no torchrun: a sleeping tree stands in)."""
 
-from __future__ import annotations
-
 import subprocess
 import sys
 import time

@@ -5,8 +5,6 @@ Both servers share one home (the run directories: on several hosts that is share
 give their jobs the standby's URL to post to, as a load balancer in front of both would.
 """
 
-from __future__ import annotations
-
 import os
 import re
 import signal

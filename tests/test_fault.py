@@ -1,7 +1,5 @@
 """Fault tolerance with real processes and real signals: dying ranks, a dying server, hangs."""
 
-from __future__ import annotations
-
 import json
 import os
 import signal

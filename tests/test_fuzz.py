@@ -18,8 +18,6 @@ draws again can follow other links; past ~30 scenarios hypothesis may stop with
 ``FlakyStrategyDefinition`` (its consistency check), which is not a finding about the server.
 """
 
-from __future__ import annotations
-
 import os
 from collections import Counter
 from collections.abc import Iterator

@@ -1,8 +1,6 @@
 """Loss guards (``nonfinite_patience``, ``divergence_patience``): real jobs stopped early, failed
 with a reason naming the rank, epoch and value; their records kept. Plus the streak rules."""
 
-from __future__ import annotations
-
 import math
 import shutil
 import time

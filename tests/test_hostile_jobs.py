@@ -5,8 +5,6 @@ In-process tests drive the real app on a migrated SQLite file; the live ones run
 (torchrun, gloo, CPU) under a real server.
 """
 
-from __future__ import annotations
-
 import json
 import os
 import threading

@@ -2,8 +2,6 @@
 that leave processes behind, litter the run directory, or raise enormous exceptions.
 """
 
-from __future__ import annotations
-
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path

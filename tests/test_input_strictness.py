@@ -4,8 +4,6 @@
 public pages, query strings on the dashboard.)
 """
 
-from __future__ import annotations
-
 import json
 import math
 

@@ -1,7 +1,5 @@
 """The supervisor lease on both stores: one holder, takeover after expiry, fencing, release."""
 
-from __future__ import annotations
-
 import time
 from collections.abc import Iterator
 from pathlib import Path

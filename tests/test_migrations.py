@@ -1,7 +1,5 @@
 """The schema comes only from Alembic, and the ORM models agree with its head, on both stores."""
 
-from __future__ import annotations
-
 from pathlib import Path
 
 import pytest

@@ -6,8 +6,6 @@ Client generation: ``openapi-python-client`` (the ``test`` extra) and, from ``cl
 the TypeScript test is skipped, saying why, except under ``CI=true`` where it fails.
 """
 
-from __future__ import annotations
-
 import difflib
 import json
 import os

@@ -1,7 +1,5 @@
 """``GET /metrics``: Prometheus text with job, queue, resource and request series."""
 
-from __future__ import annotations
-
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 

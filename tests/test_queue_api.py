@@ -1,8 +1,6 @@
 """Scheduling API against the real app on a migrated database, SQLite and PostgreSQL (no processes
 launched)."""
 
-from __future__ import annotations
-
 import time
 
 from fastapi.testclient import TestClient

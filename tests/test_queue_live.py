@@ -1,8 +1,6 @@
 """The queue against a real server and real torchrun groups: side by side, no double booking,
 allocations kept across a server restart."""
 
-from __future__ import annotations
-
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor

@@ -1,7 +1,5 @@
 """``service.ranktee``: a rank's two streams kept apart and together, its exit passed through."""
 
-from __future__ import annotations
-
 import os
 import signal
 import subprocess

@@ -1,7 +1,5 @@
 """Queue policy on a simulated GPU list: priority, FIFO, gang allocation, backfill, reasons."""
 
-from __future__ import annotations
-
 import math
 
 from service.scheduler import CPU, GPU, QueuedJob, RunningJob, plan

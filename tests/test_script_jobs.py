@@ -1,7 +1,5 @@
 """Script jobs: a user's own torchrun script (``entrypoint``) run and reported like a built-in job."""
 
-from __future__ import annotations
-
 import json
 import os
 import re

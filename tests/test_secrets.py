@@ -2,8 +2,6 @@
 ``TORCHYARD_SECRETS_FILE``, reach the ranks' environment and nothing else — no API answer, no
 file of the run directory, no line of the server's log."""
 
-from __future__ import annotations
-
 import hashlib
 import json
 import shutil

@@ -4,8 +4,6 @@ The auth matrix is generated from ``app.routes`` and runs against a real uvicorn
 such as SSE are opened and closed after the status line), so a route added later is covered.
 """
 
-from __future__ import annotations
-
 import json
 import os
 import re

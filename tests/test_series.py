@@ -1,7 +1,5 @@
 """Chart series: the downsampler, the series and progress routes, and the dashboard's static files."""
 
-from __future__ import annotations
-
 import math
 import random
 import time

@@ -4,8 +4,6 @@ Issue 17, finding 5: uvicorn waits for open requests before the app shuts down, 
 ``submit --follow`` client held a restart for as long as its job ran. ``service.api.drain``.
 """
 
-from __future__ import annotations
-
 import signal
 import threading
 import time

@@ -6,8 +6,6 @@ Skipped with a reason where slurm-wlm or munge is not installed, except under ``
 a missing package fails the run instead of silently skipping these tests.
 """
 
-from __future__ import annotations
-
 import os
 import shutil
 import signal

@@ -1,8 +1,6 @@
 """The Slurm executor's pure parts: batch script, srun argv, sbatch environment, and the
 parsing of squeue / scontrol / sinfo / sacct output (captured from Slurm 22.05)."""
 
-from __future__ import annotations
-
 import json
 from pathlib import Path
 

@@ -1,7 +1,5 @@
 """Smaller findings of issue 17 (finding 9): IPv6 worker URLs, log tails, metric names."""
 
-from __future__ import annotations
-
 import json
 import os
 import socket

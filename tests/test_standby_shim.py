@@ -1,8 +1,6 @@
 """The standby shim: a job's shim started ahead of the job takes the job's environment,
 directory and log, runs it as an ordinary shim would, and a server going away lets it go."""
 
-from __future__ import annotations
-
 import json
 import os
 import sys

@@ -2,8 +2,6 @@
 ``ON CONFLICT DO NOTHING``, 64-bit steps, JSON extraction in the scheduling pass, compare-and-set
 under concurrency, and ``seq`` order as concurrent readers see it."""
 
-from __future__ import annotations
-
 import math
 import threading
 from collections.abc import Iterator

@@ -1,7 +1,5 @@
 """Cross-rank summary: the divergence rule (pure) and a real job whose rank 1 diverges."""
 
-from __future__ import annotations
-
 import math
 import shutil
 import statistics

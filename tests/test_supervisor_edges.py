@@ -1,8 +1,6 @@
 """Supervisor edge cases on the real app and a migrated database (SQLite and PostgreSQL), with the
 supervisor running: resources are never left held by a job that cannot use them."""
 
-from __future__ import annotations
-
 import shutil
 import subprocess
 import sys

@@ -2,8 +2,6 @@
 the real warm server: reporting, cancel, heartbeat, deadline, a killed rank's restart, logs,
 and that no process of a job outlives it."""
 
-from __future__ import annotations
-
 import os
 import signal
 import time

@@ -1,8 +1,6 @@
 """The warm server and its relay, on real processes: hand-off, isolation, exit codes, signals,
 cleanup of everything a warm rank started, and the cold fallback."""
 
-from __future__ import annotations
-
 import json
 import os
 import signal

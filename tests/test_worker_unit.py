@@ -1,7 +1,5 @@
 """Fast, real tests of the worker package (no mocks of our own code)."""
 
-from __future__ import annotations
-
 import json
 import os
 import shutil

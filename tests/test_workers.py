@@ -4,8 +4,6 @@
 record exactly once, no slot ever held twice, one supervisor for the whole run.
 """
 
-from __future__ import annotations
-
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor

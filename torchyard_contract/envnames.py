@@ -5,8 +5,6 @@ job token travels only here, never on a command line or on disk. torchrun adds i
 (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``).
 """
 
-from __future__ import annotations
-
 API_URL = "TORCHYARD_API_URL"  # where ranks POST records
 JOB_ID = "TORCHYARD_JOB_ID"
 JOB_TOKEN = "TORCHYARD_JOB_TOKEN"  # bearer token for this job's record endpoint

@@ -7,8 +7,6 @@ used by the rank (:func:`encode_value`), the server's ingest (:func:`decode_valu
 (:func:`nonfinite_name`) and every read route (:func:`to_wire`).
 """
 
-from __future__ import annotations
-
 import math
 from typing import Annotated, Any, Literal
 

@@ -4,8 +4,6 @@ Part of the contract (``torchyard_contract``). A rank finds the directory in
 ``TORCHYARD_RUN_DIR`` and builds the same ``RunDir`` from it: no path is spelled twice.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +13,7 @@ class RunDir:
     root: Path
 
     @classmethod
-    def for_job(cls, runs_dir: Path, job_id: int) -> RunDir:
+    def for_job(cls, runs_dir: Path, job_id: int) -> "RunDir":
         return cls((runs_dir / str(job_id)).resolve())
 
     @property

@@ -4,8 +4,6 @@ Part of the contract (``torchyard_contract``): shared by ``service`` and ``worke
 FastAPI and SQLAlchemy imports.
 """
 
-from __future__ import annotations
-
 import re
 from enum import Enum
 from typing import Annotated
@@ -430,7 +428,7 @@ class JobSpec(BaseModel):
         return data
 
     @model_validator(mode="after")
-    def _check_script(self) -> JobSpec:
+    def _check_script(self) -> "JobSpec":
         if self.entrypoint is None:
             for name in ("args", "env", "secret_env"):
                 if getattr(self, name):
@@ -448,7 +446,7 @@ class JobSpec(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _check_combinations(self) -> JobSpec:
+    def _check_combinations(self) -> "JobSpec":
         if self.dataset_root is not None and "\x00" in self.dataset_root:
             raise ValueError("dataset_root: must not contain NUL bytes")
         if self.backend is Backend.nccl and self.device is Device.cpu:

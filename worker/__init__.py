@@ -29,8 +29,6 @@ SDK (cheap to import: no torch import here, on purpose)::
   is a no-op with one logged warning per process, so the same file runs anywhere.
 """
 
-from __future__ import annotations
-
 import atexit
 import threading
 from collections.abc import Callable

@@ -1,7 +1,5 @@
 """``python -m worker --spec RUN_DIR/spec.json`` (started by torchrun, once per rank)."""
 
-from __future__ import annotations
-
 import logging
 
 from worker.env import WorkerEnv

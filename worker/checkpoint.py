@@ -35,8 +35,6 @@ Contract:
   load checkpoints from an untrusted directory.
 """
 
-from __future__ import annotations
-
 import logging
 import os
 import re

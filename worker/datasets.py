@@ -7,8 +7,6 @@ Contract: :func:`load_dataset` returns a :class:`Splits` whose images are float3
 and the path.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 from pathlib import Path
 

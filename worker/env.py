@@ -7,8 +7,6 @@ naming the variable. The variable names are the contract's (``torchyard_contract
 This module must stay free of torch imports (the reporter uses it).
 """
 
-from __future__ import annotations
-
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -65,7 +63,7 @@ class WorkerEnv:
     backend: str | None = None
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str]) -> WorkerEnv:
+    def from_environ(cls, environ: Mapping[str, str]) -> "WorkerEnv":
         """Parse ``environ``; raises ``ValueError`` on malformed values."""
         run_dir = _str(environ, names.RUN_DIR)
         api_url = _str(environ, names.API_URL)
@@ -86,7 +84,7 @@ class WorkerEnv:
         )
 
     @classmethod
-    def current(cls) -> WorkerEnv:
+    def current(cls) -> "WorkerEnv":
         """``from_environ(os.environ)``: the one place the process environment is read."""
         return cls.from_environ(os.environ)
 

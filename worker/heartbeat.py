@@ -4,8 +4,6 @@ The job's shim (``service.shim``) fails an attempt whose rank has not touched it
 ``heartbeat_timeout_s``. A file, not an HTTP call, so it works while the API is down.
 """
 
-from __future__ import annotations
-
 import os
 import time
 from pathlib import Path

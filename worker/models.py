@@ -3,8 +3,6 @@
 Every model takes float ``[N, C, H, W]`` and returns logits ``[N, num_classes]``.
 """
 
-from __future__ import annotations
-
 import math
 
 from torch import nn

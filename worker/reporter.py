@@ -28,8 +28,6 @@ Contract:
 No torch import here: user code may import ``worker`` cheaply.
 """
 
-from __future__ import annotations
-
 import json
 import logging
 import os

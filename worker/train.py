@@ -29,8 +29,6 @@ checkpoint's epoch; ``epoch``: the first epoch it trains). A checkpoint at or pa
 The RNG states are rank 0's; every rank seeds identically, so they are the same on all.
 """
 
-from __future__ import annotations
-
 import argparse
 import logging
 import random

@@ -10,8 +10,6 @@ in ``worker.__main__``, in the same order, so the probe moves no work, it only t
 Benchmark use only; never installed with the package.
 """
 
-from __future__ import annotations
-
 import os
 import sys
 import time

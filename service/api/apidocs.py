@@ -6,8 +6,6 @@ pasted token serves both pages. Swagger UI is the copy shipped inside the instal
 ``fastapi-offline`` package: it opens without internet and is upgraded with pip.
 """
 
-from __future__ import annotations
-
 import importlib.util
 from functools import cache
 from pathlib import Path

@@ -7,8 +7,6 @@ limit (413) → JSON bodies only (415) → routing, where every route also refus
 No module-level state.
 """
 
-from __future__ import annotations
-
 import logging
 import sys
 import threading

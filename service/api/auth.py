@@ -18,8 +18,6 @@ Tokens are compared as SHA-256 digests with ``hmac.compare_digest``; only digest
 caller is put in ``request.state.principal`` (``PrincipalDep``).
 """
 
-from __future__ import annotations
-
 import hmac
 import re
 from collections.abc import Iterable

@@ -7,8 +7,6 @@ server as usual (disconnect detection for streams keeps working). The server (h1
 never delivers more than a declared ``Content-Length``.
 """
 
-from __future__ import annotations
-
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 

@@ -18,8 +18,6 @@ refused (docs/security.md, "Browsers"):
 Pure ASGI, so event streams pass through untouched.
 """
 
-from __future__ import annotations
-
 import ipaddress
 from collections.abc import Iterable
 from urllib.parse import urlsplit

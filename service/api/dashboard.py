@@ -5,8 +5,6 @@ plotly.js is the copy shipped inside the installed ``plotly`` Python package, so
 offline and its chart library is upgraded with pip like every other dependency.
 """
 
-from __future__ import annotations
-
 import importlib.util
 from functools import cache
 from pathlib import Path

@@ -5,8 +5,6 @@
 does not declare is a 422 "unknown field", as an unknown body field is.
 """
 
-from __future__ import annotations
-
 from collections.abc import Iterator
 from typing import Annotated, get_args, get_origin
 

@@ -9,8 +9,6 @@ answers with the job as it is (as on its timeout), and whatever is still open af
 ``SHUTDOWN_GRACE_S`` is cancelled by uvicorn.
 """
 
-from __future__ import annotations
-
 import threading
 from types import FrameType
 

@@ -4,8 +4,6 @@ No handler puts a traceback or an exception's internals in a response; unexpecte
 logged (without request headers, so no token reaches the log) and answered with a bare 500.
 """
 
-from __future__ import annotations
-
 import logging
 import re
 

@@ -20,8 +20,6 @@ PostgreSQL ``LISTEN/NOTIFY``, or this process's own commits on SQLite); ``EVENTS
 the fallback for writers in other processes on SQLite.
 """
 
-from __future__ import annotations
-
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass

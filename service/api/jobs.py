@@ -1,7 +1,5 @@
 """Job routes: submit, read, list, wait, cancel, and read metrics with a cursor."""
 
-from __future__ import annotations
-
 import time
 from typing import Annotated
 

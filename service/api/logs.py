@@ -12,8 +12,6 @@ log from offset 0, then follows with ``next_offset``; ``offset`` in the answer s
 starts, so earlier parts can be fetched on demand with ``offset``/``limit``.
 """
 
-from __future__ import annotations
-
 import codecs
 import os
 from enum import Enum

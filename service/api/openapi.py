@@ -14,8 +14,6 @@ the server enforces is the one the document states. This module only finishes it
 Contract: :func:`build_openapi` is pure given the app's routes and ``api_tokens``.
 """
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 
 from fastapi import FastAPI

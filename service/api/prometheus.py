@@ -19,8 +19,6 @@ Job and resource gauges are read from the database at scrape time, so they are r
 restart and need no bookkeeping on the hot paths.
 """
 
-from __future__ import annotations
-
 import time
 from collections.abc import Iterator
 

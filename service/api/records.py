@@ -8,8 +8,6 @@ server has recorded it is 503 with ``Retry-After`` (the rank's reporter retries)
 job that is over is 409 (docs/metrics.md: nothing is stored after the terminal state).
 """
 
-from __future__ import annotations
-
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request

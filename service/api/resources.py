@@ -1,7 +1,5 @@
 """``GET /resources``: the host's GPUs and CPU slots, and which job holds each."""
 
-from __future__ import annotations
-
 from dataclasses import asdict
 
 from fastapi import APIRouter, Request

@@ -1,7 +1,5 @@
 """Chart routes for the dashboard: a metric as downsampled per-rank lines, and job progress."""
 
-from __future__ import annotations
-
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query

@@ -3,8 +3,6 @@
 The statistics and the divergence rule live in :mod:`service.metricsummary`.
 """
 
-from __future__ import annotations
-
 from typing import Annotated
 
 from fastapi import APIRouter, Query

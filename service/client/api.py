@@ -4,8 +4,6 @@ Errors come back as :class:`ClientError` carrying the server's ``error``/``messa
 ``unreachable`` when no answer came), so commands can print one line and pick an exit code.
 """
 
-from __future__ import annotations
-
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass

@@ -6,8 +6,6 @@ Server URL and token: ``--url``/``--token`` or ``TORCHYARD_URL``/``TORCHYARD_TOK
 when the server refuses a request or cannot be reached, and 2 on bad usage.
 """
 
-from __future__ import annotations
-
 import json
 import re
 import sys

@@ -1,7 +1,5 @@
 """Follow a job's event stream with a progress bar over epochs × ranks and the live loss."""
 
-from __future__ import annotations
-
 import statistics
 from dataclasses import dataclass, field
 from typing import Any

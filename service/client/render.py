@@ -1,7 +1,5 @@
 """Rich renderings of API bodies: tables for jobs, metrics, summaries and final losses."""
 
-from __future__ import annotations
-
 import math
 from datetime import UTC, datetime
 from typing import Any

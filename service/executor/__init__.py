@@ -1,8 +1,6 @@
 """Executors: how a job's processes are started, watched, adopted, cancelled and found
 (see :mod:`service.executor.base`). ``make_executor`` builds the configured one."""
 
-from __future__ import annotations
-
 from typing import TYPE_CHECKING
 
 from service.executor.base import Executor
@@ -16,7 +14,7 @@ if TYPE_CHECKING:
 # every job's start path, so the executors (and pydantic settings) load only in make_executor.
 
 
-def make_executor(settings: Settings, warm: WarmPool | None = None) -> Executor:
+def make_executor(settings: "Settings", warm: "WarmPool | None" = None) -> Executor:
     """The executor ``settings.executor`` names (``TORCHYARD_EXECUTOR``)."""
     from service.executor.local import LocalExecutor
 
@@ -27,7 +25,7 @@ def make_executor(settings: Settings, warm: WarmPool | None = None) -> Executor:
     raise ValueError(f"executor: {settings.executor!r} is not one of: local, slurm")
 
 
-def make_slurm_executor(settings: Settings) -> SlurmExecutor:
+def make_slurm_executor(settings: "Settings") -> "SlurmExecutor":
     """Slurm's commands run with the server's environment less its secrets; ``sbatch`` gets
     far less (``slurmscript.sbatch_environment``)."""
     import os

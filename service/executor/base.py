@@ -12,8 +12,6 @@ The job's outcome is never the executor's to decide: the attempt loop writes it 
 still pending, running or gone.
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum

@@ -10,8 +10,6 @@ torchrun's per-rank files under
 one file, ``RUN_DIR/logs/attempt-<n>/rank-<rank>.log`` (``service.ranktee``).
 """
 
-from __future__ import annotations
-
 import json
 import logging
 import os

@@ -3,8 +3,6 @@
 Used by the local executor (a job's shim) and by the shim itself (each attempt's torchrun).
 """
 
-from __future__ import annotations
-
 import os
 import signal
 import subprocess

@@ -14,8 +14,6 @@ Logs: ``RUN_DIR/logs/attempt-<n>/node-<k>/`` per node (torchrun's per-local-rank
 the node's name in ``node``), ``node-<k>.log`` with each node's torchrun output.
 """
 
-from __future__ import annotations
-
 import json
 import logging
 import threading

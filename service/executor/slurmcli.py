@@ -8,8 +8,6 @@ function, unit-tested on captured output. A command that fails or times out rais
 ``SlurmError``; a query about jobs Slurm no longer knows is not an error (an empty answer).
 """
 
-from __future__ import annotations
-
 import re
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence

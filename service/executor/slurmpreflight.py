@@ -11,8 +11,6 @@ says what to change:
 The decisions are pure functions of what was read (mount table, node host names).
 """
 
-from __future__ import annotations
-
 import ipaddress
 import os
 import socket

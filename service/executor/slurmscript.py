@@ -17,8 +17,6 @@ Every value that reaches a ``#SBATCH`` line is validated (``SLURM_NAME_PATTERN``
 here; a job can never add free-form ``sbatch`` flags.
 """
 
-from __future__ import annotations
-
 import math
 import re
 from collections.abc import Mapping, Sequence

@@ -9,8 +9,6 @@ background. A standby whose server went away reads end of input and exits. The f
 server start (and any job that finds no standby ready) starts its shim the ordinary way.
 """
 
-from __future__ import annotations
-
 import json
 import os
 import subprocess

@@ -9,8 +9,6 @@ interpreter would (see :func:`become`): ``SystemExit`` code, 1 after an uncaught
 (traceback on stderr), killed by SIGINT after an uncaught ``KeyboardInterrupt``.
 """
 
-from __future__ import annotations
-
 import io
 import os
 import random

@@ -10,8 +10,6 @@ asks the server to drain: it stops serving and exits once its running ranks ende
 outlive the torchyard server as they do without warm ranks. Never imports torch.
 """
 
-from __future__ import annotations
-
 import logging
 import os
 import socket

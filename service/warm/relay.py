@@ -21,8 +21,6 @@ Imports only the standard library and nothing of ``service`` (it runs by path, w
 big-endian length, then that much JSON; file descriptors ride on the length's ``sendmsg``.
 """
 
-from __future__ import annotations
-
 import json
 import os
 import signal

@@ -22,8 +22,6 @@ process of a job outlives the job's own tree. Control messages: ``{"op": "status
 Single-threaded (it forks): one ``selectors`` loop.
 """
 
-from __future__ import annotations
-
 import argparse
 import ctypes
 import importlib
