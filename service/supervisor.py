@@ -165,6 +165,7 @@ class Supervisor:
         """Slurm allocates and queues: no local scheduling pass, no local resources booked."""
         return self.executor.name == "slurm"
 
+    @property
     def acting(self) -> bool:
         """True while this process is the supervisor (it holds the lease)."""
         return self._term is not None and self._lease.held()
