@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -49,6 +50,9 @@ class Ended:
     shim_code: int | None
     why: str | None = None
     reason: str | None = None  # why it failed if it left no outcome, when known better
+    # When the supervisor saw its processes end (and freed its resources): the job's ended_at,
+    # not the later moment its spools were stored. None: now (it ended while no one watched).
+    ended_at: datetime | None = None
 
 
 @dataclass
@@ -81,14 +85,14 @@ class Finisher:
 
     def enqueue(
         self, job_id: int, shim_code: int | None, why: str | None = None,
-        reason: str | None = None,
+        reason: str | None = None, ended_at: datetime | None = None,
     ) -> None:
         """Finish ``job_id`` soon (once: a job already waiting is not queued twice)."""
         with self._lock:
             if job_id in self._pending:
                 return
             self._pending.add(job_id)
-        self._queue.put(Ended(job_id, shim_code, why, reason))
+        self._queue.put(Ended(job_id, shim_code, why, reason, ended_at))
 
     def is_pending(self, job_id: int) -> bool:
         with self._lock:
@@ -97,7 +101,7 @@ class Finisher:
     def _run(self) -> None:
         while isinstance(item := self._queue.get(), Ended) and not self._halt.is_set():
             try:
-                self.finish(item.job_id, item.shim_code, item.why, item.reason)
+                self.finish(item.job_id, item.shim_code, item.why, item.reason, item.ended_at)
             except Exception as exc:  # one job's failure must not stop the others'
                 logger.exception("job %s: finishing failed", item.job_id)
                 self._fail(item.job_id, f"torchyard could not finish this job: {exc!r}")
@@ -108,7 +112,7 @@ class Finisher:
 
     def finish(
         self, job_id: int, shim_code: int | None, why: str | None = None,
-        reason: str | None = None,
+        reason: str | None = None, ended_at: datetime | None = None,
     ) -> None:
         """Steps 1–3 of the module docstring, for one job (callable directly, e.g. by tests)."""
         run = RunDir.for_job(self.runs_dir, job_id)
@@ -139,7 +143,7 @@ class Finisher:
                 added += stored
             if note := tally.describe(run.spool_file(rank)):
                 notes.append(note)
-        self._end(job_id, run, shim_code, notes, why, reason)
+        self._end(job_id, run, shim_code, notes, why, reason, ended_at)
         logger.info("job %s: finished; %d spooled records recovered", job_id, added)
 
     def _store(self, job_id: int, chunk: SpoolChunk) -> int | None:
@@ -162,7 +166,7 @@ class Finisher:
 
     def _end(
         self, job_id: int, run: RunDir, shim_code: int | None, notes: list[str], why: str | None,
-        known: str | None = None,
+        known: str | None = None, ended_at: datetime | None = None,
     ) -> None:
         outcome = read_outcome(run)
         if outcome is None:
@@ -194,7 +198,8 @@ class Finisher:
                 # A guard tripped (maybe just before the job ended on its own): it failed.
                 state, reason = JobState.failed, stop_reason
             won = repo.transition(session, job_id, state, exit_code=exit_code,
-                                  reason=bounded_text(reason) if reason else None)
+                                  reason=bounded_text(reason) if reason else None,
+                                  ended_at=ended_at or repo.utcnow())
             if not won and job is not None and job.exit_code is None:
                 job.exit_code = exit_code  # cancelled by the user: still say how it exited
             repo.release(session, job_id)

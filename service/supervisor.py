@@ -436,12 +436,13 @@ class Supervisor:
         code, None when unknown (it ended unwatched); ``why``: the executor's account of the end
         (Slurm's state), used when there is no outcome file; ``reason``: why it failed if it left
         no outcome, when known better than that."""
+        ended = repo.utcnow()  # before the release: a job started on its slots starts after
         with self.session_factory() as session:
             if not self._lease.fence(session):
                 return
             repo.release(session, job_id)
             session.commit()
-        self._finisher.enqueue(job_id, shim_code, why, reason)
+        self._finisher.enqueue(job_id, shim_code, why, reason, ended_at=ended)
         self._queue_changed()
 
     def _mark_running(self) -> None:

@@ -30,9 +30,13 @@ from torchyard_contract.spec import SLURM_CONSTRAINT_PATTERN, SLURM_NAME_PATTERN
 TIME_LIMIT_MARGIN_S = 60.0
 # Variables of the server's environment an sbatch call (and so the job) may keep: enough to find
 # programs and the Slurm configuration, nothing the server was given (tokens, database URL).
-KEPT_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "HOME", "USER", "LOGNAME", "SLURM_CONF")
-# The worker's test hooks (``worker.env.WorkerEnv``) pass through as they do to a local job, so
-# the test suite can drive a Slurm job as it drives a local one; they hold no secret.
+# PYTHONPATH: where the server's python finds torchyard (and, in the test suite, the rank hooks
+# of tests/rankhooks/sitecustomize.py) reaches the nodes as it reaches a local job.
+KEPT_ENV = (
+    "PATH", "PYTHONPATH", "LANG", "LC_ALL", "TZ", "HOME", "USER", "LOGNAME", "SLURM_CONF",
+)
+# The test hooks' settings pass through as they do to a local job, so the test suite can drive a
+# Slurm job as it drives a local one; they hold no secret.
 KEPT_PREFIXES = ("TORCHYARD_TEST_",)
 NODE_LOG_DIR = "node-{k}"  # per node, under logs/attempt-<n>/
 
