@@ -124,6 +124,16 @@ class LiveServer:
                 time.sleep(0.2)
 
 
+def every_record(server: LiveServer, job_id: int) -> list[dict]:
+    """Every record of the job, page by page through the ``?after=`` cursor."""
+    items, after = [], 0
+    with server.client() as c:
+        while page := c.get(f"/jobs/{job_id}/metrics", params={"after": after}).json()["items"]:
+            items += page
+            after = page[-1]["seq"]
+    return items
+
+
 def _start_server(
     home: Path, extra_env: dict[str, str], port: int | None = None, args: tuple[str, ...] = ()
 ) -> LiveServer:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import pytest
 from sqlalchemy import create_engine, text
 
-from tests.conftest import LiveServer, free_port
+from tests.conftest import LiveServer, every_record, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("store", ["postgresql"], indirect=True)]
 TAKEOVER_BOUND_S = 10.0  # docs/operations.md
@@ -54,17 +54,8 @@ def _pair(factory: Callable[..., LiveServer], **env: str) -> tuple[LiveServer, L
     return leader, standby
 
 
-def _records(server: LiveServer, job_id: int) -> list[dict]:
-    items, after = [], 0
-    with server.client() as c:
-        while page := c.get(f"/jobs/{job_id}/metrics", params={"after": after}).json()["items"]:
-            items += page
-            after = page[-1]["seq"]
-    return items
-
-
 def _assert_every_record_once(server: LiveServer, job_id: int, epochs: int) -> None:
-    items = _records(server, job_id)
+    items = every_record(server, job_id)
     keys = Counter((i["attempt"], i["rank"], i["epoch"], i["step"], i["name"]) for i in items)
     assert max(keys.values()) == 1
     losses = {(i["rank"], i["epoch"]) for i in items if i["name"] == "loss"}

@@ -9,7 +9,7 @@ from collections import Counter
 import httpx
 import psutil
 
-from tests.conftest import LiveServer, both_stores
+from tests.conftest import LiveServer, both_stores, every_record
 
 
 def _rank_pids(shim_pid: int) -> dict[int, int]:
@@ -25,18 +25,9 @@ def _rank_pids(shim_pid: int) -> dict[int, int]:
     return found
 
 
-def _records(server: LiveServer, job_id: int) -> list[dict]:
-    items, after = [], 0
-    with server.client() as c:
-        while page := c.get(f"/jobs/{job_id}/metrics", params={"after": after}).json()["items"]:
-            items += page
-            after = page[-1]["seq"]
-    return items
-
-
 def _wait_records(server: LiveServer, job_id: int, pred, timeout_s: float = 90) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout_s
-    while not pred(_records(server, job_id)):
+    while not pred(every_record(server, job_id)):
         assert time.monotonic() < deadline, "records did not arrive"
         time.sleep(0.3)
 
@@ -69,7 +60,7 @@ def test_sigkill_one_rank_restarts_from_checkpoint(live_server_factory) -> None:
     codes = job["attempts"][0]["rank_exit_codes"]
     assert codes["1"] == -signal.SIGKILL and codes.get("0", -signal.SIGTERM) != 0, codes
     assert job["attempts"][1]["rank_exit_codes"] == {"0": 0, "1": 0}
-    items = _records(server, job_id)
+    items = every_record(server, job_id)
     _no_duplicates(items)
     resumed = {i["rank"]: i["value"] for i in items
                if i["attempt"] == 2 and i["name"] == "resumed_from_epoch"}
@@ -94,7 +85,7 @@ def test_server_sigkill_and_restart_keeps_job_and_every_record(live_server_facto
 
     again = live_server_factory(server.home, server.port, TORCHYARD_TEST_EPOCH_SLEEP_S="0.5")
     job = again.wait_for(job_id, {"succeeded"}, timeout_s=120)
-    items = _records(again, job_id)
+    items = every_record(again, job_id)
     _no_duplicates(items)
     losses = {(i["rank"], i["epoch"]) for i in items if i["name"] == "loss"}
     assert losses == {(r, e) for r in (0, 1) for e in range(1, 9)}
@@ -120,7 +111,7 @@ def test_server_down_for_the_end_of_a_job(live_server_factory) -> None:  # type:
     again = live_server_factory(server.home, server.port)
     job = again.wait_for(job_id, {"succeeded"}, timeout_s=30)
     assert job["exit_code"] == 0
-    items = _records(again, job_id)
+    items = every_record(again, job_id)
     _no_duplicates(items)
     losses = {(i["rank"], i["epoch"]) for i in items if i["name"] == "loss"}
     assert losses == {(r, e) for r in (0, 1) for e in range(1, 7)}
@@ -151,7 +142,7 @@ def test_server_killed_between_starting_a_shim_and_storing_it_keeps_the_job(live
     again = live_server_factory(server.home, server.port, **env)
     job = again.wait_for(job_id, {"succeeded"}, timeout_s=120)
     assert job["pid"] == shim and len(job["attempts"]) == 1
-    items = _records(again, job_id)
+    items = every_record(again, job_id)
     _no_duplicates(items)
     losses = {(i["rank"], i["epoch"]) for i in items if i["name"] == "loss"}
     assert losses == {(r, e) for r in (0, 1) for e in range(1, 5)}
@@ -211,7 +202,7 @@ def test_new_job_starts_from_an_earlier_jobs_checkpoint(live_server: LiveServer)
         second = c.post("/jobs", json={"dataset": "synthetic", "epochs": 5, "nproc_per_node": 2,
                                        "resume_from": first}).json()["id"]
         live_server.wait_for(second, {"succeeded"})
-    items = _records(live_server, second)
+    items = every_record(live_server, second)
     resumed = {i["rank"]: i["value"] for i in items if i["name"] == "resumed_from_epoch"}
     assert resumed == {0: 3, 1: 3}
     assert {i["epoch"] for i in items if i["name"] == "loss"} == {4, 5}

@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import REPO_ROOT, LiveServer
+from tests.conftest import REPO_ROOT, LiveServer, every_record
 from tests.slurmcluster import NODES, SlurmCluster, missing_programs
 from tests.test_datasets_e2e import write_tiny_mnist
 
@@ -59,18 +59,9 @@ def slurm_server(
     return start
 
 
-def _records(server: LiveServer, job_id: int) -> list[dict]:
-    items, after = [], 0
-    with server.client() as c:
-        while page := c.get(f"/jobs/{job_id}/metrics", params={"after": after}).json()["items"]:
-            items += page
-            after = page[-1]["seq"]
-    return items
-
-
 def _wait_records(server: LiveServer, job_id: int, pred, timeout_s: float = 90) -> list[dict]:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout_s
-    while not pred(items := _records(server, job_id)):
+    while not pred(items := every_record(server, job_id)):
         assert time.monotonic() < deadline, "records did not arrive"
         time.sleep(0.3)
     return items
@@ -152,7 +143,7 @@ def test_two_node_builtin_job_reports_every_rank_from_both_nodes(
                                        "dataset": "synthetic", "device": "cpu"}).json()["id"]
     job = server.wait_for(job_id, {"succeeded"}, timeout_s=120)
     assert job["attempts"][0]["rank_exit_codes"] == {"0": 0, "1": 0}
-    items = _records(server, job_id)
+    items = every_record(server, job_id)
     _exactly_once(items)
     assert {(i["rank"], i["epoch"]) for i in items if i["name"] == "loss"} == {
         (r, e) for r in (0, 1) for e in (1, 2, 3)}
@@ -183,7 +174,7 @@ def test_two_node_script_job_mnist_example(
             "args": ["--data-root", str(data), "--batch-size", "16", "--epochs", "2"],
         }).json()["id"]
     server.wait_for(job_id, {"succeeded"}, timeout_s=180)
-    items = _records(server, job_id)
+    items = every_record(server, job_id)
     _exactly_once(items)
     losses = {(i["rank"], i["epoch"]) for i in items if i["name"] == "loss"}
     assert losses == {(r, e) for r in (0, 1) for e in (1, 2)}
@@ -208,7 +199,7 @@ def test_sigkill_rank_on_second_node_restarts_from_checkpoint(
     assert [a["number"] for a in job["attempts"]] == [1, 2]
     assert job["attempts"][0]["exit_code"] != 0 and job["attempts"][1]["exit_code"] == 0
     assert job["attempts"][0]["rank_exit_codes"]["1"] == -signal.SIGKILL
-    items = _records(server, job_id)
+    items = every_record(server, job_id)
     _exactly_once(items)
     resumed = {i["rank"]: i["value"] for i in items
                if i["attempt"] == 2 and i["name"] == "resumed_from_epoch"}
@@ -267,7 +258,7 @@ def test_server_sigkill_and_restart_readopts_by_slurm_job_id(
     again = slurm_server(server.home, server.port, TORCHYARD_TEST_EPOCH_SLEEP_S="0.5")
     job = again.wait_for(job_id, {"succeeded"}, timeout_s=120)
     assert job["exit_code"] == 0 and [a["number"] for a in job["attempts"]] == [1]
-    items = _records(again, job_id)
+    items = every_record(again, job_id)
     _exactly_once(items)
     losses = {(i["rank"], i["epoch"]) for i in items if i["name"] == "loss"}
     assert losses == {(r, e) for r in (0, 1) for e in range(1, 9)}
@@ -317,7 +308,7 @@ def test_job_slurm_purged_while_the_server_was_down_still_ends_right(
     again = slurm_server(server.home, server.port)
     job = again.wait_for(job_id, {"succeeded"}, timeout_s=60)
     assert job["exit_code"] == 0 and job["attempts"][0]["rank_exit_codes"] == {"0": 0, "1": 0}
-    items = _records(again, job_id)
+    items = every_record(again, job_id)
     _exactly_once(items)
     assert {(i["rank"], i["epoch"]) for i in items if i["name"] == "loss"} == {
         (r, e) for r in (0, 1) for e in (1, 2)}
