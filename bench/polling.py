@@ -60,10 +60,14 @@ async def _concurrent(server: Server, job_id: int, token: str, pollers: int, dur
     url = urlsplit(server.url)
     host, port = url.hostname or "127.0.0.1", url.port or 80
 
-    async def poll() -> None:
+    async def poll(index: int) -> None:
         nonlocal errors
         after = start_after
         conn = Connection(host, port)
+        if interval_s:
+            # Independent dashboards: each starts at its own moment within the first interval
+            # (all 200 at the same instant would measure one burst, not polling).
+            await asyncio.sleep(interval_s * index / pollers)
         try:
             while time.monotonic() < deadline:
                 t0 = time.perf_counter()
@@ -116,7 +120,7 @@ async def _concurrent(server: Server, job_id: int, token: str, pollers: int, dur
             await conn.close()
 
     t0 = time.perf_counter()
-    await asyncio.gather(write(), *(poll() for _ in range(pollers)))
+    await asyncio.gather(write(), *(poll(i) for i in range(pollers)))
     wall = time.perf_counter() - t0
     return {
         "requests": len(latencies),

@@ -54,7 +54,6 @@ def serve(
 ) -> None:
     """Run the API and the supervisor (migrates the database first)."""
     from service.api.app import create_app
-    from service.api.drain import SHUTDOWN_GRACE_S
     from service.api.drain import serve as serve_app
     from service.db import upgrade
 
@@ -83,15 +82,15 @@ def serve(
         return
     # Migrate once here, so the workers' own upgrade at start-up finds nothing to do (several
     # processes migrating at once would race). Each worker builds its app from the environment.
-    import uvicorn
+    from service.api.workers import run_workers
 
     upgrade(settings.resolved_database_url)
     os.environ.update(TORCHYARD_HOST=settings.host, TORCHYARD_PORT=str(settings.port))
-    uvicorn.run(
-        "service.api.app:create_app_from_environment", factory=True, workers=workers,
-        host=settings.host, port=settings.port, log_level="info",
-        timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S),
-    )
+    try:
+        status = run_workers(settings.host, settings.port, workers)
+    except OSError as exc:
+        _fail(f"cannot listen on {settings.host}:{settings.port}: {exc}")
+    raise typer.Exit(status)
 
 
 @db_app.command("upgrade")

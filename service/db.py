@@ -114,19 +114,19 @@ def _server_engine(url: str, *, readonly: bool) -> Engine:
 
     READ COMMITTED (PostgreSQL's default) is what the compare-and-set transitions need: an
     ``UPDATE … WHERE state IN (…)`` that waited on a concurrent one re-reads the row and matches
-    nothing if the other won. Readers get ``SET TRANSACTION READ ONLY`` so a stray write fails.
+    nothing if the other won. The reader's connections are read-only for their whole life
+    (``default_transaction_read_only``), so a stray write fails; set once per connection rather
+    than by a ``SET TRANSACTION`` round trip per request.
     """
-    engine = create_engine(
+    return create_engine(
         url,
         pool_pre_ping=True,
         # Each connection is a server process: keep fewer idle than SQLite's, never wait for one.
         pool_size=SERVER_POOL_SIZE,
         max_overflow=POOL_OVERFLOW,
         isolation_level="READ COMMITTED",
+        connect_args={"options": "-c default_transaction_read_only=on"} if readonly else {},
     )
-    if readonly:
-        return engine.execution_options(postgresql_readonly=True)
-    return engine
 
 
 def make_session_factory(

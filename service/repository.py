@@ -1,11 +1,12 @@
 """All SQL lives here. State changes are compare-and-set: zero rows changed means someone else won."""
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Row, delete, func, select, update
+from sqlalchemy import Connection, Row, bindparam, delete, func, select, update
 from sqlalchemy.orm import Session
 
 from service.bounded import bounded_text
@@ -52,6 +53,26 @@ def create_job(session: Session, spec: JobSpec, idempotency_key: str | None = No
 
 def get_job(session: Session, job_id: int) -> Job | None:
     return session.get(Job, job_id)
+
+
+# The hot reads (every metrics poll, every event stream wake-up) run these statements, built
+# once: a statement made per call costs more in SQLAlchemy than the query costs in the database
+# (docs/benchmarks.md, "Stores and workers").
+_JOBS = Job.__table__
+_RECORDS = MetricRecord.__table__
+_STATE_OF_JOB = select(_JOBS.c.state).where(_JOBS.c.id == bindparam("job_id"))
+_RECORDS_AFTER = (
+    select(_RECORDS)
+    .where(_RECORDS.c.job_id == bindparam("job_id"), _RECORDS.c.seq > bindparam("after"))
+    .order_by(_RECORDS.c.seq)
+    .limit(bindparam("limit"))
+)
+
+
+def job_state(conn: Connection | Session, job_id: int) -> str | None:
+    """The job's state, or None when there is no such job: one column, no ORM object. Takes a
+    plain connection (cheaper than a session for a read) or a session."""
+    return conn.execute(_STATE_OF_JOB, {"job_id": job_id}).scalar()
 
 
 def job_by_idempotency_key(session: Session, key: str) -> Job | None:
@@ -159,21 +180,27 @@ def release(session: Session, job_id: int) -> None:
     session.execute(delete(Allocation).where(Allocation.job_id == job_id))
 
 
+_RECORD_COLUMNS = "job_id, attempt, rank, epoch, step, name, value, nonfinite, time"
 _SQLITE_INSERT_RECORD = (
-    "INSERT INTO metric_records (job_id, attempt, rank, epoch, step, name, value, nonfinite, time)"
-    " VALUES (:job_id, :attempt, :rank, :epoch, :step, :name, :value, :nonfinite, :time)"
+    f"INSERT INTO metric_records ({_RECORD_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
     " ON CONFLICT DO NOTHING"
 )
-# PostgreSQL: the whole batch as one row of arrays, unnested server-side: one statement, one
-# round trip, no per-row statement work. The rows really added are counted through RETURNING:
-# psycopg's rowcount after an executemany is not the sum of rows added by ON CONFLICT DO NOTHING.
+# PostgreSQL, the common case: a batch of new records streamed in with COPY (psycopg formats
+# the rows in C; the array parameters of an INSERT were dumped in Python, a quarter of the
+# server's time per batch, docs/benchmarks.md). COPY has no ON CONFLICT, so it runs in a
+# savepoint: a batch holding a replayed record rolls back to it and goes in through the
+# statement below instead.
+_POSTGRES_COPY_RECORDS = f"COPY metric_records ({_RECORD_COLUMNS}) FROM STDIN"
+_COPY_SAVEPOINT = "torchyard_records_copy"
+# The whole batch as one row of arrays, unnested server-side; replays of a natural key are
+# skipped. The rows really added are counted through RETURNING (psycopg's rowcount is not the
+# number of rows ON CONFLICT DO NOTHING let through).
 _POSTGRES_INSERT_RECORDS = (
     "WITH added AS ("
-    " INSERT INTO metric_records"
-    " (job_id, attempt, rank, epoch, step, name, value, nonfinite, time)"
-    " SELECT %(job_id)s, * FROM unnest("
-    "%(attempt)s::int[], %(rank)s::int[], %(epoch)s::int[], %(step)s::int8[], %(name)s::text[],"
-    " %(value)s::float8[], %(nonfinite)s::text[], %(time)s::float8[])"
+    f" INSERT INTO metric_records ({_RECORD_COLUMNS})"
+    " SELECT * FROM unnest("
+    "%s::int8[], %s::int[], %s::int[], %s::int[], %s::int8[], %s::text[],"
+    " %s::float8[], %s::text[], %s::float8[])"
     " ON CONFLICT DO NOTHING RETURNING 1)"
     " SELECT count(*) FROM added"
 )
@@ -186,38 +213,17 @@ _RECORDS_LOCK_CLASS = 0x7479  # "ty"
 
 
 def insert_records(session: Session, job_id: int, records: Sequence[RecordIn]) -> int:
-    """Insert a batch in one statement; replays of a natural key are ignored. Returns rows added.
+    """Insert a batch; replays of a natural key are ignored. Returns rows added.
 
     On PostgreSQL the caller's transaction holds the job's record lock until it commits (see
     ``_RECORDS_LOCK_CLASS``): commit soon after.
     """
     if not records:
         return 0
-    rows = []
-    for r in records:
-        nonfinite = nonfinite_name(r.value)
-        rows.append(
-            {
-                "job_id": job_id,
-                "attempt": r.attempt,
-                "rank": r.rank,
-                "epoch": r.epoch if r.epoch is not None else 0,
-                "step": r.step if r.step is not None else EPOCH_STEP,
-                "name": r.name,
-                "value": r.value if nonfinite is None else None,
-                "nonfinite": nonfinite,
-                "time": r.time,
-            }
-        )
+    rows = [_record_row(job_id, r) for r in records]
     conn = session.connection()
     if conn.dialect.name == "postgresql":
-        conn.exec_driver_sql(
-            "SELECT pg_advisory_xact_lock(%(cls)s, %(job_id)s)",
-            {"cls": _RECORDS_LOCK_CLASS, "job_id": job_id},
-        )
-        columns = {name: [row[name] for row in rows] for name in _ARRAY_COLUMNS}
-        result = conn.exec_driver_sql(_POSTGRES_INSERT_RECORDS, {"job_id": job_id, **columns})
-        added = int(result.scalar_one())
+        added = _insert_postgres(conn.connection.driver_connection, job_id, rows)
     else:
         # One statement run with a parameter list (executemany), on the driver directly:
         # SQLAlchemy's per-row parameter processing costs as much as SQLite's own insert work,
@@ -229,7 +235,38 @@ def insert_records(session: Session, job_id: int, records: Sequence[RecordIn]) -
     return added
 
 
-_ARRAY_COLUMNS = ("attempt", "rank", "epoch", "step", "name", "value", "nonfinite", "time")
+def _record_row(job_id: int, r: RecordIn) -> tuple:
+    """The table's columns (``_RECORD_COLUMNS``) of one record; a non-finite value is stored as
+    its name with a NULL ``value``."""
+    finite = math.isfinite(r.value)
+    return (
+        job_id, r.attempt, r.rank,
+        r.epoch if r.epoch is not None else 0,
+        r.step if r.step is not None else EPOCH_STEP,
+        r.name,
+        r.value if finite else None,
+        None if finite else nonfinite_name(r.value),
+        r.time,
+    )
+
+
+def _insert_postgres(raw: Any, job_id: int, rows: list[tuple]) -> int:
+    """``rows`` into ``metric_records`` on the psycopg connection of the caller's transaction."""
+    import psycopg
+
+    with raw.cursor() as cur:
+        cur.execute("SELECT pg_advisory_xact_lock(%s, %s)", (_RECORDS_LOCK_CLASS, job_id))
+        cur.execute(f"SAVEPOINT {_COPY_SAVEPOINT}")
+        try:
+            with cur.copy(_POSTGRES_COPY_RECORDS) as copy:
+                for row in rows:
+                    copy.write_row(row)
+        except psycopg.errors.UniqueViolation:
+            cur.execute(f"ROLLBACK TO SAVEPOINT {_COPY_SAVEPOINT}")
+            cur.execute(_POSTGRES_INSERT_RECORDS, [list(column) for column in zip(*rows, strict=True)])
+            return int(cur.fetchone()[0])
+        cur.execute(f"RELEASE SAVEPOINT {_COPY_SAVEPOINT}")
+        return len(rows)
 
 
 def mark_first_metric(session: Session, job_id: int, records: Sequence[RecordIn]) -> None:
@@ -250,7 +287,7 @@ def mark_first_metric(session: Session, job_id: int, records: Sequence[RecordIn]
 
 
 def read_records(
-    session: Session,
+    conn: Connection | Session,
     job_id: int,
     after: int,
     limit: int,
@@ -262,18 +299,12 @@ def read_records(
     Plain rows with the table's columns as attributes (``seq``, ``rank``, ``value``, ...), not
     ORM objects: building 1000 ORM instances cost more than the query (docs/benchmarks.md).
     """
-    table = MetricRecord.__table__
-    q = (
-        select(table)
-        .where(table.c.job_id == job_id, table.c.seq > after)
-        .order_by(table.c.seq)
-        .limit(limit)
-    )
+    q = _RECORDS_AFTER
     if rank is not None:
-        q = q.where(table.c.rank == rank)
+        q = q.where(_RECORDS.c.rank == rank)
     if name is not None:
-        q = q.where(table.c.name == name)
-    return session.execute(q).all()
+        q = q.where(_RECORDS.c.name == name)
+    return conn.execute(q, {"job_id": job_id, "after": after, "limit": limit}).all()
 
 
 def epoch_losses(

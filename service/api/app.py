@@ -7,6 +7,7 @@ limit (413) → JSON bodies only (415) → routing, where every route also refus
 No module-level state.
 """
 
+import gc
 import logging
 import sys
 import threading
@@ -36,6 +37,7 @@ from service.api.deps import reject_unknown_query
 from service.api.openapi import build_openapi
 from service.api.prometheus import RequestTimer, Telemetry
 from service.api.prometheus import router as prometheus_router
+from service.api.sharedreads import SharedReads
 from service.changefeed import ChangeFeed, PgListener
 from service.db import make_engine, make_session_factory, upgrade
 from service.executor import Executor, make_executor
@@ -92,6 +94,11 @@ def create_app(
             if warm is not None:
                 warm.start()  # in the background: jobs start cold until it is ready
             supervisor.start()
+        # Everything built so far (the app, its routes and schemas, SQLAlchemy's and pydantic's
+        # caches: most of the heap) lives as long as the process: keep it out of the cyclic
+        # collector's full passes, which otherwise stalled every request ~0.1 s now and then
+        # (docs/benchmarks.md, "Stores and workers").
+        gc.freeze()
         try:
             yield
         finally:
@@ -116,7 +123,9 @@ def create_app(
     app.state.settings = settings
     app.state.session_factory = session_factory
     app.state.changes = changes
+    app.state.shared_reads = SharedReads()  # event streams of a job share their reads
     app.state.read_session_factory = read_session_factory
+    app.state.read_engine = read_engine  # hot reads take a plain connection (service.api.deps)
     app.state.supervisor = supervisor
     app.state.draining = threading.Event()  # set on shutdown: streams end (service.api.drain)
     app.state.executor = executor

@@ -9,6 +9,7 @@ answers with the job as it is (as on its timeout), and whatever is still open af
 ``SHUTDOWN_GRACE_S`` is cancelled by uvicorn.
 """
 
+import socket
 import threading
 from types import FrameType
 
@@ -36,10 +37,14 @@ class DrainingServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def serve(app: FastAPI, host: str, port: int) -> None:
-    """Run ``app`` until SIGTERM/SIGINT; open streams and long polls end within the grace."""
+def serve(
+    app: FastAPI, host: str = "127.0.0.1", port: int = 8000,
+    sockets: list[socket.socket] | None = None,
+) -> None:
+    """Run ``app`` until SIGTERM/SIGINT; open streams and long polls end within the grace.
+    ``sockets``: already listening ones to serve on instead of binding ``host:port``."""
     config = uvicorn.Config(
         app, host=host, port=port, log_level="info",
         timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S),
     )
-    DrainingServer(config, app.state.draining).run()
+    DrainingServer(config, app.state.draining).run(sockets=sockets)

@@ -14,7 +14,8 @@ with ``Last-Event-ID`` gets only newer records and only a later state: no gap, n
 The stream ends once the job is terminal and every record has been sent, or when the server
 shuts down (``service.api.drain``): a client then reconnects with ``Last-Event-ID``.
 
-The database is read in short sessions on the thread pool; nothing is held across a wait. A
+The database is read in short sessions on the thread pool; nothing is held across a wait, and
+streams of one job that were woken together share one read (``service.api.sharedreads``). A
 commit that changes the job or adds its records wakes the stream at once (``service.changefeed``:
 PostgreSQL ``LISTEN/NOTIFY``, or this process's own commits on SQLite); ``EVENTS_POLL_S`` is only
 the fallback for writers in other processes on SQLite.
@@ -28,11 +29,11 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from sqlalchemy.orm import Session, sessionmaker
-from starlette.concurrency import run_in_threadpool
 
 from service import repository as repo
 from service.api.deps import JobDep, get_changes, get_session_factory
 from service.api.drain import draining
+from service.api.sharedreads import SharedReads
 from service.schemas import JobRead, MetricRead
 from service.state import TERMINAL_STATES, JobState
 
@@ -74,14 +75,29 @@ def _cursor(
     return Cursor(int(match[1]), int(match[2])) if match else Cursor()
 
 
-def _poll(
-    factory: sessionmaker[Session], job_id: int, after: int
-) -> tuple[JobRead, list[MetricRead]]:
+@dataclass(frozen=True)
+class Tail:
+    """What one wake-up of a job's streams reads: the job's state, the job as a ``state``
+    event's data, and the next records, each already serialized (shared by every stream)."""
+
+    stage: int
+    job_json: str
+    records: list[tuple[int, str]]  # (seq, the record as JSON)
+
+
+def _read_tail(factory: sessionmaker[Session], job_id: int, after: int) -> Tail:
     """The job, then the records after ``after``: state first, as ``GET /metrics`` reads them."""
     with factory() as session:
         job = JobRead.from_row(repo.get_job(session, job_id))  # type: ignore[arg-type]
         rows = repo.read_records(session, job_id, after, EVENTS_PAGE)
-        return job, [MetricRead.from_row(r) for r in rows]
+        records = [(r.seq, MetricRead.from_row(r).model_dump_json()) for r in rows]
+    return Tail(stage_of(job.state), job.model_dump_json(), records)
+
+
+def _event(event: str, cursor: Cursor, data: str) -> ServerSentEvent:
+    # Built without validation: the event name is ours, the id a formatted cursor and the data
+    # JSON that pydantic wrote (validating each event of each stream showed up in profiles).
+    return ServerSentEvent.model_construct(event=event, id=cursor.id, raw_data=data)
 
 
 @router.get("/{job_id}/events", response_class=EventSourceResponse)
@@ -94,24 +110,26 @@ async def job_events(
     job_id = found.id
     factory = get_session_factory(request)
     changes = get_changes(request)
+    shared: SharedReads = request.app.state.shared_reads
     stopping = draining(request)
     while not stopping.is_set():
         seen = changes.version(job_id)
-        job, records = await run_in_threadpool(_poll, factory, job_id, cursor.seq)
-        stage = stage_of(job.state)
+        tail: Tail = await shared.read((job_id, cursor.seq, seen), _read_tail, factory, job_id,
+                                       cursor.seq)
+        stage = tail.stage
         # A live state goes out before the records read after it (a client sees "running"
         # before that attempt's epochs). The terminal state goes out only once a poll that saw
         # it found no new record, so it comes after every record.
         if cursor.stage < stage < TERMINAL_STAGE:
             cursor = Cursor(cursor.seq, stage)
-            yield ServerSentEvent(event="state", id=cursor.id, data=job)
-        for record in records:
-            cursor = Cursor(record.seq, cursor.stage)
-            yield ServerSentEvent(event="metric", id=cursor.id, data=record)
-        if stage == TERMINAL_STAGE and cursor.stage < stage and not records:
+            yield _event("state", cursor, tail.job_json)
+        for seq, record in tail.records:
+            cursor = Cursor(seq, cursor.stage)
+            yield _event("metric", cursor, record)
+        if stage == TERMINAL_STAGE and cursor.stage < stage and not tail.records:
             cursor = Cursor(cursor.seq, stage)
-            yield ServerSentEvent(event="state", id=cursor.id, data=job)
-        if stage == TERMINAL_STAGE and not records:
+            yield _event("state", cursor, tail.job_json)
+        if stage == TERMINAL_STAGE and not tail.records:
             return
-        if len(records) < EVENTS_PAGE:
+        if len(tail.records) < EVENTS_PAGE:
             await changes.wait(job_id, seen, changes.fallback_s(EVENTS_POLL_S))

@@ -1,0 +1,124 @@
+"""``torchyard serve --workers N``: N API processes, each with its own listening socket.
+
+Why not ``uvicorn --workers``: its workers share one listening socket, and whichever is awake
+in ``accept`` takes a whole burst of connections. Keep-alive clients then stay on that worker:
+200 dashboards that connected at once all landed on one of two workers (12.1 vs 0.8 CPU-seconds
+in docs/benchmarks.md, "Stores and workers"). Here each worker has a listening socket of its own
+on the port (``SO_REUSEPORT``) and the kernel spreads new connections over them by address. The
+parent opens all of them before any worker starts, so connections made while a worker is still
+starting wait in its socket instead of all going to the first worker up, and a worker that is
+restarted gets its socket (and the connections waiting in it) back.
+
+Each worker is a fresh interpreter (``spawn``: nothing of the parent's threads or connections
+is inherited) that builds the app from ``TORCHYARD_*`` (``create_app_from_environment``) and
+serves it through ``DrainingServer``, so streams and long polls end within the grace on
+shutdown as with one process. The parent only watches: SIGTERM/SIGINT go to every worker; a
+worker that dies is started again, unless workers keep dying (then the parent stops them all and
+exits 1); a worker whose parent died gets SIGTERM (``PR_SET_PDEATHSIG``) and drains.
+"""
+
+import ctypes
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import socket
+import sys
+import time
+from collections import deque
+from multiprocessing.process import BaseProcess
+from types import FrameType
+
+from service.api.drain import SHUTDOWN_GRACE_S
+
+logger = logging.getLogger(__name__)
+
+BACKLOG = 2048  # uvicorn's default
+PR_SET_PDEATHSIG = 1
+# More deaths than workers within this window: something is wrong with every worker (the port
+# is taken, the database unreachable); restarting would only loop.
+RESTART_WINDOW_S = 30.0
+STOP_TIMEOUT_S = SHUTDOWN_GRACE_S + 10.0
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` that other processes may bind too."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host.strip("[]"), port))
+    sock.listen(BACKLOG)
+    return sock
+
+
+def _worker(sock: socket.socket) -> None:
+    """One worker process: the app from the environment, served on its socket."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    parent = os.getppid()
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:
+        return  # the parent died before the death signal was armed
+    from service.api.app import create_app_from_environment
+    from service.api.drain import serve
+
+    app = create_app_from_environment()
+    serve(app, sockets=[sock])
+
+
+def run_workers(host: str, port: int, count: int) -> int:
+    """Run ``count`` workers until SIGTERM/SIGINT; the exit status for the command. Raises
+    ``OSError`` when the port cannot be bound."""
+    ctx = multiprocessing.get_context("spawn")
+    sockets = [listen(host, port) for _ in range(count)]
+    stopping = False
+
+    def start(index: int) -> BaseProcess:
+        # The socket goes to the child duplicated (multiprocessing's socket pickling).
+        proc = ctx.Process(target=_worker, args=(sockets[index],),
+                           name=f"torchyard-worker-{index}")
+        proc.start()
+        return proc
+
+    def stop(sig: int, _frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+        for proc in workers.values():
+            if proc.pid is not None and proc.is_alive():
+                os.kill(proc.pid, signal.SIGTERM)
+
+    workers = {index: start(index) for index in range(count)}
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    deaths: deque[float] = deque()
+    status = 0
+    while not stopping:
+        sentinels = {proc.sentinel: index for index, proc in workers.items()}
+        for ready in multiprocessing.connection.wait(list(sentinels), timeout=1.0):
+            index = sentinels[ready]  # type: ignore[index]
+            workers[index].join()
+            if stopping:
+                break
+            now = time.monotonic()
+            deaths.append(now)
+            while deaths and now - deaths[0] > RESTART_WINDOW_S:
+                deaths.popleft()
+            logger.error("worker %s (pid %s) exited with %s", index, workers[index].pid,
+                         workers[index].exitcode)
+            if len(deaths) > count:
+                print(f"torchyard serve: workers keep exiting ({len(deaths)} in "
+                      f"{RESTART_WINDOW_S:.0f} s); stopping", file=sys.stderr)
+                status = 1
+                stop(signal.SIGTERM, None)
+                break
+            workers[index] = start(index)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    for proc in workers.values():
+        proc.join(max(0.0, deadline - time.monotonic()))
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    for sock in sockets:
+        sock.close()
+    return status

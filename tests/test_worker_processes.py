@@ -1,0 +1,95 @@
+"""``torchyard serve --workers N`` as processes (``service.api.workers``): new connections spread
+over every worker, a worker that dies is replaced, and no worker outlives its parent."""
+
+import asyncio
+import os
+import signal
+import time
+from collections import Counter
+
+import httpx
+import psutil
+import pytest
+
+from bench.loadgen import Connection
+from tests.conftest import LiveServer
+
+pytestmark = pytest.mark.slow
+CONNECTIONS = 40
+
+
+def _workers(server: LiveServer) -> list[psutil.Process]:
+    """The worker processes (not multiprocessing's resource tracker)."""
+    children = psutil.Process(server.proc.pid).children()
+    return [p for p in children if "spawn_main" in " ".join(p.cmdline())]
+
+
+def _roles_over_new_connections(server: LiveServer) -> Counter[str]:
+    """``/healthz`` roles answered over ``CONNECTIONS`` TCP connections opened at once, as a
+    page of dashboards or a burst of ranks opens them."""
+
+    async def burst() -> list[str]:
+        conns = [Connection("127.0.0.1", server.port) for _ in range(CONNECTIONS)]
+        try:
+            answers = await asyncio.gather(*(c.request("GET", "/healthz") for c in conns))
+        finally:
+            await asyncio.gather(*(c.close() for c in conns))
+        return [body["role"] for _status, body in answers]
+
+    return Counter(asyncio.run(burst()))
+
+
+def _until(condition, timeout_s: float, what: str):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not (result := condition()):
+        assert time.monotonic() < deadline, f"timed out: {what}"
+        time.sleep(0.3)
+    return result
+
+
+def test_connections_reach_every_worker_and_a_dead_worker_is_replaced(
+    live_server_factory,  # type: ignore[no-untyped-def]
+) -> None:
+    server: LiveServer = live_server_factory(_args=("--workers", "2"))
+    first = _until(lambda: len(_workers(server)) == 2 and _workers(server), 30, "two workers")
+    # Exactly one worker supervises; both take connections (a shared accept socket gave a
+    # burst of connections all to one worker).
+    roles = _until(lambda: (r := _roles_over_new_connections(server))["supervisor"] and r,
+                   30, "a supervisor")
+    assert roles["standby"] > 0 and roles["supervisor"] > 0, roles
+    assert roles["supervisor"] + roles["standby"] == CONNECTIONS
+
+    victim = first[0]
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+    replaced = _until(
+        lambda: len(w := _workers(server)) == 2 and victim.pid not in {p.pid for p in w} and w,
+        30, "a new worker",
+    )
+    assert server.proc.poll() is None
+    # The replacement serves too, and one of the two supervises (a standby takes the lease of a
+    # killed supervisor within its TTL).
+    roles = _until(
+        lambda: (r := _roles_over_new_connections(server))["supervisor"]
+        and r["standby"] and r, 30, "both roles again",
+    )
+    assert sum(roles.values()) == CONNECTIONS
+    assert {p.pid for p in replaced} != {p.pid for p in first}
+    assert "exited with -9" in server.log.read_text()
+
+
+@pytest.mark.parametrize("parent_signal", [signal.SIGTERM, signal.SIGKILL])
+def test_workers_do_not_outlive_the_parent(
+    live_server_factory, parent_signal: signal.Signals,  # type: ignore[no-untyped-def]
+) -> None:
+    server: LiveServer = live_server_factory(_args=("--workers", "2"))
+    workers = _until(lambda: len(_workers(server)) == 2 and _workers(server), 30, "two workers")
+    os.kill(server.proc.pid, parent_signal)
+    server.proc.wait(30)
+    if parent_signal == signal.SIGTERM:
+        assert server.proc.returncode == 0
+    # SIGTERM: the parent stops them; SIGKILL: their parent-death signal does (they drain).
+    gone, alive = psutil.wait_procs(workers, timeout=20)
+    assert not alive, [p.pid for p in alive]
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{server.url}/healthz", timeout=2)
