@@ -22,13 +22,22 @@ from urllib.parse import urlsplit
 
 from bench.common import Row, percentile
 from bench.ingest import measure
-from bench.polling import POLL_INTERVAL_S, _concurrent
-from bench.server import BENCH_RANKS, Server, insert_running_job, migrate
+from bench.polling import POLL_INTERVAL_S, _concurrent, sequential
+from bench.server import (
+    BENCH_RANKS,
+    Server,
+    bulk_load_records,
+    insert_running_job,
+    max_seq,
+    migrate,
+)
 from service.socketport import free_port
 
 INGEST_GOAL = ">= 50,000 records/s (2 cores), both stores"
 SSE_GOAL = "p99 <= 50 ms with 100 streams"
 POLL_GOAL = "p99 <= 100 ms, zero errors"
+TAIL_GOAL = "p99 <= 10 ms at 1M records"
+TAIL_RECORDS = 1_000_000
 SSE_PERIOD_S = 0.05
 SSE_RANK = 7
 
@@ -125,6 +134,66 @@ async def _sse_latency(server: Server, job_id: int, token: str, streams: int,
     }
 
 
+def _bulk_load(home: Path, url: str | None, job_id: int, count: int) -> None:
+    """``count`` records for ``job_id`` straight through SQL (set-up speed, not the HTTP path)."""
+    if url is None:
+        bulk_load_records(home, job_id, 0, count)
+        return
+    from sqlalchemy import create_engine
+
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            # The same shape as bench.server's rows: 8 ranks, 4 metric names, unique keys.
+            conn.exec_driver_sql(
+                "INSERT INTO metric_records "
+                "(job_id, attempt, rank, epoch, step, name, value, nonfinite, time) "
+                "SELECT %(job)s, 1, i %% 8, i / 32, i / 8 %% 4, "
+                "(ARRAY['loss','samples','seconds','samples_per_s'])[i %% 4 + 1], i, NULL, "
+                "extract(epoch from now()) FROM generate_series(0, %(n)s - 1) AS i",
+                {"job": job_id, "n": count},
+            )
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql("VACUUM ANALYZE metric_records")
+    finally:
+        engine.dispose()
+
+
+def _tail_polls(server: Server, home: Path, url: str | None, records: int,
+                requests: int) -> list[Row]:
+    """A caught-up poller (10 new records per poll) on a job with ``records`` records."""
+    job_id, _token = insert_running_job(home, url, adopt_me=True)
+    t0 = time.perf_counter()
+    _bulk_load(home, url, job_id, records)
+    load_s = time.perf_counter() - t0
+    last = _max_seq(home, url, job_id)
+    sequential(server, job_id, last - 10, 1000, 20)  # warm the caches
+    tail = sequential(server, job_id, last - 10, 1000, requests)
+    return [Row("stores", f"{store_label(url)}: caught-up poll p99, {records:,} records",
+                percentile(tail, 99) * 1000, "ms", TAIL_GOAL,
+                f"{requests} polls, 10 new records each; p50 {percentile(tail, 50) * 1000:.1f} ms;"
+                f" loaded in {load_s:.0f} s")]
+
+
+def _max_seq(home: Path, url: str | None, job_id: int) -> int:
+    if url is None:
+        return max_seq(home, job_id)
+    from sqlalchemy import create_engine
+
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return conn.exec_driver_sql(
+                "SELECT max(seq) FROM metric_records WHERE job_id = %(job)s", {"job": job_id}
+            ).scalar_one()
+    finally:
+        engine.dispose()
+
+
+def store_label(url: str | None) -> str:
+    return "sqlite" if url is None else "postgresql"
+
+
 def _bench_store(store: str, smoke: bool, only_sse: bool = False) -> list[Row]:
     batches = 2 if smoke else 50
     pollers, poll_s = (10, 1.0) if smoke else (200, 20.0)
@@ -163,6 +232,8 @@ def _bench_store(store: str, smoke: bool, only_sse: bool = False) -> list[Row]:
                         Row("stores", f"{store}, 2 workers: {pollers} pollers errors",
                             paced["errors"], "", "0"),
                     ]
+                    rows += _tail_polls(server, home, url, 5_000 if smoke else TAIL_RECORDS,
+                                        30 if smoke else 500)
                 else:
                     # A job of its own: the streams start with no history to replay.
                     sse_job, sse_token = insert_running_job(home, url, adopt_me=True)

@@ -1,5 +1,6 @@
 """Event streams (resumed with Last-Event-ID) and per-rank logs read with an offset cursor."""
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -8,7 +9,7 @@ from httpx_sse import connect_sse
 
 from service.api.logs import read_chunk
 from service.executor.local import LocalExecutor
-from tests.conftest import LiveServer
+from tests.conftest import LiveServer, every_record
 from torchyard_contract.rundir import RunDir
 
 SPEC = {"name": "events", "dataset": "digits", "epochs": 4, "nproc_per_node": 2}
@@ -85,6 +86,27 @@ def test_reconnect_with_last_event_id_gets_every_record_once(live_server_factory
             assert f"rank{rank} INFO" in read["stderr"]
             # The built-in trainer prints nothing: everything it wrote is its stderr, in order.
             assert read["stdout"] == "" and read["combined"] == read["stderr"]
+
+
+def test_many_streams_of_one_job_each_get_every_record_once(live_server_factory) -> None:  # type: ignore[no-untyped-def]
+    # Streams woken by the same commit share one read (service.api.hotreads): each must still
+    # get the whole job, in order, on its own cursor.
+    server: LiveServer = live_server_factory(TORCHYARD_TEST_EPOCH_SLEEP_S="0.3")
+    streams = 12
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        job_id = c.post("/jobs", json=SPEC).json()["id"]
+
+    def follow(_: int) -> list[tuple[str, str, dict]]:
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            return _read_events(client, job_id, None, stop_after_metrics=None)
+
+    with ThreadPoolExecutor(max_workers=streams) as pool:
+        seen = list(pool.map(follow, range(streams)))
+    stored = every_record(server, job_id)
+    assert len(stored) >= 8
+    for events in seen:
+        assert [d for k, _, d in events if k == "metric"] == stored
+        assert events[-1][0] == "state" and events[-1][2]["state"] == "succeeded"
 
 
 def test_event_and_log_errors(api: TestClient) -> None:

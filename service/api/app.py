@@ -34,10 +34,10 @@ from service.api.auth import AuthMiddleware, TokenSet
 from service.api.bodylimit import BodyLimitMiddleware
 from service.api.browserguard import BrowserGuardMiddleware, JsonBodyMiddleware
 from service.api.deps import reject_unknown_query
+from service.api.hotreads import HotReads
 from service.api.openapi import build_openapi
 from service.api.prometheus import RequestTimer, Telemetry
 from service.api.prometheus import router as prometheus_router
-from service.api.sharedreads import SharedReads
 from service.changefeed import ChangeFeed, PgListener
 from service.db import make_engine, make_session_factory, upgrade
 from service.executor import Executor, make_executor
@@ -123,7 +123,7 @@ def create_app(
     app.state.settings = settings
     app.state.session_factory = session_factory
     app.state.changes = changes
-    app.state.shared_reads = SharedReads()  # event streams of a job share their reads
+    app.state.hot_reads = HotReads()  # metrics polls and event streams (bounded, shared)
     app.state.read_session_factory = read_session_factory
     app.state.read_engine = read_engine  # hot reads take a plain connection (service.api.deps)
     app.state.supervisor = supervisor

@@ -15,7 +15,7 @@ The stream ends once the job is terminal and every record has been sent, or when
 shuts down (``service.api.drain``): a client then reconnects with ``Last-Event-ID``.
 
 The database is read in short sessions on the thread pool; nothing is held across a wait, and
-streams of one job that were woken together share one read (``service.api.sharedreads``). A
+streams of one job that were woken together share one read (``service.api.hotreads``). A
 commit that changes the job or adds its records wakes the stream at once (``service.changefeed``:
 PostgreSQL ``LISTEN/NOTIFY``, or this process's own commits on SQLite); ``EVENTS_POLL_S`` is only
 the fallback for writers in other processes on SQLite.
@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service import repository as repo
 from service.api.deps import JobDep, get_changes, get_session_factory
 from service.api.drain import draining
-from service.api.sharedreads import SharedReads
+from service.api.hotreads import HotReads
 from service.schemas import JobRead, MetricRead
 from service.state import TERMINAL_STATES, JobState
 
@@ -110,12 +110,12 @@ async def job_events(
     job_id = found.id
     factory = get_session_factory(request)
     changes = get_changes(request)
-    shared: SharedReads = request.app.state.shared_reads
+    reads: HotReads = request.app.state.hot_reads
     stopping = draining(request)
     while not stopping.is_set():
         seen = changes.version(job_id)
-        tail: Tail = await shared.read((job_id, cursor.seq, seen), _read_tail, factory, job_id,
-                                       cursor.seq)
+        tail: Tail = await reads.shared((job_id, cursor.seq, seen), _read_tail, factory, job_id,
+                                        cursor.seq)
         stage = tail.stage
         # A live state goes out before the records read after it (a client sees "running"
         # before that attempt's epochs). The terminal state goes out only once a poll that saw

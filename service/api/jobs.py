@@ -21,6 +21,7 @@ from service.api.deps import (
 )
 from service.api.drain import draining
 from service.api.errors import ERROR_RESPONSES, ApiError
+from service.api.hotreads import HotReads
 from service.models import Job
 from service.schemas import AttemptRead, JobList, JobRead, MetricRead, MetricsPage
 from service.state import TERMINAL_STATES, JobState
@@ -179,7 +180,8 @@ async def read_metrics(
     # The hottest read (every dashboard polls it): one hop to the thread pool, one short
     # session, the job's state as one column, the page serialized once (docs/benchmarks.md).
     engine = get_read_engine(request)
-    body = await run_in_threadpool(_metrics_page, engine, job_id, after, limit, rank, name)
+    reads: HotReads = request.app.state.hot_reads
+    body = await reads.run(_metrics_page, engine, job_id, after, limit, rank, name)
     return Response(body, media_type="application/json")
 
 
