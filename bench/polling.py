@@ -51,8 +51,11 @@ def sequential(server: Server, job_id: int, after: int, limit: int, requests: in
 
 
 async def _concurrent(server: Server, job_id: int, token: str, pollers: int, duration_s: float,
-                      interval_s: float, start_after: int) -> dict[str, float]:
-    """N pollers on their own keep-alive connections (``bench.loadgen``) and one writer."""
+                      interval_s: float, start_after: int, together: bool = False
+                      ) -> dict[str, float]:
+    """N pollers on their own keep-alive connections (``bench.loadgen``) and one writer.
+    ``together``: every poller starts at the same instant instead of spread over the first
+    interval."""
     latencies: list[float] = []
     errors = 0
     written = 0
@@ -64,7 +67,7 @@ async def _concurrent(server: Server, job_id: int, token: str, pollers: int, dur
         nonlocal errors
         after = start_after
         conn = Connection(host, port)
-        if interval_s:
+        if interval_s and not together:
             # Independent dashboards: each starts at its own moment within the first interval
             # (all 200 at the same instant would measure one burst, not polling).
             await asyncio.sleep(interval_s * index / pollers)
