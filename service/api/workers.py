@@ -55,9 +55,10 @@ def listen(host: str, port: int) -> socket.socket:
 
 def _worker(sock: socket.socket) -> None:
     """One worker process: the app from the environment, served on its socket."""
-    libc = ctypes.CDLL(None, use_errno=True)
     parent = os.getppid()
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)  # Linux only
+    if prctl is not None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     if os.getppid() != parent:
         return  # the parent died before the death signal was armed
     from service.api.app import create_app_from_environment
