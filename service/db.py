@@ -115,18 +115,28 @@ def _server_engine(url: str, *, readonly: bool) -> Engine:
     READ COMMITTED (PostgreSQL's default) is what the compare-and-set transitions need: an
     ``UPDATE … WHERE state IN (…)`` that waited on a concurrent one re-reads the row and matches
     nothing if the other won. The reader's connections are read-only for their whole life
-    (``default_transaction_read_only``), so a stray write fails; set once per connection rather
-    than by a ``SET TRANSACTION`` round trip per request.
+    (``default_transaction_read_only``), so a stray write fails (a guard against mistakes, not
+    a security boundary); set once per new connection rather than by a ``SET TRANSACTION``
+    round trip per request, and without touching the ``options`` a URL may carry.
     """
-    return create_engine(
+    engine = create_engine(
         url,
         pool_pre_ping=True,
         # Each connection is a server process: keep fewer idle than SQLite's, never wait for one.
         pool_size=SERVER_POOL_SIZE,
         max_overflow=POOL_OVERFLOW,
         isolation_level="READ COMMITTED",
-        connect_args={"options": "-c default_transaction_read_only=on"} if readonly else {},
     )
+    if readonly:
+
+        @event.listens_for(engine, "connect")
+        def _read_only(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+            autocommit = dbapi_conn.autocommit
+            dbapi_conn.autocommit = True  # a session setting, not one transaction's
+            dbapi_conn.execute("SET default_transaction_read_only = on")
+            dbapi_conn.autocommit = autocommit
+
+    return engine
 
 
 def make_session_factory(

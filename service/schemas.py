@@ -227,7 +227,12 @@ class RecordBatch(BaseModel):
 # words the errors.
 _StrictRecord = create_model(
     "StrictRecord", __config__=ConfigDict(strict=True, extra="forbid"),
-    **{name: (field.annotation, field) for name, field in RecordPost.model_fields.items()},
+    **{
+        name: (field.annotation, field) for name, field in RecordPost.model_fields.items()
+        if name != "value"
+    },
+    # A JSON number too large for a float (1e400) would read as inf here; RecordBatch refuses it.
+    value=(Annotated[float, Field(allow_inf_nan=False)] | NonFinite, ...),
 )
 _StrictBatch = create_model(
     "StrictBatch", __config__=ConfigDict(extra="forbid"),

@@ -65,6 +65,9 @@ def test_record_values_of_the_wrong_type_are_refused() -> None:
         record = {"rank": 0, "name": "loss", "value": 1.0, "time": 1.0, **bad}
         with pytest.raises(ValidationError, match=next(iter(bad))):
             parse_record_batch(json.dumps({"records": [record]}).encode())
+    too_big = b'{"records": [{"rank": 0, "name": "loss", "value": 1' + b"0" * 400 + b', "time": 1}]}'
+    with pytest.raises(ValidationError, match="value"):  # not read as Infinity
+        parse_record_batch(too_big)
     [ok] = parse_record_batch(
         b'{"records": [{"rank": 0.0, "name": "loss", "value": "NaN", "time": 1}]}')
     assert ok.rank == 0 and math.isnan(ok.value)

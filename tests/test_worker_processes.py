@@ -4,6 +4,8 @@ over every worker, a worker that dies is replaced, and no worker outlives its pa
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 
@@ -93,3 +95,16 @@ def test_workers_do_not_outlive_the_parent(
     assert not alive, [p.pid for p in alive]
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"{server.url}/healthz", timeout=2)
+
+
+def test_a_second_server_cannot_share_the_port(live_server_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # SO_REUSEPORT would let it bind and silently take half of the first one's connections.
+    server: LiveServer = live_server_factory(_args=("--workers", "2"))
+    env = {**os.environ, "TORCHYARD_HOME": str(tmp_path / "other"), "TORCHYARD_GPUS": "none"}
+    second = subprocess.run(
+        [sys.executable, "-m", "service", "serve", "--workers", "2", "--port", str(server.port)],
+        env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert second.returncode != 0
+    assert f"cannot listen on 127.0.0.1:{server.port}" in second.stderr
+    assert _workers(server) and server.proc.poll() is None

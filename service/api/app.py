@@ -98,10 +98,12 @@ def create_app(
         # caches: most of the heap) lives as long as the process: keep it out of the cyclic
         # collector's full passes, which otherwise stalled every request ~0.1 s now and then
         # (docs/benchmarks.md, "Stores and workers").
+        gc.collect()
         gc.freeze()
         try:
             yield
         finally:
+            gc.unfreeze()  # an app that stops (tests build many) leaves its objects collectable
             app.state.draining.set()
             supervisor.stop()
             if warm is not None:

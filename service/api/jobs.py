@@ -177,8 +177,9 @@ async def read_metrics(
     rank: Annotated[int | None, Query(ge=0, le=65_535)] = None,
     name: Annotated[str | None, Query(max_length=64)] = None,
 ) -> Response:
-    # The hottest read (every dashboard polls it): one hop to the thread pool, one short
-    # session, the job's state as one column, the page serialized once (docs/benchmarks.md).
+    # The hottest read (every dashboard polls it): one hop to the thread pool (bounded, see
+    # service.api.hotreads), one plain connection, the job's state as one column, the page
+    # serialized once (docs/benchmarks.md §7).
     engine = get_read_engine(request)
     reads: HotReads = request.app.state.hot_reads
     body = await reads.run(_metrics_page, engine, job_id, after, limit, rank, name)

@@ -44,8 +44,7 @@ STOP_TIMEOUT_S = SHUTDOWN_GRACE_S + 10.0
 
 def listen(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host:port`` that other processes may bind too."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(_family(host), socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host.strip("[]"), port))
@@ -53,9 +52,30 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _worker(sock: socket.socket) -> None:
-    """One worker process: the app from the environment, served on its socket."""
-    parent = os.getppid()
+def listen_all(host: str, port: int, count: int) -> list[socket.socket]:
+    """``count`` sockets on one port. Raises ``OSError`` when something already listens there:
+    ``SO_REUSEPORT`` alone would let a second server (of the same user) share the port and
+    silently take half its connections, so the port is first bound without it. Port 0: the
+    first socket's port, for all of them."""
+    probe = socket.socket(_family(host), socket.SOCK_STREAM)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is fine
+        probe.bind((host.strip("[]"), port))
+        port = probe.getsockname()[1]
+    finally:
+        probe.close()
+    sockets = [listen(host, port)]
+    sockets += [listen(host, port) for _ in range(count - 1)]
+    return sockets
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def _worker(sock: socket.socket, parent: int) -> None:
+    """One worker process: the app from the environment, served on its socket. ``parent``: the
+    pid that started it (read there: by the time this runs it may already be gone)."""
     prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)  # Linux only
     if prctl is not None:
         prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
@@ -70,28 +90,36 @@ def _worker(sock: socket.socket) -> None:
 
 def run_workers(host: str, port: int, count: int) -> int:
     """Run ``count`` workers until SIGTERM/SIGINT; the exit status for the command. Raises
-    ``OSError`` when the port cannot be bound."""
+    ``OSError`` when the port cannot be bound (or something already listens on it)."""
     ctx = multiprocessing.get_context("spawn")
-    sockets = [listen(host, port) for _ in range(count)]
+    sockets = listen_all(host, port, count)
+    workers: dict[int, BaseProcess] = {}
     stopping = False
 
     def start(index: int) -> BaseProcess:
         # The socket goes to the child duplicated (multiprocessing's socket pickling).
-        proc = ctx.Process(target=_worker, args=(sockets[index],),
+        proc = ctx.Process(target=_worker, args=(sockets[index], os.getpid()),
                            name=f"torchyard-worker-{index}")
         proc.start()
         return proc
 
-    def stop(sig: int, _frame: FrameType | None) -> None:
-        nonlocal stopping
-        stopping = True
+    def terminate_all() -> None:
         for proc in workers.values():
             if proc.pid is not None and proc.is_alive():
                 os.kill(proc.pid, signal.SIGTERM)
 
-    workers = {index: start(index) for index in range(count)}
+    def stop(_sig: int, _frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+        terminate_all()
+
+    # Before any worker starts: a stop signal during start-up is a stop, not the parent's death.
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    for index in range(count):
+        if stopping:
+            break
+        workers[index] = start(index)
     deaths: deque[float] = deque()
     status = 0
     while not stopping:
@@ -111,15 +139,19 @@ def run_workers(host: str, port: int, count: int) -> int:
                 print(f"torchyard serve: workers keep exiting ({len(deaths)} in "
                       f"{RESTART_WINDOW_S:.0f} s); stopping", file=sys.stderr)
                 status = 1
-                stop(signal.SIGTERM, None)
+                stopping = True
                 break
             workers[index] = start(index)
+    # Again: a worker started while the signal was being handled did not get it.
+    terminate_all()
+    # The parent's copies of the sockets go now: once a worker closes its own, new connections
+    # are refused at once instead of waiting in a socket nobody accepts from.
+    for sock in sockets:
+        sock.close()
     deadline = time.monotonic() + STOP_TIMEOUT_S
     for proc in workers.values():
         proc.join(max(0.0, deadline - time.monotonic()))
         if proc.is_alive():
             proc.kill()
             proc.join()
-    for sock in sockets:
-        sock.close()
     return status
