@@ -163,3 +163,18 @@ def test_a_cursor_reader_never_skips_a_record_of_concurrent_writers(factories) -
     done.set()
     follower.join()
     assert len(seen) == len(set(seen)) == writers * batches * size
+
+
+def test_the_reader_refuses_writes_and_reads_the_last_commit(factories) -> None:  # type: ignore[no-untyped-def]
+    # GET routes read through the read-only engine: a write there must fail loudly, on either
+    # store (SQLite: PRAGMA query_only; PostgreSQL: default_transaction_read_only per connection).
+    writer, reader = factories
+    job_id = _job(writer)
+    with reader() as s:
+        assert repo.job_state(s, job_id) == "queued"
+        # (PostgreSQL's COPY runs on the driver's cursor: psycopg's own error, not wrapped.)
+        with pytest.raises(Exception, match="(?i)read.?only"):
+            repo.insert_records(s, job_id, [_record(1)])
+    with reader.kw["bind"].connect() as conn:  # a plain connection, as the metrics route uses
+        assert repo.job_state(conn, job_id) == "queued"
+        assert repo.read_records(conn, job_id, after=0, limit=10) == []
