@@ -232,9 +232,9 @@ def _bench_store(store: str, smoke: bool, only_sse: bool = False) -> list[Row]:
                         Row("stores", f"{store}, 2 workers: {pollers} pollers errors",
                             paced["errors"], "", "0"),
                     ]
-                    burst = asyncio.run(_concurrent(
+                    burst = asyncio.run(_concurrent(  # caught up: the writer went on
                         server, job_id, token, pollers, poll_s / 2, POLL_INTERVAL_S,
-                        m["records"], together=True,
+                        _max_seq(home, url, job_id), together=True,
                     ))
                     rows.append(Row(
                         "stores", f"{store}, 2 workers: {pollers} pollers starting together p99",
