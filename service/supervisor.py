@@ -554,7 +554,7 @@ class Supervisor:
     def _publish_waiting(self) -> None:
         """Write the last pass's result to the queue snapshot, under the lease's fence, when it
         differs from what this term last wrote, and at most every ``PUBLISH_MIN_S`` (a burst of
-        submits changes every pass; each write is the whole queue, ~150 KB at 10,000 jobs). A
+        submits changes every pass; each write is the whole queue, ~160 KB at 10,000 jobs). A
         write deferred by that limit happens on a later tick (every ``poll_interval_s``)."""
         waiting = self._waiting
         if waiting is None or waiting is self._published or waiting == self._published:
