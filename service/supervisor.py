@@ -26,8 +26,8 @@ from datetime import UTC
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from service import queuerepo, runclaim, scheduler, secretstore
 from service import repository as repo
-from service import runclaim, scheduler, secretstore
 from service.admission import admit
 from service.executor.base import Executor, Phase, Status, Submission
 from service.executor.slurmcli import NodeRow, SlurmError
@@ -35,6 +35,7 @@ from service.finisher import Finisher
 from service.jobtoken import new_token
 from service.lease import Lease
 from service.models import Job
+from service.queuesnapshot import PUBLISH_MIN_S, SnapshotReader, encode
 from service.recordscope import world_size
 from service.resources import Inventory
 from service.runfiles import read_attempts
@@ -135,9 +136,14 @@ class Supervisor:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
     _wake: threading.Event = field(default_factory=threading.Event)
-    # Last scheduling pass: queued job id → position and reason. Replaced whole, never mutated,
-    # so routes can read it from other threads.
-    _waiting: dict[int, scheduler.Waiting] = field(default_factory=dict)
+    # Last scheduling pass of this term: queued job id → position and reason; None before the
+    # term's first pass. Replaced whole, never mutated, so routes can read it from other threads.
+    _waiting: dict[int, scheduler.Waiting] | None = None
+    # What this term last wrote to the queue snapshot (service.queuesnapshot), and when.
+    _published: dict[int, scheduler.Waiting] | None = None
+    _published_at: float = -math.inf
+    # The snapshot as the other processes see it: what this one answers while not supervising.
+    _snapshot: SnapshotReader = field(init=False)
     _queue_dirty: bool = True
     _last_plan: float = 0.0
     _thread: threading.Thread | None = None
@@ -159,6 +165,7 @@ class Supervisor:
             on_finished=self._queue_changed,
             fence=self.lease.fence,
         )
+        self._snapshot = SnapshotReader(self.read_session_factory or self.session_factory)
 
     @property
     def slurm(self) -> bool:
@@ -233,8 +240,13 @@ class Supervisor:
         return job
 
     def queue_status(self, job_id: int) -> scheduler.Waiting | None:
-        """Queue position and why a queued job waits, as of the last scheduling pass."""
-        return self._waiting.get(job_id)
+        """Queue position and why a queued job waits, as of the supervisor's last scheduling
+        pass: from memory in the supervisor (once it made a pass in its term), else from the
+        snapshot it published (``service.queuesnapshot``; at most about 2 s older)."""
+        waiting = self._waiting if self.acting else None
+        if waiting is None:
+            return self._snapshot.get(job_id)
+        return waiting.get(job_id)
 
     def resources(self) -> tuple[dict[str, list[str]], dict[str, int]]:
         """(kind → every resource name of the host, resource → job holding it)."""
@@ -316,7 +328,7 @@ class Supervisor:
         self._term = None
         self._refs.clear()
         self._stopping.clear()
-        self._waiting = {}
+        self._waiting = self._published = None
 
     def recover(self) -> bool:
         """Before launching anything: adopt live groups, give dead ones a final state; False
@@ -378,7 +390,7 @@ class Supervisor:
         # Each step on its own: one that fails (a bug, a database error) must not starve the
         # others, or a stuck reap would hold every queued job.
         for step in (self._fail_stop_requests, self._stop_ended, self._reap_finished,
-                     self._mark_running, self._launch_queued):
+                     self._mark_running, self._launch_queued, self._publish_waiting):
             try:
                 step()
             except Exception:
@@ -425,7 +437,7 @@ class Supervisor:
                     repo.transition(session, job_id, JobState.starting, started_at=repo.utcnow())
                 session.commit()
             self._seen_started.update(started)
-        self._waiting = waiting
+        self._set_waiting(waiting)
 
     def _finish(
         self, job_id: int, shim_code: int | None, why: str | None = None,
@@ -509,7 +521,7 @@ class Supervisor:
                 in repo.queued_for_scheduling(reader)
             ]
             if not queue:
-                self._waiting = {}
+                self._set_waiting({})
                 return
             held = repo.allocated_resources(reader)
             running = self._running_jobs(reader, held)
@@ -522,7 +534,7 @@ class Supervisor:
         }
         decision = scheduler.plan(queue, free, running, now)
         if not decision.launches:
-            self._waiting = decision.waiting
+            self._set_waiting(decision.waiting)
             return
         with self.session_factory() as session:
             for launch in decision.launches:
@@ -531,7 +543,32 @@ class Supervisor:
                     continue
                 spec = JobSpec.model_validate(job.spec)
                 self._launch(session, job, spec, placement_for(spec, launch.resources))
-        self._waiting = decision.waiting
+        self._set_waiting(decision.waiting)
+
+    def _set_waiting(self, waiting: dict[int, scheduler.Waiting]) -> None:
+        """The result of a scheduling pass (local) or of Slurm's queue (``_sync_slurm_queue``):
+        answered from memory here at once, published to the other processes by the tick's
+        ``_publish_waiting``."""
+        self._waiting = waiting
+
+    def _publish_waiting(self) -> None:
+        """Write the last pass's result to the queue snapshot, under the lease's fence, when it
+        differs from what this term last wrote, and at most every ``PUBLISH_MIN_S`` (a burst of
+        submits changes every pass; each write is the whole queue, ~160 KB at 10,000 jobs). A
+        write deferred by that limit happens on a later tick (every ``poll_interval_s``)."""
+        waiting = self._waiting
+        if waiting is None or waiting is self._published or waiting == self._published:
+            return
+        now = time.monotonic()
+        if now - self._published_at < PUBLISH_MIN_S:
+            return
+        generation = self._lease.generation
+        with self.session_factory() as session:
+            if generation is None or not self._lease.fence(session):
+                return
+            queuerepo.write_snapshot(session, generation, encode(waiting))
+            session.commit()
+        self._published, self._published_at = waiting, now
 
     def _submit_to_slurm(self) -> None:
         """Hand every queued job not yet submitted to Slurm, highest priority first. The job

@@ -114,3 +114,50 @@ def test_restart_keeps_running_jobs_allocations(live_server_factory) -> None:  #
     again.wait_for(b, {"succeeded"}, timeout_s=120)
     with again.client() as c:
         assert c.get("/resources").json()["cpu"]["allocated"] == 0
+
+
+@both_stores
+def test_every_worker_process_answers_the_same_queue_positions(live_server_factory) -> None:  # type: ignore[no-untyped-def]
+    """With ``--workers 2`` only one process supervises; a request that lands on the other is
+    answered from the snapshot the supervisor published (service.queuesnapshot), not null."""
+    server: LiveServer = live_server_factory(
+        _args=("--workers", "2"), TORCHYARD_CPU_SLOTS="1", TORCHYARD_TEST_EPOCH_SLEEP_S="1",
+    )
+    with server.client() as c:
+        blocker = c.post("/jobs", json={**ONE_SLOT, "epochs": 1000}).json()["id"]
+    server.wait_for(blocker, {"running"})
+    with server.client() as c:
+        first, second = (c.post("/jobs", json={**ONE_SLOT, "name": f"q{i}"}).json()["id"]
+                         for i in range(2))
+    expected = {
+        first: (1, "needs 1 CPU slot; 0 free"),
+        second: (2, f"needs 1 CPU slot; 0 free, behind job {first}"),
+    }
+
+    def place(job: dict) -> tuple[int | None, str | None]:
+        assert job["state"] == "queued", job
+        return job["queue_position"], job["waiting_reason"]
+
+    deadline = time.monotonic() + 30
+    with server.client() as c:
+        while place(c.get(f"/jobs/{second}").json()) != expected[second]:
+            assert time.monotonic() < deadline, c.get(f"/jobs/{second}").json()
+            time.sleep(0.1)
+    # Published within PUBLISH_MIN_S and a tick; every other process re-reads within MAX_AGE_S.
+    time.sleep(2.0)
+
+    roles: list[str] = []
+    for _ in range(40):
+        # A new connection each time: the kernel hands it to either worker's socket.
+        with server.client() as c:
+            roles.append(c.get("/healthz").json()["role"])
+            for job_id, want in expected.items():
+                assert place(c.get(f"/jobs/{job_id}").json()) == want, (roles[-1], job_id)
+            page = c.get("/jobs", params={"state": "queued", "limit": 50}).json()["items"]
+            assert {j["id"]: place(j) for j in page} == expected, roles[-1]
+    assert set(roles) == {"supervisor", "standby"}, roles  # both processes were asked
+    with server.client() as c:
+        for job_id in (blocker, first, second):
+            c.post(f"/jobs/{job_id}/cancel")
+        cancelled = c.get(f"/jobs/{first}").json()
+    assert cancelled["queue_position"] is None and cancelled["waiting_reason"] is None

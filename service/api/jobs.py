@@ -25,7 +25,7 @@ from service.api.hotreads import HotReads
 from service.models import Job
 from service.schemas import AttemptRead, JobList, JobRead, MetricRead, MetricsPage
 from service.state import TERMINAL_STATES, JobState
-from service.supervisor import SubmitRejected
+from service.supervisor import SubmitRejected, Supervisor
 from torchyard_contract.spec import LABEL_VALUE_CHARS, LABEL_VALUE_MAX, JobSpec
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -81,7 +81,7 @@ def submit_job(
     response.headers["Location"] = f"/jobs/{job.id}"
     if not created:
         response.status_code = 200
-    return JobRead.from_row(job, supervisor.queue_status(job.id))
+    return _job_read(job, supervisor)
 
 
 @router.get("", response_model=JobList)
@@ -110,14 +110,22 @@ def list_jobs(
     jobs = repo.list_jobs(session, state, name, limit, before, labels)
     next_before = jobs[-1].id if len(jobs) == limit else None
     return JobList(
-        items=[JobRead.from_row(j, supervisor.queue_status(j.id)) for j in jobs],
+        items=[_job_read(j, supervisor) for j in jobs],
         next_before=next_before,
     )
 
 
 @router.get("/{job_id}", response_model=JobRead)
 def get_job(job: JobDep, supervisor: SupervisorDep) -> JobRead:
-    return JobRead.from_row(job, supervisor.queue_status(job.id))
+    return _job_read(job, supervisor)
+
+
+def _job_read(job: Job, supervisor: Supervisor) -> JobRead:
+    """The job; a queued one with its place in the queue. Only for queued jobs is the queue
+    looked up (off the supervisor, it may read the published snapshot: a query at most once a
+    second per process, see ``service.queuesnapshot``)."""
+    queued = job.state == JobState.queued.value
+    return JobRead.from_row(job, supervisor.queue_status(job.id) if queued else None)
 
 
 @router.get("/{job_id}/wait", response_model=JobRead)
@@ -138,7 +146,8 @@ async def wait_for_job(
         seen = changes.version(job.id)
         done = JobState(job.state) in TERMINAL_STATES or time.monotonic() >= deadline
         if done or stopping.is_set():
-            return JobRead.from_row(job, supervisor.queue_status(job.id))
+            # Off the event loop: the queue lookup may read the database.
+            return await run_in_threadpool(_job_read, job, supervisor)
         left = max(0.0, deadline - time.monotonic())
         await changes.wait(job.id, seen, min(changes.fallback_s(WAIT_POLL_S), left))
         job = await run_in_threadpool(_read_job, session_factory, job.id)
@@ -163,7 +172,7 @@ def get_attempts(job: JobDep) -> list[AttemptRead]:
 def cancel_job(job: JobDep, supervisor: SupervisorDep) -> JobRead:
     """Cancel a queued or running job; cancelling a finished job returns it unchanged (200)."""
     cancelled = supervisor.cancel(job.id) or job  # jobs are never deleted: None cannot happen
-    return JobRead.from_row(cancelled, supervisor.queue_status(job.id))
+    return _job_read(cancelled, supervisor)
 
 
 @router.get("/{job_id}/metrics", response_model=MetricsPage)
