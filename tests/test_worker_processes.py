@@ -108,3 +108,28 @@ def test_a_second_server_cannot_share_the_port(live_server_factory, tmp_path) ->
     assert second.returncode != 0
     assert f"cannot listen on 127.0.0.1:{server.port}" in second.stderr
     assert _workers(server) and server.proc.poll() is None
+
+
+def _healthz_count(text: str) -> float:
+    """``torchyard_http_request_duration_seconds_count`` summed over /healthz's label sets."""
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+        if line.startswith("torchyard_http_request_duration_seconds_count{")
+        and 'route="/healthz"' in line
+    )
+
+
+def test_every_scrape_counts_every_workers_requests(live_server_factory) -> None:  # type: ignore[no-untyped-def]
+    # A scrape lands on one worker; per-process counters would show that worker's share only
+    # and jump between scrapes (read by Prometheus as resets).
+    server: LiveServer = live_server_factory(_args=("--workers", "2"))
+    _until(lambda: len(_workers(server)) == 2, 30, "two workers")
+    roles = _until(lambda: (r := _roles_over_new_connections(server))["standby"]
+                   and r["supervisor"] and r, 30, "both workers answering")
+    served = sum(roles.values())
+    counts = []
+    for _ in range(12):  # new connections: scrapes land on both workers
+        with httpx.Client(base_url=server.url, timeout=10) as c:
+            counts.append(_healthz_count(c.get("/metrics").text))
+    assert min(counts) >= served, counts
+    assert counts == sorted(counts), f"a counter went down between scrapes: {counts}"

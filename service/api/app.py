@@ -9,10 +9,12 @@ No module-level state.
 
 import gc
 import logging
+import os
 import sys
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
@@ -36,7 +38,7 @@ from service.api.browserguard import BrowserGuardMiddleware, JsonBodyMiddleware
 from service.api.deps import reject_unknown_query
 from service.api.hotreads import HotReads
 from service.api.openapi import build_openapi
-from service.api.prometheus import RequestTimer, Telemetry
+from service.api.prometheus import PROMETHEUS_DIR_VARIABLE, RequestTimer, Telemetry
 from service.api.prometheus import router as prometheus_router
 from service.changefeed import ChangeFeed, PgListener
 from service.db import make_engine, make_session_factory, upgrade
@@ -50,9 +52,11 @@ from service.warm.pool import WarmPool
 
 def create_app(
     settings: Settings, *, api_url: str | None = None, executor: Executor | None = None,
-    run_supervisor: bool = True,
+    run_supervisor: bool = True, prometheus_multiprocess_dir: Path | None = None,
 ) -> FastAPI:
     """The app. Migrations run and the supervisor starts (after recovery) when it starts up.
+    ``prometheus_multiprocess_dir``: this app is one of several worker processes whose
+    Prometheus counters are summed there (``service.api.prometheus.Telemetry``).
 
     Raises ``ValueError`` when a configured tokens file is unreadable or empty (fail closed).
     """
@@ -133,7 +137,9 @@ def create_app(
     app.state.executor = executor
     app.state.warm = warm
     errors.install(app)
-    app.state.telemetry = Telemetry(read_session_factory, supervisor.inventory, warm)
+    app.state.telemetry = Telemetry(
+        read_session_factory, supervisor.inventory, warm, prometheus_multiprocess_dir
+    )
     app.include_router(jobs.router)
     app.include_router(records.router)
     app.include_router(resources.router)
@@ -200,8 +206,10 @@ def _openapi(app: FastAPI, api_tokens: bool) -> dict:
 
 
 def create_app_from_environment() -> FastAPI:
-    """The app of one ``torchyard serve --workers N`` worker process, from ``TORCHYARD_*``."""
+    """The app of one ``torchyard serve --workers N`` worker process, from ``TORCHYARD_*`` and
+    the parent's ``PROMETHEUS_MULTIPROC_DIR`` (``service.api.workers``)."""
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    return create_app(Settings())
+    shared = os.environ.get(PROMETHEUS_DIR_VARIABLE)
+    return create_app(Settings(), prometheus_multiprocess_dir=Path(shared) if shared else None)

@@ -16,16 +16,19 @@ Series:
   small; unknown paths are ``route="unmatched"``.
 
 Job and resource gauges are read from the database at scrape time, so they are right after a
-restart and need no bookkeeping on the hot paths.
+restart and need no bookkeeping on the hot paths. Under ``serve --workers N`` the counters and
+the histogram are every worker's, summed (prometheus-client's multiprocess mode).
 """
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -37,6 +40,8 @@ from service.warm.pool import WarmPool, WarmStatus
 
 router = APIRouter(tags=["meta"])
 RESOURCE_KINDS = ("gpu", "cpu")
+# prometheus-client's own variable: read by it at import, and by ``create_app_from_environment``.
+PROMETHEUS_DIR_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
 
 
 class StateCollector(Collector):
@@ -97,14 +102,30 @@ def _warm_metrics(status: WarmStatus) -> Iterator[Metric]:
 
 
 class Telemetry:
-    """The app's registry and the instruments code paths update."""
+    """The app's registry and the instruments code paths update.
+
+    ``multiprocess_dir``: set when this process is one of ``serve --workers N``
+    (``PROMETHEUS_MULTIPROC_DIR``, which prometheus-client also read when it was imported, so
+    the instruments write their values there). A scrape lands on any one worker, so it must
+    show every worker's counts summed, not its own: per-process counters would jump up and down
+    between scrapes and read as resets.
+    """
 
     def __init__(
         self, session_factory: sessionmaker[Session], inventory: Inventory,
-        warm: WarmPool | None = None,
+        warm: WarmPool | None = None, multiprocess_dir: Path | None = None,
     ) -> None:
+        state = StateCollector(session_factory, inventory, warm)
         self.registry = CollectorRegistry()  # no auto_describe: it would query the DB at startup
-        self.registry.register(StateCollector(session_factory, inventory, warm))
+        if multiprocess_dir is None:
+            self.registry.register(state)
+            self.exposition = self.registry
+        else:
+            # The instruments stay in ``registry`` (their values go to the shared directory);
+            # scrapes read every worker's files, plus the database gauges once.
+            self.exposition = CollectorRegistry()
+            MultiProcessCollector(self.exposition, path=str(multiprocess_dir))
+            self.exposition.register(state)
         self.records_ingested = Counter(
             "torchyard_metric_records_ingested", "Metric records stored (replays not counted).",
             registry=self.registry,
@@ -156,4 +177,4 @@ class RequestTimer:
 def prometheus_metrics(request: Request) -> Response:
     """Prometheus text format (see the module doc for the series)."""
     telemetry: Telemetry = request.app.state.telemetry
-    return Response(generate_latest(telemetry.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(telemetry.exposition), media_type=CONTENT_TYPE_LATEST)

@@ -12,7 +12,8 @@ restarted gets its socket (and the connections waiting in it) back.
 Each worker is a fresh interpreter (``spawn``: nothing of the parent's threads or connections
 is inherited) that builds the app from ``TORCHYARD_*`` (``create_app_from_environment``) and
 serves it through ``DrainingServer``, so streams and long polls end within the grace on
-shutdown as with one process. The parent only watches: SIGTERM/SIGINT go to every worker; a
+shutdown as with one process. Their Prometheus counters are summed across them
+(``PROMETHEUS_MULTIPROC_DIR``, a fresh directory per run). The parent only watches: SIGTERM/SIGINT go to every worker; a
 worker that dies is started again, unless workers keep dying (then the parent stops them all and
 exits 1); a worker whose parent died gets SIGTERM (``PR_SET_PDEATHSIG``) and drains.
 """
@@ -22,15 +23,20 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 from collections import deque
 from multiprocessing.process import BaseProcess
 from types import FrameType
 
+from prometheus_client.multiprocess import mark_process_dead
+
 from service.api.drain import SHUTDOWN_GRACE_S
+from service.api.prometheus import PROMETHEUS_DIR_VARIABLE
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +101,10 @@ def run_workers(host: str, port: int, count: int) -> int:
     sockets = listen_all(host, port, count)
     workers: dict[int, BaseProcess] = {}
     stopping = False
+    # Where the workers' Prometheus counters are summed; set before the first worker imports
+    # prometheus-client (it reads the variable then). Fresh per run: old counts are not ours.
+    metrics_dir = tempfile.mkdtemp(prefix="torchyard-prometheus-")
+    os.environ[PROMETHEUS_DIR_VARIABLE] = metrics_dir
 
     def start(index: int) -> BaseProcess:
         # The socket goes to the child duplicated (multiprocessing's socket pickling).
@@ -135,6 +145,8 @@ def run_workers(host: str, port: int, count: int) -> int:
                 deaths.popleft()
             logger.error("worker %s (pid %s) exited with %s", index, workers[index].pid,
                          workers[index].exitcode)
+            # Its counts stay in the sums (totals must not go down); only live gauges would go.
+            mark_process_dead(workers[index].pid, metrics_dir)
             if len(deaths) > count:
                 print(f"torchyard serve: workers keep exiting ({len(deaths)} in "
                       f"{RESTART_WINDOW_S:.0f} s); stopping", file=sys.stderr)
@@ -154,4 +166,5 @@ def run_workers(host: str, port: int, count: int) -> int:
         if proc.is_alive():
             proc.kill()
             proc.join()
+    shutil.rmtree(metrics_dir, ignore_errors=True)
     return status
