@@ -169,7 +169,8 @@ def _tail_polls(server: Server, home: Path, url: str | None, records: int,
     last = _max_seq(home, url, job_id)
     sequential(server, job_id, last - 10, 1000, 20)  # warm the caches
     tail = sequential(server, job_id, last - 10, 1000, requests)
-    return [Row("stores", f"{store_label(url)}: caught-up poll p99, {records:,} records",
+    store = "sqlite" if url is None else "postgresql"
+    return [Row("stores", f"{store}: caught-up poll p99, {records:,} records",
                 percentile(tail, 99) * 1000, "ms", TAIL_GOAL,
                 f"{requests} polls, 10 new records each; p50 {percentile(tail, 50) * 1000:.1f} ms;"
                 f" loaded in {load_s:.0f} s")]
@@ -188,10 +189,6 @@ def _max_seq(home: Path, url: str | None, job_id: int) -> int:
             ).scalar_one()
     finally:
         engine.dispose()
-
-
-def store_label(url: str | None) -> str:
-    return "sqlite" if url is None else "postgresql"
 
 
 def _bench_store(store: str, smoke: bool, only_sse: bool = False) -> list[Row]:

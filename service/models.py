@@ -136,14 +136,12 @@ class QueueSnapshot(Base):
     """The supervisor's last scheduling result, for the server processes that do not supervise
     (``service.queuesnapshot``). One row, ``id=1``, rewritten whole when the result changes.
 
-    ``version`` grows with every write (readers re-parse only when it moved); ``generation`` is
-    the lease generation of the writer; ``waiting`` is the encoded queue (positions, reasons).
+    ``version`` grows with every write (readers re-parse only when it moved); ``waiting`` is the
+    encoded queue (positions, reasons). Only the lease holder writes it (fenced).
     """
 
     __tablename__ = "queue_snapshot"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    written_at: Mapped[datetime | None] = mapped_column(DateTime)
     waiting: Mapped[str] = mapped_column(Text, default="{}", server_default="{}")

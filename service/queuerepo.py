@@ -4,19 +4,17 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from service.models import QueueSnapshot
-from service.repository import utcnow
 
 SNAPSHOT_ID = 1
 
 
-def write_snapshot(session: Session, generation: int, waiting: str) -> int | None:
+def write_snapshot(session: Session, waiting: str) -> int | None:
     """Replace the snapshot (the caller holds the lease's fence); its new version, or None
     when the row is missing (a schema not migrated by Alembic)."""
     stmt = (
         update(QueueSnapshot)
         .where(QueueSnapshot.id == SNAPSHOT_ID)
-        .values(version=QueueSnapshot.version + 1, generation=generation,
-                written_at=utcnow(), waiting=waiting)
+        .values(version=QueueSnapshot.version + 1, waiting=waiting)
         .returning(QueueSnapshot.version)
     )
     return session.execute(stmt).scalar_one_or_none()

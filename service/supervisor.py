@@ -562,11 +562,10 @@ class Supervisor:
         now = time.monotonic()
         if now - self._published_at < PUBLISH_MIN_S:
             return
-        generation = self._lease.generation
         with self.session_factory() as session:
-            if generation is None or not self._lease.fence(session):
+            if not self._lease.fence(session):
                 return
-            queuerepo.write_snapshot(session, generation, encode(waiting))
+            queuerepo.write_snapshot(session, encode(waiting))
             session.commit()
         self._published, self._published_at = waiting, now
 

@@ -148,7 +148,7 @@ def test_a_reader_asks_the_database_at_most_once_per_max_age(
 ) -> None:
     writes = make_session_factory(engines[0])
     with writes() as session:
-        queuerepo.write_snapshot(session, 1, encode({5: Waiting(1, "a"), 6: Waiting(2, "a")}))
+        queuerepo.write_snapshot(session, encode({5: Waiting(1, "a"), 6: Waiting(2, "a")}))
         session.commit()
     statements: list[str] = []
     event.listen(engines[1], "before_cursor_execute",
@@ -161,7 +161,7 @@ def test_a_reader_asks_the_database_at_most_once_per_max_age(
     assert len(asked) == 2, asked  # the version, then the text it had not read yet
 
     with writes() as session:
-        queuerepo.write_snapshot(session, 1, encode({6: Waiting(1, "b")}))
+        queuerepo.write_snapshot(session, encode({6: Waiting(1, "b")}))
         session.commit()
     now[0] += 0.9
     assert reader.get(5) == Waiting(1, "a")  # still within the second: no query

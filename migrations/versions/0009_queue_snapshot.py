@@ -21,13 +21,11 @@ def upgrade() -> None:
         "queue_snapshot",
         sa.Column("id", sa.Integer(), autoincrement=False, nullable=False),
         sa.Column("version", sa.Integer(), server_default="0", nullable=False),
-        sa.Column("generation", sa.Integer(), server_default="0", nullable=False),
-        sa.Column("written_at", sa.DateTime(), nullable=True),
         sa.Column("waiting", sa.Text(), server_default="{}", nullable=False),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_queue_snapshot")),
     )
     # The one row: empty until a supervisor's first scheduling pass.
-    op.bulk_insert(snapshot, [{"id": 1, "version": 0, "generation": 0, "waiting": "{}"}])
+    op.bulk_insert(snapshot, [{"id": 1, "version": 0, "waiting": "{}"}])
 
 
 def downgrade() -> None:

@@ -70,9 +70,7 @@ def listen_all(host: str, port: int, count: int) -> list[socket.socket]:
         port = probe.getsockname()[1]
     finally:
         probe.close()
-    sockets = [listen(host, port)]
-    sockets += [listen(host, port) for _ in range(count - 1)]
-    return sockets
+    return [listen(host, port) for _ in range(count)]
 
 
 def _family(host: str) -> socket.AddressFamily:
