@@ -31,7 +31,7 @@ import psutil
 
 from bench.common import Row
 from bench.server import REPO_ROOT, Server
-from service.socketport import free_port
+from service.run.socketport import free_port
 
 PROBE_DIR = Path(__file__).resolve().parent / "probe"
 PROBE_FILE = "bench-probe.jsonl"

@@ -4,7 +4,7 @@
   server run without its supervisor loop (``bench.server``) so every job stays queued.
 * One scheduling pass over the full queue: ``Supervisor._launch_queued`` (read the queue, plan,
   record waiting reasons; nothing fits because a blocker job holds every CPU slot), and the pure
-  ``service.scheduler.plan`` on its own.
+  ``service.domain.queue.scheduler.plan`` on its own.
 * ``GET /jobs`` page latency (50 per page): the newest page, ``state=queued``, and a page from
   the middle by cursor.
 """
@@ -66,15 +66,15 @@ def page_latencies(server: Server, params: dict[str, object], requests: int) -> 
 
 def scheduling_pass(home: Path, repeats: int) -> tuple[float, float, int]:
     """(median s of a full supervisor pass, median s of ``scheduler.plan`` alone, jobs waiting)."""
-    from service import repository as repo
-    from service import scheduler
-    from service.db import make_engine, make_session_factory
+    from service.domain.queue import scheduler
+    from service.domain.queue.inventory import make_inventory
+    from service.domain.supervisor import Supervisor
     from service.executor.local import LocalExecutor
-    from service.resources import make_inventory
     from service.settings import Settings
-    from service.state import JobState
-    from service.supervisor import Supervisor
+    from service.store import repository as repo
+    from service.store.db import make_engine, make_session_factory
     from torchyard_contract.spec import JobSpec
+    from torchyard_contract.state import JobState
 
     engine = make_engine(f"sqlite:///{db_path(home)}")
     factory = make_session_factory(engine)

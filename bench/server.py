@@ -18,8 +18,8 @@ from typing import Self
 
 import httpx
 
-from service.jobtoken import new_token
-from service.socketport import free_port
+from service.domain.jobtoken import new_token
+from service.run.socketport import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 60.0
@@ -99,7 +99,7 @@ def db_path(home: Path) -> Path:
 
 def migrate(home: Path) -> None:
     """Create the schema the way the server does (Alembic), so rows can be loaded before it starts."""
-    from service.db import upgrade
+    from service.store.db import upgrade
 
     home.mkdir(parents=True, exist_ok=True)
     upgrade(f"sqlite:///{db_path(home)}")
@@ -116,10 +116,10 @@ def insert_running_job(
     the server with ``supervisor=False``: its recovery would find no process and end the job;
     or ``adopt_me``: the job's process is this one (the recovery adopts it and it stays running).
     ``url``: the database (default: SQLite under ``home``)."""
-    from service import repository as repo
-    from service.db import make_engine, make_session_factory
-    from service.state import JobState
+    from service.store import repository as repo
+    from service.store.db import make_engine, make_session_factory
     from torchyard_contract.spec import JobSpec
+    from torchyard_contract.state import JobState
 
     token, token_hash = new_token()
     engine = make_engine(url or f"sqlite:///{db_path(home)}")
@@ -132,7 +132,7 @@ def insert_running_job(
                 import socket
 
                 from service.executor.local import NAME, encode_reference
-                from service.executor.process import create_time
+                from service.run.proctree import create_time
 
                 me = os.getpid()
                 job.executor = NAME

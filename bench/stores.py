@@ -31,7 +31,7 @@ from bench.server import (
     max_seq,
     migrate,
 )
-from service.socketport import free_port
+from service.run.socketport import free_port
 
 INGEST_GOAL = ">= 50,000 records/s (2 cores), both stores"
 SSE_GOAL = "p99 <= 50 ms with 100 streams"
@@ -57,7 +57,7 @@ def _store(name: str, home: Path) -> Iterator[str | None]:
     server = pgserver.start(bindir, free_port())
     try:
         url = server.create_database()
-        from service.db import upgrade
+        from service.store.db import upgrade
 
         upgrade(url)
         yield url

@@ -3,8 +3,8 @@
 from alembic import context
 from sqlalchemy import Connection
 
-from service.db import make_engine
-from service.models import Base
+from service.store.db import make_engine
+from service.store.tables import Base
 
 config = context.config
 target_metadata = Base.metadata
@@ -14,7 +14,7 @@ def _sqlite_foreign_keys(connection: Connection, on: bool) -> None:
     """SQLite's batch migrations rebuild a table (copy, DROP, rename). With foreign keys on, the
     DROP cascades into every child row (a job's records, labels, allocations): the rebuild must
     run with them off. The pragma is ignored inside a transaction, so it goes to the driver's
-    connection directly, which is in autocommit mode (``service.db`` sets ``isolation_level``)."""
+    connection directly, which is in autocommit mode (``service.store.db`` sets ``isolation_level``)."""
     connection.connection.driver_connection.execute(f"PRAGMA foreign_keys={'ON' if on else 'OFF'}")
 
 

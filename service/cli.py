@@ -55,7 +55,7 @@ def serve(
     """Run the API and the supervisor (migrates the database first)."""
     from service.api.app import create_app
     from service.api.drain import serve as serve_app
-    from service.db import upgrade
+    from service.store.db import upgrade
 
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     try:
@@ -82,7 +82,7 @@ def serve(
         return
     # Migrate once here, so the workers' own upgrade at start-up finds nothing to do (several
     # processes migrating at once would race). Each worker builds its app from the environment.
-    from service.api.workers import run_workers
+    from service.api.processes import run_workers
 
     upgrade(settings.resolved_database_url)
     os.environ.update(TORCHYARD_HOST=settings.host, TORCHYARD_PORT=str(settings.port))
@@ -96,7 +96,7 @@ def serve(
 @db_app.command("upgrade")
 def db_upgrade(revision: str = typer.Argument("head")) -> None:
     """Create or upgrade the schema to ``revision``."""
-    from service.db import upgrade
+    from service.store.db import upgrade
 
     settings = Settings()
     upgrade(settings.resolved_database_url, revision)

@@ -63,7 +63,7 @@ def postgres_server() -> Iterator[pgserver.PgServer]:
 @pytest.fixture(autouse=True)
 def _testclient_host(monkeypatch: pytest.MonkeyPatch) -> None:
     """Starlette's TestClient sends ``Host: testserver``: a name the server must be told about,
-    as an operator would (``service.api.browserguard`` refuses unknown names without tokens)."""
+    as an operator would (``service.api.middleware.browserguard`` refuses unknown names without tokens)."""
     monkeypatch.setenv("TORCHYARD_ALLOWED_HOSTS", "testserver")
 
 

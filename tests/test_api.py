@@ -4,8 +4,8 @@ import math
 
 from fastapi.testclient import TestClient
 
-from service import repository as repo
-from service.jobtoken import new_token
+from service.domain.jobtoken import new_token
+from service.store import repository as repo
 from tests.conftest import both_stores
 
 pytestmark = both_stores

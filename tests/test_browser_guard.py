@@ -1,7 +1,7 @@
 """A web page in the operator's browser cannot use an open (token-less, loopback) server: DNS
 rebinding, cross-site writes and form posts are refused; the dashboard cannot be framed.
 
-Issue 17, finding 4. ``service.api.browserguard``.
+Issue 17, finding 4. ``service.api.middleware.browserguard``.
 """
 
 import json

@@ -8,11 +8,11 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from service import repository as repo
-from service.changefeed import LISTENING_FALLBACK_S, ChangeFeed
-from service.db import make_engine, make_session_factory
-from service.state import JobState
+from service.store import repository as repo
+from service.store.changefeed import LISTENING_FALLBACK_S, ChangeFeed
+from service.store.db import make_engine, make_session_factory
 from tests.conftest import both_stores
+from torchyard_contract.state import JobState
 
 SMALL = {"dataset": "synthetic", "epochs": 1, "nproc_per_node": 1}
 

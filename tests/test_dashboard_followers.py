@@ -15,10 +15,10 @@ import httpx
 import pytest
 import uvicorn
 
-from service import repository as repo
 from service.api.app import create_app
-from service.jobtoken import new_token
+from service.domain.jobtoken import new_token
 from service.settings import Settings
+from service.store import repository as repo
 from tests.test_dashboard import CHROMIUM, _traces, browser, page  # noqa: F401 (fixtures)
 from torchyard_contract.rundir import RunDir
 

@@ -7,7 +7,7 @@ import httpx
 from fastapi.testclient import TestClient
 from httpx_sse import connect_sse
 
-from service.api.logs import read_chunk
+from service.api.routes.logs import read_chunk
 from service.executor.local import LocalExecutor
 from tests.conftest import LiveServer, every_record
 from torchyard_contract.rundir import RunDir

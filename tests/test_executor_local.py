@@ -9,7 +9,7 @@ import psutil
 
 from service.executor.base import Phase, Submission
 from service.executor.local import LocalExecutor, decode_reference, encode_reference
-from service.executor.process import create_time
+from service.run.proctree import create_time
 from torchyard_contract.rundir import RunDir
 
 # A leader in its own session with a child that starts a session of its own, as torchrun's ranks do.
@@ -40,7 +40,7 @@ def test_dry_run_is_pure_and_withholds_values(tmp_path: Path) -> None:
     run = RunDir(tmp_path / "7")
     sub = Submission(job_id=7, run=run, env={"TORCHYARD_JOB_TOKEN": "secret"}, nproc_per_node=2)
     plan = LocalExecutor(python="/usr/bin/python3").dry_run(sub)
-    assert plan.argv == ("/usr/bin/python3", "-m", "service.shim", str(run.root))
+    assert plan.argv == ("/usr/bin/python3", "-m", "service.run.attemptloop", str(run.root))
     assert plan.env_names == ("TORCHYARD_JOB_TOKEN",) and "secret" not in repr(plan)
     assert not run.root.exists(), "a dry run touches nothing"
 

@@ -13,7 +13,7 @@ from tests.conftest import LiveServer, both_stores, every_record
 
 
 def _rank_pids(shim_pid: int) -> dict[int, int]:
-    """rank → pid of the trainer (``python -m worker``; not the ``service.ranktee`` wrapper in
+    """rank → pid of the trainer (``python -m worker``; not the ``service.run.ranktee`` wrapper in
     front of it), from the shim's descendants' environment."""
     found = {}
     for proc in psutil.Process(shim_pid).children(recursive=True):

@@ -30,13 +30,13 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.errors import FlakyStrategyDefinition
 
-from service import repository as repo
 from service.api.app import create_app
-from service.api.auth import worker_job_id
-from service.jobtoken import new_token
+from service.api.middleware.auth import worker_job_id
+from service.domain.jobtoken import new_token
 from service.settings import Settings
-from service.state import TERMINAL_STATES, JobState
+from service.store import repository as repo
 from tests.conftest import LiveServer, _start_server, _stop_server
+from torchyard_contract.state import TERMINAL_STATES, JobState
 
 API_TOKEN = "fuzz-api-token-0123456789abcdef"
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "25"))

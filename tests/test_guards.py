@@ -10,7 +10,7 @@ import httpx
 import psutil
 import pytest
 
-from service.guard import divergence_trip, nonfinite_reason, nonfinite_trip
+from service.domain.lossguard import divergence_trip, nonfinite_reason, nonfinite_trip
 from tests.conftest import REPO_ROOT, LiveServer
 from tests.test_cli import cli
 

@@ -15,17 +15,17 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from service import repository as repo
 from service.api.app import create_app
-from service.bounded import REASON_MAX_CHARS
+from service.domain.finisher import Finisher
+from service.domain.jobtoken import new_token
 from service.executor.local import encode_reference
-from service.failure import describe_exit
-from service.finisher import Finisher
-from service.jobtoken import new_token
-from service.models import Job, MetricRecord
-from service.runfiles import read_attempts, read_outcome
+from service.run.exitreason import describe_exit
 from service.settings import Settings
+from service.store import repository as repo
+from service.store.tables import Job, MetricRecord
+from torchyard_contract.bounds import REASON_MAX_CHARS
 from torchyard_contract.rundir import RunDir
+from torchyard_contract.runfiles import read_attempts, read_outcome
 
 ONE_RANK = {"name": "hostile", "dataset": "digits", "epochs": 1, "nproc_per_node": 1}
 EIGHT_MIB = 8 * 1024 * 1024
@@ -251,7 +251,7 @@ def test_the_server_starts_whatever_a_dead_job_left(tmp_path: Path) -> None:
         with first.state.session_factory() as session:
             repo.allocate(session, job_id, ["cpu:0"])
             # Launched (a stored reference) by a shim long gone; without one, the recovery
-            # would take it for a launch cut off before its shim started (service.runclaim).
+            # would take it for a launch cut off before its shim started (service.run.claim).
             job = repo.get_job(session, job_id)
             assert job is not None
             job.executor, job.executor_ref = "local", encode_reference(2**22 + 17, 1.0)
@@ -328,7 +328,7 @@ def test_finishing_runs_off_the_supervisor_loop(api: TestClient) -> None:
     _spool_lines(run.spool_file(0), 60_000)
     run.exit_file.write_text('{"state": "succeeded", "exit_code": 0}')
     supervisor = api.app.state.supervisor
-    assert supervisor.lease.renew()  # it acts only while it holds the lease (service.lease)
+    assert supervisor.lease.renew()  # it acts only while it holds the lease (service.domain.lease)
     supervisor._finisher.start()
     try:
         supervisor._finish(job_id, 0)  # what the reap does when the shim exits

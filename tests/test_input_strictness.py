@@ -11,9 +11,9 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from service.api.logs import LOG_OFFSET_MAX
+from service.api.routes.logs import LOG_OFFSET_MAX
+from service.api.schemas import RecordBatch, parse_record_batch
 from service.client.commands import load_spec_file, yaml_value
-from service.schemas import RecordBatch, parse_record_batch
 from torchyard_contract.rundir import RunDir
 
 

@@ -9,9 +9,9 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, inspect, text
 
-from service.db import alembic_config, make_engine, upgrade
 from service.executor.local import decode_reference, encode_reference, shim_pid
-from service.models import Base
+from service.store.db import alembic_config, make_engine, upgrade
+from service.store.tables import Base
 from tests.conftest import both_stores
 
 

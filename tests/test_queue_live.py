@@ -119,7 +119,7 @@ def test_restart_keeps_running_jobs_allocations(live_server_factory) -> None:  #
 @both_stores
 def test_every_worker_process_answers_the_same_queue_positions(live_server_factory) -> None:  # type: ignore[no-untyped-def]
     """With ``--workers 2`` only one process supervises; a request that lands on the other is
-    answered from the snapshot the supervisor published (service.queuesnapshot), not null."""
+    answered from the snapshot the supervisor published (service.domain.queue.snapshot), not null."""
     server: LiveServer = live_server_factory(
         _args=("--workers", "2"), TORCHYARD_CPU_SLOTS="1", TORCHYARD_TEST_EPOCH_SLEEP_S="1",
     )

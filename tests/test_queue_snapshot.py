@@ -10,15 +10,15 @@ import pytest
 from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
-from service import queuerepo
-from service.db import make_engine, make_session_factory, upgrade
+from service.domain.lease import Lease
+from service.domain.queue.inventory import make_inventory
+from service.domain.queue.scheduler import Waiting
+from service.domain.queue.snapshot import MAX_AGE_S, PUBLISH_MIN_S, SnapshotReader, decode, encode
+from service.domain.supervisor import Supervisor
 from service.executor.local import LocalExecutor
-from service.lease import Lease
-from service.queuesnapshot import MAX_AGE_S, PUBLISH_MIN_S, SnapshotReader, decode, encode
-from service.resources import make_inventory
-from service.scheduler import Waiting
 from service.settings import Settings
-from service.supervisor import Supervisor
+from service.store import queue as queuerepo
+from service.store.db import make_engine, make_session_factory, upgrade
 from tests.conftest import both_stores
 
 TTL_S = 2.0

@@ -1,4 +1,4 @@
-"""``service.ranktee``: a rank's two streams kept apart and together, its exit passed through."""
+"""``service.run.ranktee``: a rank's two streams kept apart and together, its exit passed through."""
 
 import os
 import signal
@@ -17,7 +17,7 @@ def _start(run: RunDir, code: str, out: Path, err: Path) -> subprocess.Popen[byt
     env = {**os.environ, "RANK": "3", "PYTHONUNBUFFERED": "1"}
     with out.open("wb") as o, err.open("wb") as e:
         return subprocess.Popen(
-            [sys.executable, "-m", "service.ranktee", "--run-dir", str(run.root), "--attempt", "2",
+            [sys.executable, "-m", "service.run.ranktee", "--run-dir", str(run.root), "--attempt", "2",
              "--", "-c", code],
             cwd=REPO_ROOT, env=env, stdout=o, stderr=e,
         )

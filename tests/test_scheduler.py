@@ -2,7 +2,7 @@
 
 import math
 
-from service.scheduler import CPU, GPU, QueuedJob, RunningJob, plan
+from service.domain.queue.scheduler import CPU, GPU, QueuedJob, RunningJob, plan
 
 NOW = 1_000_000.0
 

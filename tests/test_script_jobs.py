@@ -13,10 +13,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.api.app import create_app
-from service.launcher import LaunchRequest, build_command
-from service.scriptpath import rank_program
+from service.domain.scriptpath import rank_program
+from service.run.attemptloop import ShimConfig
+from service.run.torchrun import LaunchRequest, build_command
 from service.settings import Settings
-from service.shim import ShimConfig
 from tests.conftest import LiveServer, free_port
 from tests.test_datasets_e2e import write_tiny_mnist
 from tests.test_warm_jobs import WARM_ENV, rank_logs, wait_warm

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from service.secretstore import SecretRefused, check_names, resolve
+from service.domain.secretstore import SecretRefused, check_names, resolve
 from tests.conftest import REPO_ROOT, LiveServer
 
 API_TOKEN = "secret-tests-api-token-0123456789"

@@ -26,15 +26,15 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from starlette.routing import Mount, Route
 
-from service import repository as repo
-from service.admission import AdmissionRefused, require_tokens_for_scripts
 from service.api.app import create_app
-from service.api.auth import is_public, worker_job_id
-from service.jobtoken import new_token
+from service.api.middleware.auth import is_public, worker_job_id
+from service.domain.admission import AdmissionRefused, require_tokens_for_scripts
+from service.domain.jobtoken import new_token
 from service.settings import Settings, environ_for_children
-from service.state import JobState
+from service.store import repository as repo
 from tests.conftest import REPO_ROOT, LiveServer, both_stores, free_port
 from torchyard_contract.spec import JobSpec
+from torchyard_contract.state import JobState
 
 API_TOKEN = "api-token-for-tests-0123456789"
 BEARER = {"authorization": f"Bearer {API_TOKEN}"}

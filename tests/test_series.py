@@ -8,9 +8,9 @@ import numpy as np
 from fastapi.testclient import TestClient
 from sqlalchemy import insert
 
-from service import repository as repo
-from service.downsample import build_lines, downsample_indices, epoch_mean
-from service.models import MetricRecord
+from service.domain.downsample import build_lines, downsample_indices, epoch_mean
+from service.store import repository as repo
+from service.store.tables import MetricRecord
 from torchyard_contract.spec import JobSpec
 
 N = 100_000

@@ -12,7 +12,7 @@ import httpx
 from httpx_sse import connect_sse
 
 from service.api.drain import SHUTDOWN_GRACE_S
-from service.launcher import ProcessGroupHandle
+from service.run.torchrun import ProcessGroupHandle
 from tests.conftest import LiveServer
 
 SPEC = {"name": "drain", "dataset": "digits", "epochs": 2, "nproc_per_node": 1}

@@ -53,7 +53,7 @@ def test_batch_script_is_a_fixed_text_with_validated_options() -> None:
     assert "#SBATCH --partition=gpu-a100" in lines and "#SBATCH --account=ml_team" in lines
     assert "#SBATCH --no-requeue" in lines
     assert lines[-1] == (
-        "exec '/opt/venv/bin/python' '-m' 'service.shim' '--launcher=slurm' "
+        "exec '/opt/venv/bin/python' '-m' 'service.run.attemptloop' '--launcher=slurm' "
         "'/shared/torchyard/runs/12'"
     )
     assert "TOKEN" not in script

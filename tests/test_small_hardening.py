@@ -14,11 +14,11 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from service import repository as repo
 from service.api.app import create_app
-from service.finisher import Finisher
-from service.jobtoken import new_token
+from service.domain.finisher import Finisher
+from service.domain.jobtoken import new_token
 from service.settings import Settings
+from service.store import repository as repo
 from torchyard_contract.rundir import RunDir
 from worker.env import WorkerEnv
 from worker.reporter import Reporter

@@ -10,7 +10,7 @@ from pathlib import Path
 from service.executor.base import Phase, Submission
 from service.executor.local import LocalExecutor
 from service.executor.standby import StandbyShim
-from service.shim import ShimConfig
+from service.run.attemptloop import ShimConfig
 from torchyard_contract.rundir import RunDir
 
 SCRIPT = "import os\nopen('seen.txt', 'w').write(os.environ.get('MARKER', '') + ' ' + os.getcwd())\n"

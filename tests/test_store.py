@@ -11,12 +11,12 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from service import repository as repo
-from service.db import make_engine, make_session_factory, upgrade
-from service.models import MetricRecord
-from service.state import JobState
+from service.store import repository as repo
+from service.store.db import make_engine, make_session_factory, upgrade
+from service.store.tables import MetricRecord
 from tests.conftest import both_stores
 from torchyard_contract.spec import JobSpec
+from torchyard_contract.state import JobState
 
 pytestmark = both_stores
 

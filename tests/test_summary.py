@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from service.metricsummary import EpochValue, diverged_ranks, summarize
+from service.domain.metricsummary import EpochValue, diverged_ranks, summarize
 from tests.conftest import REPO_ROOT, LiveServer
 
 NAN, INF = math.nan, math.inf

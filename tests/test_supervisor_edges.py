@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from service import repository as repo
 from service.api.app import create_app
 from service.settings import Settings
-from service.state import JobState
+from service.store import repository as repo
 from tests.conftest import both_stores
 from torchyard_contract.rundir import RunDir
+from torchyard_contract.state import JobState
 
 SPEC = {"dataset": "synthetic", "epochs": 1, "nproc_per_node": 2}
 
@@ -112,7 +112,7 @@ def test_a_launch_cut_off_before_its_shim_started_is_given_up_for_good(
         assert "never started" in job["reason"], job
     run = RunDir.for_job(home / "runs", job_id)
     late = subprocess.run(
-        [sys.executable, "-m", "service.shim", str(run.root)], capture_output=True, timeout=60,
+        [sys.executable, "-m", "service.run.attemptloop", str(run.root)], capture_output=True, timeout=60,
         check=False,
     )
     assert late.returncode == 0 and b"claimed already" in late.stderr

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import psutil
 import pytest
 
-from service.warm.pool import ask, socket_path
+from service.executor.warmpool import ask, socket_path
 from tests.conftest import LiveServer
 
 WARM_ENV = {"TORCHYARD_WARM_RANKS": "true", "TORCHYARD_WARM_POOL_SIZE": "3"}

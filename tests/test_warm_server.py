@@ -13,10 +13,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from service.launcher import LaunchRequest, build_command
-from service.warm import RELAY_PATH
-from service.warm.pool import ask, build_server_command, socket_path
-from service.warm.server import import_time_mismatch
+from service.executor.warmpool import ask, build_server_command, socket_path
+from service.run.torchrun import LaunchRequest, build_command
+from service.run.warm import RELAY_PATH
+from service.run.warm.server import import_time_mismatch
 
 PROBE = """\
 import time; T = time.time()
@@ -115,7 +115,7 @@ def test_command_builders_are_pure() -> None:
     cold = build_command(LaunchRequest(**{**req.__dict__, "relay": None}))
     assert cold[:3] == ["py", "-m", "torch.distributed.run"] and "/x/relay.py" not in cold
     assert build_server_command("py", "/s", 3, ["torch", "worker.train"], 9) == [
-        "py", "-u", "-m", "service.warm.server", "--socket", "/s", "--pool", "3",
+        "py", "-u", "-m", "service.run.warm.server", "--socket", "/s", "--pool", "3",
         "--preload", "torch,worker.train", "--owner", "9"]
 
 

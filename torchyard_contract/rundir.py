@@ -36,7 +36,7 @@ class RunDir:
 
     @property
     def claim_file(self) -> Path:
-        """Who owns this launch, created once (``service.runclaim``): the job's attempt loop as
+        """Who owns this launch, created once (``service.run.claim``): the job's attempt loop as
         it starts (pid, start time, host), or a recovering server that gave the launch up."""
         return self.root / "claim.json"
 
@@ -77,7 +77,7 @@ class RunDir:
 
     def rank_output(self, attempt: int, rank: int) -> Path:
         """Everything ``rank`` printed in ``attempt``, both streams in the order written
-        (``service.ranktee``); torchrun keeps each stream apart under ``attempt-<n>/`` too."""
+        (``service.run.ranktee``); torchrun keeps each stream apart under ``attempt-<n>/`` too."""
         return self.logs_dir / f"attempt-{int(attempt)}" / f"rank-{int(rank)}.log"
 
     def prepare(self) -> None:

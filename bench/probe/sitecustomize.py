@@ -32,7 +32,7 @@ def _role(argv: list[str]) -> str:
     joined = " ".join(argv)
     if "warm/relay.py" in joined:  # a warm start's relay (torchrun agent or rank): exec only
         return "relay"
-    if "service.shim" in joined:
+    if "service.run.attemptloop" in joined:
         return "shim"
     if "torch.distributed.run" in joined or "torchrun" in joined:
         return "agent"

@@ -1,8 +1,8 @@
 """``create_app(settings)``: wires storage, supervisor, routes and the security layers.
 
 Request path, outermost first: CORS (only when ``TORCHYARD_CORS_ORIGINS`` is set) → browser
-guard (``service.api.browserguard``: foreign Host without tokens, foreign Origin on writes) →
-auth (``service.api.auth``: default-on for every path but the public allowlist) → body-size
+guard (``service.api.middleware.browserguard``: foreign Host without tokens, foreign Origin on writes) →
+auth (``service.api.middleware.auth``: default-on for every path but the public allowlist) → body-size
 limit (413) → JSON bodies only (415) → routing, where every route also refuses undeclared query parameters (422).
 No module-level state.
 """
@@ -20,10 +20,16 @@ from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from service import __version__
-from service.api import (
+from service.api import errors
+from service.api.deps import reject_unknown_query
+from service.api.hotreads import HotReads
+from service.api.middleware.auth import AuthMiddleware, TokenSet
+from service.api.middleware.bodylimit import BodyLimitMiddleware
+from service.api.middleware.browserguard import BrowserGuardMiddleware, JsonBodyMiddleware
+from service.api.openapi import build_openapi
+from service.api.routes import (
     apidocs,
     dashboard,
-    errors,
     events,
     jobs,
     logs,
@@ -32,22 +38,16 @@ from service.api import (
     series,
     summary,
 )
-from service.api.auth import AuthMiddleware, TokenSet
-from service.api.bodylimit import BodyLimitMiddleware
-from service.api.browserguard import BrowserGuardMiddleware, JsonBodyMiddleware
-from service.api.deps import reject_unknown_query
-from service.api.hotreads import HotReads
-from service.api.openapi import build_openapi
-from service.api.prometheus import PROMETHEUS_DIR_VARIABLE, RequestTimer, Telemetry
-from service.api.prometheus import router as prometheus_router
-from service.changefeed import ChangeFeed, PgListener
-from service.db import make_engine, make_session_factory, upgrade
+from service.api.routes.prometheus import PROMETHEUS_DIR_VARIABLE, RequestTimer, Telemetry
+from service.api.routes.prometheus import router as prometheus_router
+from service.domain.queue.inventory import make_inventory
+from service.domain.supervisor import Supervisor
 from service.executor import Executor, make_executor
 from service.executor.slurmcli import SlurmError
-from service.resources import make_inventory
+from service.executor.warmpool import WarmPool
 from service.settings import Settings
-from service.supervisor import Supervisor
-from service.warm.pool import WarmPool
+from service.store.changefeed import ChangeFeed, PgListener
+from service.store.db import make_engine, make_session_factory, upgrade
 
 
 def create_app(
@@ -56,7 +56,7 @@ def create_app(
 ) -> FastAPI:
     """The app. Migrations run and the supervisor starts (after recovery) when it starts up.
     ``prometheus_multiprocess_dir``: this app is one of several worker processes whose
-    Prometheus counters are summed there (``service.api.prometheus.Telemetry``).
+    Prometheus counters are summed there (``service.api.routes.prometheus.Telemetry``).
 
     Raises ``ValueError`` when a configured tokens file is unreadable or empty (fail closed).
     """
@@ -120,7 +120,7 @@ def create_app(
     app = FastAPI(
         title="torchyard", version=__version__, lifespan=lifespan,
         dependencies=[Depends(reject_unknown_query)], responses=errors.ERROR_RESPONSES,
-        # /docs is served by service.api.apidocs from assets the wheel ships (no CDN).
+        # /docs is served by service.api.routes.apidocs from assets the wheel ships (no CDN).
         docs_url=None, redoc_url=None,
         # operationId = the route function's name (submit_job, read_metrics...): what generated
         # clients call their methods. Names are unique (test_openapi checks the clients).
@@ -207,7 +207,7 @@ def _openapi(app: FastAPI, api_tokens: bool) -> dict:
 
 def create_app_from_environment() -> FastAPI:
     """The app of one ``torchyard serve --workers N`` worker process, from ``TORCHYARD_*`` and
-    the parent's ``PROMETHEUS_MULTIPROC_DIR`` (``service.api.workers``)."""
+    the parent's ``PROMETHEUS_MULTIPROC_DIR`` (``service.api.processes``)."""
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

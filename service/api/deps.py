@@ -15,12 +15,12 @@ from fastapi.routing import APIRoute
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from service import repository as repo
 from service.api.errors import ApiError
-from service.changefeed import ChangeFeed
-from service.models import Job
+from service.domain.supervisor import Supervisor
 from service.settings import Settings
-from service.supervisor import Supervisor
+from service.store import repository as repo
+from service.store.changefeed import ChangeFeed
+from service.store.tables import Job
 
 READ_METHODS = frozenset({"GET", "HEAD"})
 JOB_ID_MAX = 2**63 - 1  # SQLite's INTEGER PRIMARY KEY
@@ -29,7 +29,7 @@ JOB_ID_MAX = 2**63 - 1  # SQLite's INTEGER PRIMARY KEY
 def _factory(request: Request) -> sessionmaker[Session]:
     """The writer's factory; for GET/HEAD the read-only one (GET routes never write).
 
-    Reads on the read-only engine never queue behind metric writes (see ``service.db``).
+    Reads on the read-only engine never queue behind metric writes (see ``service.store.db``).
     """
     state = request.app.state
     if request.method in READ_METHODS:
@@ -62,7 +62,7 @@ def get_settings(request: Request) -> Settings:
 
 
 def get_changes(request: Request) -> ChangeFeed:
-    """Wakes long polls and event streams when a job changes (``service.changefeed``)."""
+    """Wakes long polls and event streams when a job changes (``service.store.changefeed``)."""
     return request.app.state.changes
 
 

@@ -12,9 +12,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.admission import AdmissionRefused
-from service.pathguard import PathRefused
-from service.schemas import ErrorBody
+from service.api.schemas import ErrorBody
+from service.domain.admission import AdmissionRefused
+from service.domain.pathguard import PathRefused
 
 logger = logging.getLogger(__name__)
 

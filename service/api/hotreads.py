@@ -4,9 +4,9 @@
 where waiting costs nothing. With no bound, a burst of polls ran on up to 40 threads, so the
 read engine opened connections beyond the ones its pool keeps and closed them again (on
 PostgreSQL a new server process each: stalls of 0.1–0.2 s), and the threads fought over the
-GIL. The bound stays below the connections the read pool keeps (``service.db``).
+GIL. The bound stays below the connections the read pool keeps (``service.store.db``).
 
-**Shared.** A commit wakes every stream of its job at once (``service.changefeed``); the streams
+**Shared.** A commit wakes every stream of its job at once (``service.store.changefeed``); the streams
 that were caught up then all want the same read: the job and its records after the same
 ``seq``, as of the same change version. The first one starts it; the others await that read
 instead of making their own (100 streams of one job: one read per commit, not 100;
@@ -20,7 +20,7 @@ from typing import Any
 
 import anyio.to_thread
 
-from service.db import SERVER_POOL_SIZE
+from service.store.db import SERVER_POOL_SIZE
 
 # Below the connections a PostgreSQL read pool keeps, leaving a few for the other GET routes.
 HOT_READS = SERVER_POOL_SIZE - 2

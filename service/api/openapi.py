@@ -21,7 +21,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from service.api.auth import is_public, worker_job_id
+from service.api.middleware.auth import is_public, worker_job_id
 
 COMPONENT_REF = "#/components/schemas/{model}"
 EVENT_STREAM = "text/event-stream"

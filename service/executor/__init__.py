@@ -7,10 +7,10 @@ from service.executor.base import Executor
 
 if TYPE_CHECKING:
     from service.executor.slurm import SlurmExecutor
+    from service.executor.warmpool import WarmPool
     from service.settings import Settings
-    from service.warm.pool import WarmPool
 
-# Importing this package must stay cheap: the per-job shim imports service.executor.process on
+# Importing this package must stay cheap: the per-job shim imports service.run.proctree on
 # every job's start path, so the executors (and pydantic settings) load only in make_executor.
 
 

@@ -1,7 +1,7 @@
 """The executor seam: everything that starts, watches, adopts, cancels and finds the output of a
 job's processes goes through :class:`Executor`.
 
-An executor runs a job's *attempt loop* (``python -m service.shim RUN_DIR``: restarts,
+An executor runs a job's *attempt loop* (``python -m service.run.attemptloop RUN_DIR``: restarts,
 heartbeats, deadline, ``exit.json``) somewhere — as a local process group, or inside a Slurm
 allocation — and names what it started with an opaque *reference* string that the database
 stores and only that executor interprets (locally the shim's pid and start time; on Slurm the
@@ -21,7 +21,7 @@ from typing import Literal, Protocol
 from torchyard_contract.rundir import RunDir
 
 # "combined": both streams of the rank in one file, in the order written (``RunDir.rank_output``,
-# written by ``service.ranktee``); an executor that cannot keep that order may interleave them
+# written by ``service.run.ranktee``); an executor that cannot keep that order may interleave them
 # and mark each line with its stream. "stderr"/"stdout": one stream.
 LogStreamName = Literal["combined", "stderr", "stdout"]
 
@@ -116,7 +116,7 @@ class Executor(Protocol):
 
     def reference_from_claim(self, claim: Mapping[str, object]) -> str | None:
         """The reference of a job whose attempt loop claimed its run directory
-        (``service.runclaim``: ``pid``, ``create_time``, ``host`` as it wrote them), for a
+        (``service.run.claim``: ``pid``, ``create_time``, ``host`` as it wrote them), for a
         recovery that finds a launched job whose reference was never stored (the server died
         between ``submit`` and storing it). None when the claim names nothing it could adopt."""
         ...

@@ -1,4 +1,4 @@
-"""The local executor: each job's attempt loop (``python -m service.shim RUN_DIR``) runs as a
+"""The local executor: each job's attempt loop (``python -m service.run.attemptloop RUN_DIR``) runs as a
 process group of its own on the server's host, so the job outlives a server restart.
 
 Reference: JSON ``{"pid": <shim pid>, "create_time": <its start, epoch seconds>, "host": <host>}``
@@ -7,7 +7,7 @@ the pid means anything: a supervisor on another host (a standby that took over) 
 alone (``reachable``). References from before ``host`` was added are taken as this host's. Logs:
 torchrun's per-rank files under
 ``RUN_DIR/logs/attempt-<n>/<run id>/attempt_0/<rank>/{stderr,stdout}.log``, and both streams in
-one file, ``RUN_DIR/logs/attempt-<n>/rank-<rank>.log`` (``service.ranktee``).
+one file, ``RUN_DIR/logs/attempt-<n>/rank-<rank>.log`` (``service.run.ranktee``).
 """
 
 import json
@@ -20,7 +20,6 @@ import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from service.childenv import environ_for_children
 from service.executor.base import (
     DryRun,
     LogStreamName,
@@ -29,10 +28,11 @@ from service.executor.base import (
     Status,
     Submission,
 )
-from service.executor.process import ProcessGroupHandle, create_time, same_process
 from service.executor.standby import StandbyShim
-from service.warm import COLD_ENV, SOCKET_ENV
-from service.warm.pool import WarmPool
+from service.executor.warmpool import WarmPool
+from service.run.childenv import environ_for_children
+from service.run.proctree import ProcessGroupHandle, create_time, same_process
+from service.run.warm import COLD_ENV, SOCKET_ENV
 from torchyard_contract.rundir import RunDir
 
 logger = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ NAME = "local"
 
 def build_shim_command(python: str, run: RunDir) -> list[str]:
     """The argv of a job's attempt loop; pure."""
-    return [python, "-m", "service.shim", str(run.root)]
+    return [python, "-m", "service.run.attemptloop", str(run.root)]
 
 
 def encode_reference(pid: int, started: float | None, host: str | None = None) -> str:

@@ -41,8 +41,8 @@ from service.executor.slurmscript import (
     rank_location,
     sbatch_environment,
 )
-from service.safefile import is_regular, read_bytes
 from torchyard_contract.rundir import RunDir
+from torchyard_contract.safefile import is_regular, read_bytes
 from torchyard_contract.spec import Device, JobSpec
 
 logger = logging.getLogger(__name__)
@@ -264,7 +264,7 @@ class SlurmExecutor:
             # Regular files only: a FIFO the job left there would hold the reading thread.
             raw = read_bytes(name_file, 256)
             node = raw.decode(errors="replace").strip() or None if raw is not None else None
-        if stream == "combined":  # service.ranktee wrote it on the node, named by global rank
+        if stream == "combined":  # service.run.ranktee wrote it on the node, named by global rank
             output = run.rank_output(attempt, rank)
             found_output = _inside(output, root) and is_regular(output)
             return RankLog(rank=rank, node=node, path=output if found_output else None)

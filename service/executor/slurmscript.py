@@ -5,7 +5,7 @@ so a dry run prints exactly what ``submit`` would do, and tests read it as text.
 The shape of a Slurm job (one per torchyard job, named ``ty-<id>``):
 
 * the batch script runs on the allocation's first node (the batch host) and ``exec``s the
-  job's attempt loop (``python -m service.shim --launcher=slurm RUN_DIR``), so the script's exit
+  job's attempt loop (``python -m service.run.attemptloop --launcher=slurm RUN_DIR``), so the script's exit
   code is the attempt loop's, which is the last attempt's real exit code;
 * each attempt is one job step: ``srun --kill-on-bad-exit=1`` starts one ``torchrun`` per node
   (``--nnodes``, ``--node-rank=$SLURM_NODEID``) with a static rendezvous on the batch host at a
@@ -116,7 +116,7 @@ def sbatch_directives(req: BatchRequest) -> list[str]:
 
 def shim_argv(python: str, run_dir: Path) -> list[str]:
     """The attempt loop, as the batch script starts it."""
-    return [python, "-m", "service.shim", "--launcher=slurm", str(run_dir)]
+    return [python, "-m", "service.run.attemptloop", "--launcher=slurm", str(run_dir)]
 
 
 def _sh_quote(word: str) -> str:

@@ -1,8 +1,8 @@
 """A job's shim started ahead of the job, so launching is a write to a pipe, not an interpreter
 start (Python and the shim's imports: ~70 ms of CPU, several times that on a loaded host).
 
-:class:`StandbyShim` keeps at most one ``python -m service.shim --standby`` process, in a session
-of its own, waiting on its stdin for one JSON line (``service.shim.read_standby_request``): the
+:class:`StandbyShim` keeps at most one ``python -m service.run.attemptloop --standby`` process, in a session
+of its own, waiting on its stdin for one JSON line (``service.run.attemptloop.read_standby_request``): the
 job's run directory and its whole environment (which holds the job token: a pipe, never an argv
 or a file). :meth:`take` hands out the waiting process, :meth:`refill` starts the next one in the
 background. A standby whose server went away reads end of input and exits. The first job after a
@@ -15,7 +15,7 @@ import subprocess
 import threading
 from collections.abc import Mapping
 
-from service.childenv import environ_for_children
+from service.run.childenv import environ_for_children
 from torchyard_contract.rundir import RunDir
 
 STANDBY_FLAG = "--standby"
@@ -23,7 +23,7 @@ STANDBY_FLAG = "--standby"
 
 def build_standby_command(python: str) -> list[str]:
     """The argv of a standby shim; pure."""
-    return [python, "-m", "service.shim", STANDBY_FLAG]
+    return [python, "-m", "service.run.attemptloop", STANDBY_FLAG]
 
 
 def encode_request(run: RunDir, env: Mapping[str, str]) -> bytes:

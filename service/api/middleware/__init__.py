@@ -1,0 +1,1 @@
+"""ASGI middleware around every request: who may call (auth), body size, browser guard."""

@@ -1,0 +1,168 @@
+"""``torchyard serve --workers N``: N API processes, each with its own listening socket.
+
+Why not ``uvicorn --workers``: its workers share one listening socket, and whichever is awake
+in ``accept`` takes a whole burst of connections. Keep-alive clients then stay on that worker:
+200 dashboards that connected at once all landed on one of two workers (12.1 vs 0.8 CPU-seconds
+in docs/benchmarks.md, "Stores and workers"). Here each worker has a listening socket of its own
+on the port (``SO_REUSEPORT``) and the kernel spreads new connections over them by address. The
+parent opens all of them before any worker starts, so connections made while a worker is still
+starting wait in its socket instead of all going to the first worker up, and a worker that is
+restarted gets its socket (and the connections waiting in it) back.
+
+Each worker is a fresh interpreter (``spawn``: nothing of the parent's threads or connections
+is inherited) that builds the app from ``TORCHYARD_*`` (``create_app_from_environment``) and
+serves it through ``DrainingServer``, so streams and long polls end within the grace on
+shutdown as with one process. Their Prometheus counters are summed across them
+(``PROMETHEUS_MULTIPROC_DIR``, a fresh directory per run). The parent only watches: SIGTERM/SIGINT go to every worker; a
+worker that dies is started again, unless workers keep dying (then the parent stops them all and
+exits 1); a worker whose parent died gets SIGTERM (``PR_SET_PDEATHSIG``) and drains.
+"""
+
+import ctypes
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections import deque
+from multiprocessing.process import BaseProcess
+from types import FrameType
+
+from prometheus_client.multiprocess import mark_process_dead
+
+from service.api.drain import SHUTDOWN_GRACE_S
+from service.api.routes.prometheus import PROMETHEUS_DIR_VARIABLE
+
+logger = logging.getLogger(__name__)
+
+BACKLOG = 2048  # uvicorn's default
+PR_SET_PDEATHSIG = 1
+# More deaths than workers within this window: something is wrong with every worker (the port
+# is taken, the database unreachable); restarting would only loop.
+RESTART_WINDOW_S = 30.0
+STOP_TIMEOUT_S = SHUTDOWN_GRACE_S + 10.0
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` that other processes may bind too."""
+    sock = socket.socket(_family(host), socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host.strip("[]"), port))
+    sock.listen(BACKLOG)
+    return sock
+
+
+def listen_all(host: str, port: int, count: int) -> list[socket.socket]:
+    """``count`` sockets on one port. Raises ``OSError`` when something already listens there:
+    ``SO_REUSEPORT`` alone would let a second server (of the same user) share the port and
+    silently take half its connections, so the port is first bound without it. Port 0: the
+    first socket's port, for all of them."""
+    probe = socket.socket(_family(host), socket.SOCK_STREAM)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is fine
+        probe.bind((host.strip("[]"), port))
+        port = probe.getsockname()[1]
+    finally:
+        probe.close()
+    return [listen(host, port) for _ in range(count)]
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def _worker(sock: socket.socket, parent: int) -> None:
+    """One worker process: the app from the environment, served on its socket. ``parent``: the
+    pid that started it (read there: by the time this runs it may already be gone)."""
+    prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)  # Linux only
+    if prctl is not None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:
+        return  # the parent died before the death signal was armed
+    from service.api.app import create_app_from_environment
+    from service.api.drain import serve
+
+    app = create_app_from_environment()
+    serve(app, sockets=[sock])
+
+
+def run_workers(host: str, port: int, count: int) -> int:
+    """Run ``count`` workers until SIGTERM/SIGINT; the exit status for the command. Raises
+    ``OSError`` when the port cannot be bound (or something already listens on it)."""
+    ctx = multiprocessing.get_context("spawn")
+    sockets = listen_all(host, port, count)
+    workers: dict[int, BaseProcess] = {}
+    stopping = False
+    # Where the workers' Prometheus counters are summed; set before the first worker imports
+    # prometheus-client (it reads the variable then). Fresh per run: old counts are not ours.
+    metrics_dir = tempfile.mkdtemp(prefix="torchyard-prometheus-")
+    os.environ[PROMETHEUS_DIR_VARIABLE] = metrics_dir
+
+    def start(index: int) -> BaseProcess:
+        # The socket goes to the child duplicated (multiprocessing's socket pickling).
+        proc = ctx.Process(target=_worker, args=(sockets[index], os.getpid()),
+                           name=f"torchyard-worker-{index}")
+        proc.start()
+        return proc
+
+    def terminate_all() -> None:
+        for proc in workers.values():
+            if proc.pid is not None and proc.is_alive():
+                os.kill(proc.pid, signal.SIGTERM)
+
+    def stop(_sig: int, _frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+        terminate_all()
+
+    # Before any worker starts: a stop signal during start-up is a stop, not the parent's death.
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    for index in range(count):
+        if stopping:
+            break
+        workers[index] = start(index)
+    deaths: deque[float] = deque()
+    status = 0
+    while not stopping:
+        sentinels = {proc.sentinel: index for index, proc in workers.items()}
+        for ready in multiprocessing.connection.wait(list(sentinels), timeout=1.0):
+            index = sentinels[ready]  # type: ignore[index]
+            workers[index].join()
+            if stopping:
+                break
+            now = time.monotonic()
+            deaths.append(now)
+            while deaths and now - deaths[0] > RESTART_WINDOW_S:
+                deaths.popleft()
+            logger.error("worker %s (pid %s) exited with %s", index, workers[index].pid,
+                         workers[index].exitcode)
+            # Its counts stay in the sums (totals must not go down); only live gauges would go.
+            mark_process_dead(workers[index].pid, metrics_dir)
+            if len(deaths) > count:
+                print(f"torchyard serve: workers keep exiting ({len(deaths)} in "
+                      f"{RESTART_WINDOW_S:.0f} s); stopping", file=sys.stderr)
+                status = 1
+                stopping = True
+                break
+            workers[index] = start(index)
+    # Again: a worker started while the signal was being handled did not get it.
+    terminate_all()
+    # The parent's copies of the sockets go now: once a worker closes its own, new connections
+    # are refused at once instead of waiting in a socket nobody accepts from.
+    for sock in sockets:
+        sock.close()
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    for proc in workers.values():
+        proc.join(max(0.0, deadline - time.monotonic()))
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    shutil.rmtree(metrics_dir, ignore_errors=True)
+    return status

@@ -1,0 +1,1 @@
+"""HTTP routes: parse a request, call the domain, shape the answer. Never spawn a process."""

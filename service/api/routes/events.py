@@ -1,0 +1,135 @@
+"""``GET /jobs/{id}/events``: a job's state changes and metric records as Server-Sent Events.
+
+Events:
+
+* ``state`` — data: the job (as ``GET /jobs/{id}``), sent first and whenever the state moved on
+  since the last one sent. States advance along queued → starting → running → terminal, so a
+  state that lasted less than one poll may be skipped; the terminal state is always sent, last.
+* ``metric`` — data: one record, as an item of ``GET /jobs/{id}/metrics``, in ``seq`` order.
+
+Every event's ``id`` is the cursor ``<seq>-<stage>``: the last record ``seq`` sent and the stage
+of the last state sent (0 queued, 1 starting, 2 running, 3 terminal; -1 none yet, as when a
+stream opened on a finished job sends its records before the terminal state). A client that reconnects
+with ``Last-Event-ID`` gets only newer records and only a later state: no gap, no duplicate.
+The stream ends once the job is terminal and every record has been sent, or when the server
+shuts down (``service.api.drain``): a client then reconnects with ``Last-Event-ID``.
+
+The database is read in short sessions on the thread pool; nothing is held across a wait, and
+streams of one job that were woken together share one read (``service.api.hotreads``). A
+commit that changes the job or adds its records wakes the stream at once (``service.store.changefeed``:
+PostgreSQL ``LISTEN/NOTIFY``, or this process's own commits on SQLite); ``EVENTS_POLL_S`` is only
+the fallback for writers in other processes on SQLite.
+"""
+
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Header, Request
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.api.deps import JobDep, get_changes, get_session_factory
+from service.api.drain import draining
+from service.api.hotreads import HotReads
+from service.api.schemas import JobRead, MetricRead
+from service.store import repository as repo
+from torchyard_contract.state import TERMINAL_STATES, JobState
+
+router = APIRouter(prefix="/jobs", tags=["events"])
+EVENTS_POLL_S = 0.5
+EVENTS_PAGE = 1000
+TERMINAL_STAGE = 3
+STAGES = {JobState.queued: 0, JobState.starting: 1, JobState.running: 2}
+# An event id of this stream, or empty (start from the beginning); blanks around it are ignored.
+LAST_EVENT_ID_PATTERN = r"^[ \t]*(?:[0-9]{1,18}-(?:-1|[0-3]))?[ \t]*$"
+_CURSOR = re.compile(r"^([0-9]{1,18})-(-1|[0-3])$")
+
+
+@dataclass(frozen=True)
+class Cursor:
+    seq: int = 0
+    stage: int = -1  # -1: no state sent yet
+
+    @property
+    def id(self) -> str:
+        return f"{self.seq}-{self.stage}"
+
+
+def stage_of(state: JobState) -> int:
+    return TERMINAL_STAGE if state in TERMINAL_STATES else STAGES[state]
+
+
+def _cursor(
+    last_event_id: Annotated[
+        str,  # not ``str | None``: a header is absent or a string, never null
+        Header(
+            alias="Last-Event-ID",
+            pattern=LAST_EVENT_ID_PATTERN,
+            description="resume after this event id ('<seq>-<stage>', as sent in 'id:')",
+        ),
+    ] = "",
+) -> Cursor:
+    match = _CURSOR.match(last_event_id.strip())
+    return Cursor(int(match[1]), int(match[2])) if match else Cursor()
+
+
+@dataclass(frozen=True)
+class Tail:
+    """What one wake-up of a job's streams reads: the job's state, the job as a ``state``
+    event's data, and the next records, each already serialized (shared by every stream)."""
+
+    stage: int
+    job_json: str
+    records: list[tuple[int, str]]  # (seq, the record as JSON)
+
+
+def _read_tail(factory: sessionmaker[Session], job_id: int, after: int) -> Tail:
+    """The job, then the records after ``after``: state first, as ``GET /metrics`` reads them."""
+    with factory() as session:
+        job = JobRead.from_row(repo.get_job(session, job_id))  # type: ignore[arg-type]
+        rows = repo.read_records(session, job_id, after, EVENTS_PAGE)
+        records = [(r.seq, MetricRead.from_row(r).model_dump_json()) for r in rows]
+    return Tail(stage_of(job.state), job.model_dump_json(), records)
+
+
+def _event(event: str, cursor: Cursor, data: str) -> ServerSentEvent:
+    # Built without validation: the event name is ours, the id a formatted cursor and the data
+    # JSON that pydantic wrote (validating each event of each stream showed up in profiles).
+    return ServerSentEvent.model_construct(event=event, id=cursor.id, raw_data=data)
+
+
+@router.get("/{job_id}/events", response_class=EventSourceResponse)
+async def job_events(
+    request: Request,
+    found: JobDep,  # 404 before the stream starts (a dependency runs before the response)
+    cursor: Annotated[Cursor, Depends(_cursor)],
+) -> AsyncIterator[ServerSentEvent]:
+    """State and metric events of the job; resumable with ``Last-Event-ID`` (see module doc)."""
+    job_id = found.id
+    factory = get_session_factory(request)
+    changes = get_changes(request)
+    reads: HotReads = request.app.state.hot_reads
+    stopping = draining(request)
+    while not stopping.is_set():
+        seen = changes.version(job_id)
+        tail: Tail = await reads.shared((job_id, cursor.seq, seen), _read_tail, factory, job_id,
+                                        cursor.seq)
+        stage = tail.stage
+        # A live state goes out before the records read after it (a client sees "running"
+        # before that attempt's epochs). The terminal state goes out only once a poll that saw
+        # it found no new record, so it comes after every record.
+        if cursor.stage < stage < TERMINAL_STAGE:
+            cursor = Cursor(cursor.seq, stage)
+            yield _event("state", cursor, tail.job_json)
+        for seq, record in tail.records:
+            cursor = Cursor(seq, cursor.stage)
+            yield _event("metric", cursor, record)
+        if stage == TERMINAL_STAGE and cursor.stage < stage and not tail.records:
+            cursor = Cursor(cursor.seq, stage)
+            yield _event("state", cursor, tail.job_json)
+        if stage == TERMINAL_STAGE and not tail.records:
+            return
+        if len(tail.records) < EVENTS_PAGE:
+            await changes.wait(job_id, seen, changes.fallback_s(EVENTS_POLL_S))

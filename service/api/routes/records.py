@@ -1,0 +1,105 @@
+"""Worker-facing route: ranks post their metric records with the per-job token.
+
+A job token is shared by the job's ranks (they share a Unix user, environment and run directory,
+so a token per rank would not keep one rank from posting as another). What the token can post is
+bounded by what the job is (``service.domain.recordscope``, docs/security.md): a batch naming a rank or
+attempt the job does not have is refused whole (422); one naming the next attempt before the
+server has recorded it is 503 with ``Retry-After`` (the rank's reporter retries); a batch for a
+job that is over is 409 (docs/metrics.md: nothing is stored after the terminal state).
+"""
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+
+from service.api.deps import SessionDep
+from service.api.errors import ERROR_RESPONSES, RETRY_LATER, ApiError
+from service.api.middleware.auth import WorkerJobDep
+from service.api.schemas import IngestResult, RecordBatch, parse_record_batch
+from service.domain import lossguard as guard
+from service.domain.recordscope import RecordScope
+from service.store import repository as repo
+from service.store.repository import RecordIn
+
+router = APIRouter(prefix="/jobs", tags=["workers"])
+
+
+async def _record_batch(request: Request) -> list[RecordIn]:
+    """The body parsed and validated by pydantic-core straight from the bytes
+    (``parse_record_batch``: one strict pass; a body it refuses is parsed again by
+    ``RecordBatch``, which decides and words the error).
+
+    Declaring ``batch: RecordBatch`` would ``json.loads`` the body and then validate the Python
+    objects: about three times the CPU on 1000-record batches (docs/benchmarks.md).
+    """
+    try:
+        return parse_record_batch(await request.body())
+    except ValidationError as exc:
+        raise RequestValidationError(
+            [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+        ) from None
+
+
+# The dependency hides the body from FastAPI's document: it is declared here and added to
+# ``components`` by ``service.api.openapi``.
+BODY_MODELS = (RecordBatch,)
+BatchDep = Annotated[list[RecordIn], Depends(_record_batch)]
+
+
+@router.post(
+    "/{job_id}/records",
+    response_model=IngestResult,
+    responses={
+        403: {**ERROR_RESPONSES[403], "description": "not this job's token, or the job ended "
+              "more than TORCHYARD_WORKER_TOKEN_GRACE_S ago"},
+        409: {**ERROR_RESPONSES[409], "description": "the job is over: nothing is stored after "
+              "its end (the rank's spool file keeps the records)"},
+        422: {**ERROR_RESPONSES[422], "description": "an invalid record, or a rank or attempt "
+              "the job does not have"},
+        **RETRY_LATER,
+    },
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/RecordBatch"}}},
+        }
+    },
+)
+def post_records(
+    job_id: WorkerJobDep, records: BatchDep, session: SessionDep, request: Request
+) -> IngestResult:
+    """Store a batch in one transaction; replays of (attempt, rank, epoch, step, name) are ignored.
+
+    Only the job's own token (``Authorization: Bearer``; ``service.api.auth``), and only while
+    the job is starting or running: a batch that arrives once the job is terminal is 409 (the
+    token is still recognised for ``TORCHYARD_WORKER_TOKEN_GRACE_S``, so a late rank learns
+    why). Nothing a rank reported is lost by this: the server ingests every rank's spool before
+    a job that ended by itself turns terminal (docs/metrics.md).
+    """
+    # Read inside this write transaction: writer sessions hold the write lock from their first
+    # statement on SQLite (service.store.db), so the state read here cannot turn terminal before this
+    # batch commits.
+    job = repo.get_job(session, job_id)
+    if job is None:
+        raise ApiError(404, "not_found", f"job {job_id} not found")
+    scope = RecordScope.of(job)
+    checked: set[tuple[int, int]] = set()
+    for index, r in enumerate(records):
+        if (r.rank, r.attempt) in checked:  # one check per (rank, attempt), not per record
+            continue
+        checked.add((r.rank, r.attempt))
+        refused = scope.refusal(r.rank, r.attempt, where=f"records.{index}.")
+        if refused is not None:
+            headers = {"Retry-After": "1"} if refused.status == 503 else None
+            error = {409: "conflict", 503: "unavailable"}.get(refused.status, "invalid_request")
+            message = f"{refused.field}: {refused.message}" if refused.field else refused.message
+            raise ApiError(refused.status, error, message, headers)
+    added = repo.insert_records(session, job_id, records)
+    if added:
+        repo.mark_first_metric(session, job_id, records)
+        guard.check(session, job_id, job.spec, records)  # a loss gone bad stops the job
+    session.commit()
+    request.app.state.telemetry.records_ingested.inc(added)
+    return IngestResult(accepted=added, duplicates=len(records) - added)

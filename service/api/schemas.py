@@ -1,0 +1,270 @@
+"""HTTP shapes (apart from the ORM tables). The job spec itself is ``torchyard_contract.spec.JobSpec``."""
+
+from datetime import UTC, datetime
+from typing import Annotated, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+)
+
+from service.domain.queue.scheduler import Waiting
+from service.executor.local import shim_pid
+from service.store.repository import EPOCH_STEP, RecordIn
+from service.store.tables import Job, MetricRecord
+from torchyard_contract.bounds import bounded_text
+
+# The record wire format is the contract's (non-finite values as 'NaN', 'Infinity', '-Infinity').
+from torchyard_contract.records import MetricValue, NonFinite, RecordPost, decode_value  # noqa: F401
+from torchyard_contract.spec import JobSpec
+from torchyard_contract.state import JobState
+
+# The database keeps naive UTC; the wire says so (RFC 3339 needs an offset: "...Z").
+UtcDatetime = Annotated[
+    datetime, AfterValidator(lambda d: d if d.tzinfo else d.replace(tzinfo=UTC))
+]
+
+
+class AttemptRead(BaseModel):
+    """One run of the worker group. ``startup_failure``: it failed before every rank was ready."""
+
+    number: int
+    started_at: float
+    ended_at: float | None
+    exit_code: int | None
+    rank_exit_codes: dict[str, int] = Field(
+        default_factory=dict,
+        description="rank → exit code, as torchrun reported them (a rank it stopped: -15)",
+    )
+    reason: str | None = Field(
+        description="at most 2000 characters; the full text is in the rank's log"
+    )
+    startup_failure: bool | None
+
+    @field_validator("reason")
+    @classmethod
+    def _bounded(cls, v: str | None) -> str | None:  # rows stored before reasons were bounded
+        return bounded_text(v) if v is not None else None
+
+
+class JobRead(BaseModel):
+    """A job. Phase times (UTC): ``created_at`` queued, ``started_at`` launched (resources
+    given, shim started), ``running_at`` rendezvous done and rank 0 set up, ``first_metric_at``
+    the earliest reported record, ``ended_at`` terminal."""
+
+    id: int
+    name: str
+    state: JobState
+    spec: JobSpec
+    created_at: UtcDatetime
+    started_at: UtcDatetime | None
+    running_at: UtcDatetime | None
+    first_metric_at: UtcDatetime | None
+    ended_at: UtcDatetime | None
+    queue_position: int | None = Field(
+        default=None, description="queued jobs: 1-based place in the queue order (priority, FIFO)"
+    )
+    waiting_reason: str | None = Field(
+        default=None, description="queued jobs: why it has not started, e.g. 'needs 2 GPUs; 1 free'"
+    )
+    exit_code: int | None
+    reason: str | None = Field(
+        description="why it ended; at most 2000 characters, the full text is in the logs"
+    )
+    pid: int | None = Field(
+        description="local executor: pid of the job's shim (its process group); null otherwise"
+    )
+    devices: list[str]
+    attempts: list[AttemptRead]
+
+    @classmethod
+    def from_row(cls, job: Job, waiting: Waiting | None = None) -> "JobRead":
+        """``waiting``: the scheduler's view of a queued job (ignored once it left the queue)."""
+        queued = job.state == JobState.queued.value and waiting is not None
+        return cls(
+            id=job.id,
+            name=job.name,
+            state=JobState(job.state),
+            spec=JobSpec.model_validate(job.spec),
+            created_at=job.created_at,
+            started_at=job.started_at,
+            running_at=job.running_at,
+            first_metric_at=job.first_metric_at,
+            ended_at=job.ended_at,
+            queue_position=waiting.position if queued and waiting else None,
+            waiting_reason=waiting.reason if queued and waiting else None,
+            exit_code=job.exit_code,
+            reason=bounded_text(job.reason) if job.reason is not None else None,
+            pid=shim_pid(job.executor, job.executor_ref),
+            devices=job.devices.split(",") if job.devices else [],
+            attempts=_attempts(job.attempts),
+        )
+
+
+def _attempts(stored: list | None) -> list[AttemptRead]:
+    """The stored attempt records that are valid; one stored before the shim's files were read
+    strictly may not be (it must not make every read of the job a 500)."""
+    attempts = []
+    for a in stored or []:
+        try:
+            attempts.append(AttemptRead.model_validate(a))
+        except ValidationError:
+            continue
+    return attempts
+
+
+class JobList(BaseModel):
+    items: list[JobRead]
+    next_before: int | None = Field(description="pass as ?before= for the next page; null at the end")
+
+
+class ResourceRead(BaseModel):
+    name: str = Field(description="'gpu:<index>' or 'cpu:<slot>'")
+    kind: Literal["gpu", "cpu"]
+    job_id: int | None = Field(description="the job holding it; null when free")
+
+
+class ResourceTotals(BaseModel):
+    total: int
+    allocated: int
+    free: int
+
+
+class WarmRead(BaseModel):
+    """The warm-rank pool of this host (docs/warm-ranks.md)."""
+
+    state: Literal["starting", "ready", "broken"] = Field(
+        description="starting: importing torch (jobs start cold); ready: serving warm ranks; "
+        "broken: being replaced"
+    )
+    pool_size: int = Field(description="idle warm processes kept ready (TORCHYARD_WARM_POOL_SIZE)")
+    idle: int = Field(description="idle warm processes now")
+    active: int = Field(description="warm processes running a job's rank or torchrun agent now")
+    served: int = Field(description="hand-offs by the current warm server")
+    refused: int = Field(description="hand-offs it refused (those processes started cold)")
+    memory_bytes: int = Field(
+        description="RSS of the warm server plus the pages its idle processes do not share"
+    )
+    memory_limit_bytes: int = Field(description="TORCHYARD_WARM_MAX_MEMORY_MIB; 0 = none")
+    cuda_initialized: bool = Field(description="always false: the pool never touches CUDA")
+    restarts: int = Field(description="times the warm server was replaced")
+
+
+class NodeRead(BaseModel):
+    name: str
+    state: str = Field(description="Slurm's node state: idle, mixed, allocated, down, drained, …")
+    partition: str
+    cpus: int
+    cpus_allocated: int
+    gpus: int = Field(description="GPUs in the node's GRES")
+
+
+class ResourcesRead(BaseModel):
+    executor: str = Field(
+        default="local",
+        description="'local': this host's GPUs and CPU slots, booked by torchyard (items); "
+        "'slurm': Slurm allocates, nodes lists the partition's nodes (from sinfo) and items "
+        "is empty",
+    )
+    gpu: ResourceTotals
+    cpu: ResourceTotals
+    items: list[ResourceRead]
+    warm: WarmRead | None = Field(
+        default=None, description="the warm-rank pool; null when warm ranks are off"
+    )
+    nodes: list[NodeRead] = Field(default_factory=list, description="slurm executor: the nodes")
+
+
+class MetricRead(BaseModel):
+    seq: int
+    attempt: int
+    rank: int
+    epoch: int
+    step: int | None
+    name: str
+    value: MetricValue
+    time: float
+
+    @classmethod
+    def from_row(cls, r: MetricRecord) -> "MetricRead":
+        return cls(
+            seq=r.seq,
+            attempt=r.attempt,
+            rank=r.rank,
+            epoch=r.epoch,
+            step=None if r.step == EPOCH_STEP else r.step,
+            name=r.name,
+            value=r.nonfinite if r.nonfinite else r.value,  # type: ignore[arg-type]
+            time=r.time,
+        )
+
+
+class MetricsPage(BaseModel):
+    job_id: int
+    state: JobState
+    items: list[MetricRead]
+    next_after: int = Field(description="pass as ?after= next time; unchanged when nothing is new")
+
+
+class RecordBatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # Ranks send at most 500 (worker BATCH_MAX); 1000 bounds one request to well under a second
+    # of SQL work (10,000 took ~10 s on 2 busy cores: one caller could hold the write lock).
+    records: list[RecordPost] = Field(max_length=1000)
+
+
+# RecordPost's fields and bounds, validated entirely inside pydantic-core: strict types (a JSON
+# integer for an integer; a number or one of the three names for a value) and no Python
+# validator per record, about a third of RecordBatch's CPU on a 1000-record batch
+# (docs/benchmarks.md, "Stores and workers"). It takes a subset of what RecordBatch takes, so a
+# body it refuses goes to RecordBatch, which decides (it also takes 5.0 for the integer 5) and
+# words the errors.
+_StrictRecord = create_model(
+    "StrictRecord", __config__=ConfigDict(strict=True, extra="forbid"),
+    **{
+        name: (field.annotation, field) for name, field in RecordPost.model_fields.items()
+        if name != "value"
+    },
+    # A JSON number too large for a float (1e400) would read as inf here; RecordBatch refuses it.
+    value=(Annotated[float, Field(allow_inf_nan=False)] | NonFinite, ...),
+)
+_StrictBatch = create_model(
+    "StrictBatch", __config__=ConfigDict(extra="forbid"),
+    records=(list[_StrictRecord], RecordBatch.model_fields["records"]),  # type: ignore[valid-type]
+)
+
+
+def parse_record_batch(body: bytes) -> list[RecordIn]:
+    """The records of a ``RecordBatch`` JSON body, values decoded to floats. Raises pydantic's
+    ``ValidationError`` (RecordBatch's) when the body is not one."""
+    try:
+        records = _StrictBatch.model_validate_json(body).records  # type: ignore[attr-defined]
+    except ValidationError:
+        records = RecordBatch.model_validate_json(body).records
+    return [
+        RecordIn(r.attempt, r.rank, r.epoch, r.step, r.name,
+                 r.value if r.value.__class__ is float else decode_value(r.value), r.time)
+        for r in records
+    ]
+
+
+class IngestResult(BaseModel):
+    accepted: int = Field(description="records stored now")
+    duplicates: int = Field(description="records already stored (replays), ignored")
+
+
+class ErrorDetail(BaseModel):
+    field: str | None
+    message: str
+
+
+class ErrorBody(BaseModel):
+    error: str
+    message: str
+    details: list[ErrorDetail] = []

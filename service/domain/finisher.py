@@ -1,0 +1,231 @@
+"""Finishing ended jobs off the supervisor's loop: attempts, spool re-ingestion, terminal state.
+
+When a job's attempt loop has ended, the supervisor frees its resources at once and hands the
+job here (``enqueue``). A thread of its own then, one job at a time:
+
+1. stores the attempt records, read strictly (``torchyard_contract.runfiles``);
+2. re-ingests the ranks' spool files (``service.domain.spool``) from each rank's acknowledged offset, at
+   most ``spool_ingest_max_records`` per rank, in batches each stored in a transaction of its
+   own (the write lock is free between them), stopping as soon as the job is no longer active
+   (a user's cancel won);
+3. turns the job terminal with the shim's outcome, or ``failed`` saying why there is none; the
+   reason notes spool records left unread.
+
+Only then is the job terminal, so a follower that sees a terminal state and then an empty page
+has seen every record (docs/metrics.md). An error finishing one job fails that job with the
+error as its reason; the thread goes on with the next.
+"""
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.domain import lossguard as guard
+from service.domain.recordscope import RecordScope, world_size
+from service.domain.spool import SpoolChunk, SpoolTally, read_rank_spool
+from service.store import repository as repo
+from torchyard_contract.bounds import bounded_text
+from torchyard_contract.rundir import RunDir
+from torchyard_contract.runfiles import read_attempts, read_outcome
+from torchyard_contract.state import ACTIVE_STATES, JobState
+
+logger = logging.getLogger(__name__)
+
+_STOP = -1
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A job whose attempt loop ended; ``shim_code`` None when it ended unwatched; ``why``: the
+    executor's account of the end (Slurm's state), used when there is no outcome file."""
+
+    job_id: int
+    shim_code: int | None
+    why: str | None = None
+    reason: str | None = None  # why it failed if it left no outcome, when known better
+    # When the supervisor saw its processes end (and freed its resources): the job's ended_at,
+    # not the later moment its spools were stored. None: now (it ended while no one watched).
+    ended_at: datetime | None = None
+
+
+@dataclass
+class Finisher:
+    runs_dir: Path
+    session_factory: sessionmaker[Session]
+    max_records_per_rank: int
+    on_finished: Callable[[], None] = lambda: None  # the supervisor re-plans (nothing to free)
+    # Checked first in every writing transaction: False = this process no longer supervises
+    # (``service.domain.lease``), so it writes nothing and the next supervisor finishes the job.
+    fence: Callable[[Session], bool] = lambda _session: True
+    _queue: queue.Queue[Ended | int] = field(default_factory=queue.Queue)
+    _pending: set[int] = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _thread: threading.Thread | None = None
+    _halt: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="torchyard-finisher", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10) -> None:
+        """Stop between two batches: the job in hand and those still queued stay active in the
+        database (their resources already free) and are finished by the next start's recovery;
+        re-reading is idempotent."""
+        self._halt.set()
+        self._queue.put(_STOP)
+        if self._thread is not None:
+            self._thread.join(timeout=timeout_s)
+
+    def enqueue(
+        self, job_id: int, shim_code: int | None, why: str | None = None,
+        reason: str | None = None, ended_at: datetime | None = None,
+    ) -> None:
+        """Finish ``job_id`` soon (once: a job already waiting is not queued twice)."""
+        with self._lock:
+            if job_id in self._pending:
+                return
+            self._pending.add(job_id)
+        self._queue.put(Ended(job_id, shim_code, why, reason, ended_at))
+
+    def is_pending(self, job_id: int) -> bool:
+        with self._lock:
+            return job_id in self._pending
+
+    def _run(self) -> None:
+        while isinstance(item := self._queue.get(), Ended) and not self._halt.is_set():
+            try:
+                self.finish(item.job_id, item.shim_code, item.why, item.reason, item.ended_at)
+            except Exception as exc:  # one job's failure must not stop the others'
+                logger.exception("job %s: finishing failed", item.job_id)
+                self._fail(item.job_id, f"torchyard could not finish this job: {exc!r}")
+            finally:
+                with self._lock:
+                    self._pending.discard(item.job_id)
+            self.on_finished()
+
+    def finish(
+        self, job_id: int, shim_code: int | None, why: str | None = None,
+        reason: str | None = None, ended_at: datetime | None = None,
+    ) -> None:
+        """Steps 1–3 of the module docstring, for one job (callable directly, e.g. by tests)."""
+        run = RunDir.for_job(self.runs_dir, job_id)
+        with self.session_factory() as session:
+            if not self.fence(session):
+                return
+            job = repo.get_job(session, job_id)
+            if job is None:
+                return
+            # It ended before a tick saw it start (a Slurm job, fast or purged meanwhile): a
+            # queued job becomes starting first, so its spools are stored and it may end.
+            repo.transition(session, job_id, JobState.starting, started_at=repo.utcnow())
+            spec = dict(job.spec or {})
+            ranks = world_size(spec)
+            max_attempts = int(spec.get("max_restarts", 0) or 0) + 1
+            repo.set_attempts(session, job_id, read_attempts(run, max_attempts, ranks))
+            session.commit()
+        notes, added = [], 0
+        for rank in range(ranks):
+            tally = SpoolTally(rank)
+            for chunk in read_rank_spool(run, rank, tally, self.max_records_per_rank):
+                if self._halt.is_set():
+                    logger.info("job %s: finishing interrupted by shutdown", job_id)
+                    return
+                stored = self._store(job_id, chunk)
+                if stored is None:
+                    break  # the job is no longer active: nothing more is stored
+                added += stored
+            if note := tally.describe(run.spool_file(rank)):
+                notes.append(note)
+        self._end(job_id, run, shim_code, notes, why, reason, ended_at)
+        logger.info("job %s: finished; %d spooled records recovered", job_id, added)
+
+    def _store(self, job_id: int, chunk: SpoolChunk) -> int | None:
+        """One batch in one transaction; None once the job is not active (stop reading)."""
+        with self.session_factory() as session:
+            if not self.fence(session):
+                return None
+            job = repo.get_job(session, job_id)
+            if job is None or JobState(job.state) not in ACTIVE_STATES:
+                return None
+            scope = RecordScope.of(job)
+            records = [r for r in chunk.records if scope.refusal(r.rank, r.attempt) is None]
+            added = repo.insert_records(session, job_id, records)
+            if added:
+                repo.mark_first_metric(session, job_id, records)
+                # Records that never reached the API are guarded too (service.domain.lossguard).
+                guard.check(session, job_id, job.spec, records)
+            session.commit()
+            return added
+
+    def _end(
+        self, job_id: int, run: RunDir, shim_code: int | None, notes: list[str], why: str | None,
+        known: str | None = None, ended_at: datetime | None = None,
+    ) -> None:
+        outcome = read_outcome(run)
+        if outcome is None:
+            state = JobState.failed
+            exit_code = None
+            reason = known or (
+                "the job's shim ended without a readable outcome"
+                if shim_code is not None or why is not None
+                else "the job ended while the server was down and left no readable outcome"
+            )
+            reason = f"{reason} ({why})" if why else reason
+        else:
+            state = JobState(outcome.state)
+            exit_code = outcome.exit_code
+            reason = outcome.reason or ("cancelled" if state is JobState.cancelled else None)
+        if notes:
+            reason = "; ".join([reason, *notes] if reason else notes)
+        with self.session_factory() as session:
+            if not self.fence(session):
+                return
+            job = repo.get_job(session, job_id)
+            stop_reason = job.stop_reason if job is not None else None
+            if job is not None:
+                repo.set_attempts(session, job_id, _closed_attempts(
+                    job.attempts or [], stop_reason if state is JobState.cancelled else None,
+                    stop_reason or reason,
+                ))
+            if stop_reason is not None:
+                # A guard tripped (maybe just before the job ended on its own): it failed.
+                state, reason = JobState.failed, stop_reason
+            won = repo.transition(session, job_id, state, exit_code=exit_code,
+                                  reason=bounded_text(reason) if reason else None,
+                                  ended_at=ended_at or repo.utcnow())
+            if not won and job is not None and job.exit_code is None:
+                job.exit_code = exit_code  # cancelled by the user: still say how it exited
+            repo.release(session, job_id)
+            session.commit()
+
+    def _fail(self, job_id: int, reason: str) -> None:
+        try:
+            with self.session_factory() as session:
+                if not self.fence(session):
+                    return
+                repo.transition(session, job_id, JobState.failed, reason=reason)
+                repo.release(session, job_id)
+                session.commit()
+        except Exception:
+            logger.exception("job %s: could not even be failed", job_id)
+
+
+def _closed_attempts(attempts: list[dict], stopped_by: str | None, why: str | None) -> list[dict]:
+    """The job's attempts as they end: an attempt its shim never closed (killed when a stop's
+    grace ran out) ends now, never left running forever; ``stopped_by`` — a guard's reason whose
+    stop reached the shim as a plain SIGTERM, which it calls a cancel — names the last one."""
+    closed = [dict(a) for a in attempts]
+    if stopped_by and closed:
+        closed[-1]["reason"] = stopped_by
+    for attempt in closed:
+        if attempt.get("ended_at") is None:
+            attempt["ended_at"] = time.time()
+            attempt["reason"] = attempt.get("reason") or why or "the job's shim ended"
+    return closed

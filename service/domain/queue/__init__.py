@@ -1,0 +1,1 @@
+"""The queue: policy (``scheduler``), what the host has (``inventory``), positions every process answers (``snapshot``)."""

@@ -1,0 +1,74 @@
+"""Which records a job may have: ranks ``0 .. world size - 1`` and attempts that exist.
+
+One rule for both ways a record arrives: a rank's POST (``service.api.routes.records``) and the spool
+files re-ingested when the job ends (``service.domain.spool``). A job's token is shared by its ranks, so
+a forged record can only be refused by what it names: a rank the job does not have, an attempt
+that has not started (it would later shadow the genuine record as a "duplicate"), or a job that
+is over (docs/metrics.md: no record is stored once a job is terminal).
+"""
+
+from dataclasses import dataclass
+
+from service.store.tables import Job
+from torchyard_contract.state import ACTIVE_STATES, JobState
+
+
+def world_size(spec: dict | None) -> int:
+    """Ranks of a job: ``nproc_per_node`` times ``nnodes`` (1 unless the spec has it)."""
+    spec = spec or {}
+    try:
+        return max(1, int(spec.get("nproc_per_node", 1))) * max(1, int(spec.get("nnodes", 1) or 1))
+    except (TypeError, ValueError):
+        return 1
+
+
+@dataclass(frozen=True)
+class Refusal:
+    status: int  # 409 over, 422 no such rank/attempt, 503 the next attempt, not recorded yet
+    field: str
+    message: str
+
+
+@dataclass(frozen=True)
+class RecordScope:
+    """The ranks and attempts a job has now. Attempts: before any is recorded only attempt 1
+    can be running (a job token exists only from launch); after that the recorded ones, and the
+    next one only once the latest has ended (503: the supervisor records it within a tick)."""
+
+    job_id: int
+    ranks: int
+    attempts: frozenset[int]
+    latest_ended: bool
+    active: bool
+
+    @classmethod
+    def of(cls, job: Job) -> "RecordScope":
+        recorded: dict[int, dict] = {}
+        for a in job.attempts or []:
+            if isinstance(a, dict) and isinstance(a.get("number"), int):
+                recorded[a["number"]] = a
+        latest = max(recorded, default=0)
+        return cls(
+            job_id=job.id,
+            ranks=world_size(job.spec),
+            attempts=frozenset(recorded) or frozenset({1}),
+            latest_ended=bool(latest) and recorded[latest].get("ended_at") is not None,
+            active=JobState(job.state) in ACTIVE_STATES,
+        )
+
+    def refusal(self, rank: int, attempt: int, where: str = "") -> Refusal | None:
+        """Why a record of ``rank``/``attempt`` may not be stored now; None when it may."""
+        if not self.active:
+            return Refusal(409, "", f"job {self.job_id} is over: records after its end are "
+                           "not stored (the rank's spool file keeps them)")
+        if rank >= self.ranks:
+            return Refusal(422, f"{where}rank", f"job {self.job_id} has ranks "
+                           f"0..{self.ranks - 1}; got {rank}")
+        if attempt in self.attempts:
+            return None
+        if self.latest_ended and attempt == max(self.attempts) + 1:
+            return Refusal(503, f"{where}attempt",
+                           f"job {self.job_id}: attempt {attempt} has not started yet; retry")
+        known = ", ".join(map(str, sorted(self.attempts)))
+        return Refusal(422, f"{where}attempt",
+                       f"job {self.job_id} has attempts {known}; got {attempt}")

@@ -1,0 +1,219 @@
+"""The torchyard server's side of warm ranks: start, watch, refill and report the warm server.
+
+:class:`WarmPool` runs one background thread that keeps a warm server
+(``python -u -m service.run.warm.server``) alive on this host: started (or, after a torchyard restart,
+adopted) in a session of its own, asked for its status every ``CHECK_S``, measured (the server's RSS
+plus its idle children's own pages) and replaced when it died, stopped answering or grew past its
+memory budget. Nothing here blocks a launch: :meth:`socket_for_launch` returns the socket only
+while the last check found the server ready (else None: the job starts cold). :meth:`close`
+asks the server to drain: it stops serving and exits once its running ranks ended, so jobs
+outlive the torchyard server as they do without warm ranks. Never imports torch.
+"""
+
+import logging
+import os
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from hashlib import sha256
+from pathlib import Path
+
+import psutil
+
+from service.run.childenv import environ_for_children
+from service.run.warm import relay
+
+logger = logging.getLogger(__name__)
+
+CHECK_S = 1.0  # status poll of the warm server
+MEMORY_CHECK_S = 10.0  # USS reads /proc/PID/smaps: not every poll
+STATUS_TIMEOUT_S = 2.0
+STARTUP_TIMEOUT_S = 300.0  # importing torch on a loaded machine; after this it counts as hung
+MAX_SOCKET_PATH = 100  # sun_path is 108 bytes on Linux
+# Variables torch reads when the server imports it; the server must not inherit the server's.
+NOT_INHERITED = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
+
+
+@dataclass(frozen=True)
+class WarmStatus:
+    """What ``GET /resources`` and Prometheus report. ``state``: ``starting`` (importing torch),
+    ``ready`` (serving), ``broken`` (died or does not answer; being replaced)."""
+
+    state: str
+    pool_size: int
+    idle: int = 0
+    active: int = 0
+    served: int = 0
+    refused: int = 0
+    memory_bytes: int = 0
+    memory_limit_bytes: int = 0
+    pid: int | None = None
+    cuda_initialized: bool = False
+    restarts: int = 0
+
+
+def socket_path(home: Path) -> str:
+    """``HOME/warm/server.sock``, or a per-user, per-home path under /tmp when that is too long."""
+    path = str(home.resolve() / "warm" / "server.sock")
+    if len(path) <= MAX_SOCKET_PATH:
+        return path
+    digest = sha256(str(home.resolve()).encode()).hexdigest()[:16]
+    return f"/tmp/torchyard-warm-{os.getuid()}-{digest}/server.sock"
+
+
+def build_server_command(
+    python: str, path: str, size: int, preload: list[str], owner: int
+) -> list[str]:
+    """The warm server's argv; pure."""
+    return [python, "-u", "-m", "service.run.warm.server", "--socket", path, "--pool", str(size),
+            "--preload", ",".join(preload), "--owner", str(owner)]
+
+
+def ask(path: str, message: dict, timeout_s: float = STATUS_TIMEOUT_S) -> dict | None:
+    """One control request to the warm server at ``path``; None when it does not answer."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(timeout_s)
+            conn.connect(path)
+            relay.send_message(conn, message)
+            reply = relay.recv_message(conn)
+    except (OSError, ValueError):
+        return None
+    return reply[0] if reply and isinstance(reply[0], dict) else None
+
+
+def pool_memory(server: int, idle: list[int]) -> int:
+    """What the pool holds resident: the server's RSS plus each idle child's own pages (USS;
+    the rest it shares copy-on-write with the server). Not PSS: PSS splits the pages of torch's
+    libraries with every other torch process on the host, so it would shrink as ranks start."""
+    try:
+        total = psutil.Process(server).memory_info().rss
+    except psutil.Error:
+        return 0
+    for pid in idle:
+        try:
+            total += psutil.Process(pid).memory_full_info().uss
+        except (psutil.Error, AttributeError):
+            continue
+    return total
+
+
+class WarmPool:
+    def __init__(
+        self, *, python: str, home: Path, size: int, preload: list[str], max_memory_mib: int,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self.python, self.size, self.preload = python, size, preload
+        self.home = home
+        self.path = socket_path(home)
+        self.memory_limit = max_memory_mib * 2**20
+        self._environ = dict(os.environ if environ is None else environ)
+        self._status = WarmStatus("starting", size, memory_limit_bytes=self.memory_limit)
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_memory = 0.0
+        self._restarts = 0
+        self._spawned_at = 0.0
+
+    # --- what others read ------------------------------------------------------------------
+    def status(self) -> WarmStatus:
+        return self._status
+
+    def socket_for_launch(self) -> tuple[str | None, str]:
+        """(the socket a job's shim hands its relays, '') while the server is ready, else
+        (None, why not): the job starts cold at once, never waiting for the pool."""
+        state = self._status.state
+        if state == "ready":
+            return self.path, ""
+        if state == "starting" and self._status.restarts == 0:
+            return None, "the warm pool is starting (importing torch)"
+        return None, "the warm server is being replaced"
+
+    # --- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="torchyard-warm", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop watching; the server drains (exits once the ranks it runs have ended)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        if ask(self.path, {"op": "drain"}) is None and self._proc is not None:
+            self._detach(kill=True)  # never answered: still importing torch, serving no one
+        self._detach(kill=False)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._check()
+            except Exception:
+                logger.exception("warm pool: check failed")
+            self._stop.wait(CHECK_S)
+
+    def _check(self) -> None:
+        reply = ask(self.path, {"op": "status", "owner": os.getpid()})
+        if reply is None:
+            alive = self._proc is not None and self._proc.poll() is None
+            importing = time.monotonic() - self._spawned_at < STARTUP_TIMEOUT_S
+            if alive and self._status.state == "starting" and importing:
+                return  # still importing torch: not listening yet
+            if alive:
+                logger.warning("warm pool: the warm server does not answer; replacing it")
+                self._detach(kill=True)
+            elif self._proc is not None or self._status.state == "ready":
+                logger.warning("warm pool: the warm server is gone; starting another")
+            if self._proc is not None or self._status.state == "ready":
+                self._restarts += 1
+            self._proc = None
+            self._status = replace(self._status, state="starting", idle=0, active=0,
+                                   restarts=self._restarts)
+            self._spawn()
+            return
+        now = time.monotonic()
+        memory = self._status.memory_bytes
+        if now - self._last_memory >= MEMORY_CHECK_S or self._status.state != "ready":
+            memory = pool_memory(int(reply["pid"]), [int(p) for p in reply.get("idle_pids", [])])
+            self._last_memory = now
+        self._status = WarmStatus(
+            state="ready", pool_size=self.size, idle=int(reply["idle"]),
+            active=int(reply["active"]), served=int(reply["served"]),
+            refused=int(reply["refused"]), memory_bytes=memory,
+            memory_limit_bytes=self.memory_limit, pid=int(reply["pid"]),
+            cuda_initialized=bool(reply["cuda_initialized"]), restarts=self._restarts,
+        )
+        if self.memory_limit and memory > self.memory_limit:
+            logger.warning("warm pool: %d MiB over its %d MiB budget; replacing the server",
+                           memory // 2**20, self.memory_limit // 2**20)
+            # It unlinks its socket and exits once its running ranks end; the next check
+            # finds no server and starts a fresh one.
+            ask(self.path, {"op": "drain"})
+            self._detach(kill=False)
+            self._status = replace(self._status, state="starting")
+
+    def _detach(self, *, kill: bool) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if kill:
+            proc.kill()
+        threading.Thread(target=proc.wait, daemon=True).start()  # reap, never block
+
+    def _spawn(self) -> None:
+        env = environ_for_children(self._environ)
+        for name in NOT_INHERITED:
+            env.pop(name, None)
+        log_dir = self.home / "warm"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        with open(log_dir / "server.log", "ab") as log:
+            self._proc = subprocess.Popen(
+                build_server_command(self.python, self.path, self.size, self.preload, os.getpid()),
+                env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, cwd=log_dir,
+            )
+        self._spawned_at = time.monotonic()
+        logger.info("warm pool: warm server %s starting (%s)", self._proc.pid, self.path)

@@ -1,0 +1,348 @@
+"""Per-job shim: ``python -m service.run.attemptloop RUN_DIR``. Owns torchrun for the job's whole life.
+
+The job's attempt loop, independent of how it was started: the local executor starts one shim per
+job in a session of its own (so the job outlives the server); a batch script can run the same
+loop inside an allocation. The shim runs attempts (torchrun with ``--max-restarts=0``), restarts the group after a rank
+failure up to ``max_restarts`` (never after a start-up failure: a failure before every rank wrote
+its ready marker), runs every rank under ``service.run.ranktee`` (both streams in one file per rank),
+enforces ``max_runtime_s`` and ``heartbeat_timeout_s``, and writes:
+
+* ``attempts/<n>.json`` — number, started_at, ended_at, exit_code, rank_exit_codes (per rank,
+  as torchrun's failure summary gives them; all 0 on success), reason, startup_failure;
+* ``exit.json`` — the job's outcome: state (succeeded|failed|cancelled), exit_code, reason.
+
+Launchers (``--launcher``): ``local`` (default) runs each attempt's torchrun on this host;
+``slurm`` — inside a Slurm allocation, on its batch host — runs each attempt as one job step,
+``srun`` starting torchrun on every node with a static rendezvous here
+(``service.executor.slurmscript``), and exits with the outcome's exit code (the batch script
+``exec``s the shim, so Slurm's record of the job carries the last attempt's real exit code).
+
+Input: ``RUN_DIR/launch.json`` (see ``ShimConfig``: among others the rank program argv, the
+built-in trainer or a script job's resolved script and args) and the rank environment in its own
+environment (the job token never touches the disk). SIGTERM means cancel: the group gets
+SIGTERM → grace → SIGKILL and the outcome is ``cancelled``. Never imports torch.
+
+The shim is the child subreaper of the job (``service.run.subreaper``): when an attempt's torchrun
+has exited, every process still below the shim — a child the job started in a session of its
+own, a double-forked daemon — is stopped (SIGTERM, up to ``STRAY_GRACE_S``, SIGKILL) before the
+next attempt starts or the outcome is written, so no process of the job outlives it.
+"""
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from service.executor.slurmscript import StepRequest, build_srun_command
+from service.run import claim as runclaim
+from service.run import ranktee
+from service.run.exitreason import describe_exit, failed_rank_exit_codes
+from service.run.proctree import ProcessGroupHandle, create_time
+from service.run.socketport import free_port
+from service.run.subreaper import become_subreaper, stop_descendants
+from service.run.torchrun import LaunchRequest, LocalTorchrunLauncher
+from service.run.warm import COLD_ENV, RELAY_PATH, SOCKET_ENV
+from torchyard_contract import envnames as names
+from torchyard_contract.rundir import RunDir
+
+POLL_S = 0.2
+STRAY_GRACE_S = 2.0  # SIGTERM → this → SIGKILL for processes a finished attempt left behind
+DEADLINE_REASON = "deadline exceeded"
+
+
+@dataclass(frozen=True)
+class ShimConfig:
+    job_id: int
+    python: str
+    nproc_per_node: int
+    max_restarts: int
+    max_runtime_s: float | None
+    heartbeat_timeout_s: float | None
+    stop_grace_s: float
+    # What each rank runs after torchrun's options (``service.domain.scriptpath.RankProgram``);
+    # None = the built-in trainer (also what a launch.json from before script jobs means).
+    program: list[str] | None = None
+    pythonpath: str | None = None  # ``-m`` script jobs: the script directory holding the module
+    nnodes: int = 1  # > 1 only under the slurm launcher
+    gpus_per_node: int = 0  # slurm launcher: GPUs each node's step asks for (0 = CPUs)
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    @classmethod
+    def read(cls, run: RunDir) -> "ShimConfig":
+        return cls(**json.loads(run.launch_file.read_text()))
+
+    def rank_program(self, run: RunDir) -> tuple[str, ...]:
+        if self.program is None:
+            # Old launch.json only (the supervisor always writes ``program``): not worth
+            # importing the spec model (pydantic) on every job's start path.
+            from service.domain.scriptpath import builtin_program
+
+            return builtin_program(run.spec_file).argv
+        return tuple(self.program)
+
+    def rank_env(self, inherited: str | None) -> dict[str, str]:
+        """Extra variables of torchrun and the ranks (``inherited``: the shim's PYTHONPATH)."""
+        if self.pythonpath is None:
+            return {}
+        path = os.pathsep.join(p for p in (self.pythonpath, inherited) if p)
+        return {"PYTHONPATH": path, "PYTHONSAFEPATH": "1"}
+
+    def write(self, run: RunDir) -> None:
+        _write_json(run.launch_file, asdict(self))
+
+
+def _wait_exit(handle: ProcessGroupHandle, timeout_s: float) -> None:
+    """Sleep up to ``timeout_s``, waking as soon as torchrun exits (not up to a poll later)."""
+    try:
+        handle.popen.wait(timeout=timeout_s)  # type: ignore[union-attr]
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _write_json(path: Path, data: dict) -> None:
+    """Atomic: readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+class Shim:
+    def __init__(
+        self, run: RunDir, config: ShimConfig, launcher: str = "local",
+        warm_socket: str | None = None, why_cold: str | None = None,
+    ) -> None:
+        self.run, self.config, self.launcher = run, config, launcher
+        self.warm_socket = warm_socket  # warm ranks (service.run.warm, local only); None = cold
+        self.why_cold = why_cold  # warm ranks are on but the pool could not serve this job
+        self.cancelled = False
+        self.started = time.time()
+
+    def on_sigterm(self, _signum: int, _frame: object) -> None:
+        self.cancelled = True
+
+    def run_attempt(self, number: int) -> tuple[int, str | None, bool]:
+        """Run one attempt; returns (exit code, reason or None, startup_failure)."""
+        logs = self.run.logs_dir / f"attempt-{number}"
+        logs.mkdir(parents=True, exist_ok=True)
+        env = {
+            names.ATTEMPT: str(number),
+            **self.config.rank_env(os.environ.get("PYTHONPATH")),
+        }
+        record = {
+            "number": number,
+            "started_at": time.time(),
+            "ended_at": None,
+            "exit_code": None,
+            "reason": None,
+            "startup_failure": None,
+        }
+        _write_json(self.run.attempt_file(number), record)
+        if self.why_cold:
+            with open(logs / "torchrun.log", "a", encoding="utf-8") as log:
+                log.write(f"torchyard: warm start unavailable ({self.why_cold}); starting cold\n")
+        handle = self._start(number, logs, env)
+        forced_reason: str | None = None
+        while (code := handle.poll()) is None:
+            forced_reason = self._why_stop(number)
+            if forced_reason is not None:
+                handle.terminate(self.config.stop_grace_s)
+                code = handle.poll()
+                break
+            _wait_exit(handle, POLL_S)
+        code = code if code is not None else -signal.SIGKILL
+        # torchrun is gone: whatever the job started and left (its own session, a daemon) goes
+        # too, before the next attempt or the outcome (service.run.subreaper).
+        strays = stop_descendants(min(self.config.stop_grace_s, STRAY_GRACE_S))
+        if strays:
+            print(f"attempt {number}: stopped {len(strays)} leftover process(es) of the job",
+                  flush=True)
+        ready = all(
+            self.run.ready_marker(number, r).exists() for r in range(self.config.world_size)
+        )
+        if forced_reason is not None:
+            reason = forced_reason  # torchrun may exit 0 on SIGTERM; the stop still failed it
+        elif code == 0:
+            reason = None
+        else:
+            reason = describe_exit(code, logs, self._launcher_logs(logs)[0])
+        if code == 0:
+            rank_codes = {str(r): 0 for r in range(self.config.world_size)}
+        else:
+            rank_codes = {
+                str(r): c
+                for log in self._launcher_logs(logs)
+                for r, c in failed_rank_exit_codes(log).items()
+            }
+        record.update(
+            ended_at=time.time(),
+            exit_code=code,
+            reason=reason,
+            rank_exit_codes=rank_codes,
+            startup_failure=(code != 0 and not ready and forced_reason is None),
+        )
+        _write_json(self.run.attempt_file(number), record)
+        return code, reason, bool(record["startup_failure"])
+
+    def _start(self, number: int, logs: Path, env: dict[str, str]) -> ProcessGroupHandle:
+        """Start one attempt's group: torchrun here, or (slurm) one torchrun per node via srun."""
+        # Each rank under service.run.ranktee: both streams also in one file, in the order written.
+        program = ranktee.wrap(self.run, number, self.config.rank_program(self.run))
+        if self.launcher != "slurm":
+            req = LaunchRequest(
+                job_id=self.config.job_id,
+                python=self.config.python,
+                nproc_per_node=self.config.nproc_per_node,
+                master_port=free_port(),
+                run_dir=self.run.root,
+                logs_dir=logs,
+                program=program,
+                env=env,
+                relay=(str(RELAY_PATH), self.warm_socket) if self.warm_socket else None,
+            )
+            return LocalTorchrunLauncher().start(req, new_session=False)
+        step = StepRequest(
+            python=self.config.python,
+            nnodes=self.config.nnodes,
+            nproc_per_node=self.config.nproc_per_node,
+            # Rank 0's store listens here, the batch host, on a port free here now.
+            master_addr=socket.gethostname(),
+            master_port=free_port(""),
+            logs_dir=logs,
+            program=program,
+            gpus_per_node=self.config.gpus_per_node,
+        )
+        with open(logs / "srun.log", "ab") as log:
+            popen = subprocess.Popen(
+                build_srun_command(step),
+                cwd=self.run.root,
+                env={**os.environ, **env},
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        return ProcessGroupHandle(pid=popen.pid, popen=popen)
+
+    def _launcher_logs(self, logs: Path) -> list[Path]:
+        """torchrun's own output: one file here, one per node (``node-<k>.log``) on Slurm; the
+        first one names the failure when no rank left an error file."""
+        if self.launcher != "slurm":
+            return [logs / "torchrun.log"]
+        nodes = sorted(logs.glob("node-*.log"), key=lambda p: p.name)
+        return [*nodes, logs / "srun.log"] if nodes else [logs / "srun.log"]
+
+    def _why_stop(self, number: int) -> str | None:
+        if self.cancelled:
+            return "cancelled"
+        cfg = self.config
+        if cfg.max_runtime_s is not None and time.time() - self.started > cfg.max_runtime_s:
+            return DEADLINE_REASON
+        if cfg.heartbeat_timeout_s is not None:
+            now = time.time()
+            for rank in range(cfg.world_size):
+                marker = self.run.ready_marker(number, rank)
+                try:
+                    idle = now - marker.stat().st_mtime
+                except FileNotFoundError:
+                    continue  # still starting; start-up has its own failure path
+                if idle > cfg.heartbeat_timeout_s:
+                    return f"rank {rank} made no progress for {cfg.heartbeat_timeout_s:g} s"
+        return None
+
+    def main(self) -> int:
+        number = 1
+        while True:
+            code, reason, startup = self.run_attempt(number)
+            if self.cancelled:
+                outcome = {"state": "cancelled", "exit_code": code, "reason": "cancelled by user"}
+                break
+            if code == 0 and reason is None:
+                outcome = {"state": "succeeded", "exit_code": 0, "reason": None}
+                break
+            last = startup or number > self.config.max_restarts or reason == DEADLINE_REASON
+            if last:
+                if startup:
+                    reason = f"start-up failure (not retried): {reason}"
+                outcome = {"state": "failed", "exit_code": code, "reason": reason}
+                break
+            number += 1
+        outcome.update(attempts=number, ended_at=time.time())
+        _write_json(self.run.exit_file, outcome)
+        if self.launcher != "slurm":
+            return 0
+        return exit_status(outcome["exit_code"])
+
+
+def exit_status(code: int | None) -> int:
+    """A process exit status for an attempt's exit code (a signal -N becomes 128+N)."""
+    if code is None:
+        return 1
+    return 128 - code if code < 0 else min(code, 255)
+
+
+def read_standby_request() -> str:
+    """``--standby`` (``service.executor.standby``): wait for one JSON line on stdin, ``{"run":
+    RUN_DIR, "env": {...}}``, then take that job's environment, directory and log (stdout and
+    stderr to ``RUN_DIR/shim.log``, stdin from /dev/null), as a shim started for it would have
+    them. End of input (the server went away) means exit. Returns RUN_DIR."""
+    line = sys.stdin.buffer.readline()
+    if not line:
+        sys.exit(0)
+    request = json.loads(line)
+    root = str(request["run"])
+    os.environ.clear()
+    os.environ.update({str(k): str(v) for k, v in request["env"].items()})
+    os.chdir(root)
+    log = os.open(os.path.join(root, "shim.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    for fd, target in ((null, 0), (log, 1), (log, 2)):
+        os.dup2(fd, target)
+    os.close(log)
+    os.close(null)
+    return root
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m service.run.attemptloop")
+    parser.add_argument("--launcher", choices=("local", "slurm"), default="local")
+    parser.add_argument(
+        "--standby", action="store_true",
+        help="wait for a run directory and environment on stdin (service.executor.standby)",
+    )
+    parser.add_argument("run_dir", type=Path, nargs="?")
+    args = parser.parse_args()
+    root = Path(read_standby_request()) if args.standby else args.run_dir
+    if root is None:
+        parser.error("run_dir is required without --standby")
+    # Before anything starts: every process of the job then stays in this process's tree.
+    if not become_subreaper():
+        print("not a child subreaper (no prctl): daemons a job leaves may outlive it", flush=True)
+    run = RunDir(root.resolve())
+    # First of all: claim the launch, unless a recovering server gave it up (service.run.claim).
+    me = os.getpid()
+    mine = {"pid": me, "create_time": create_time(me), "host": socket.gethostname()}
+    if args.launcher == "slurm" and os.environ.get("SLURM_JOB_ID"):
+        mine["slurm_job_id"] = os.environ["SLURM_JOB_ID"]  # how the Slurm executor adopts it
+    if (other := runclaim.claim(run, mine)) is not None:
+        print(f"shim: not running job: the launch was claimed already: {other}", file=sys.stderr)
+        sys.exit(0)
+    # The executor's, for this process only: torchrun and the ranks do not inherit it.
+    warm_socket = os.environ.pop(SOCKET_ENV, None)
+    why_cold = os.environ.pop(COLD_ENV, None)
+    shim = Shim(run, ShimConfig.read(run), args.launcher, warm_socket, why_cold)
+    signal.signal(signal.SIGTERM, shim.on_sigterm)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the server's terminal going away is not a cancel
+    sys.exit(shim.main())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""Launching one attempt's worker group: a pure torchrun command builder and a step that runs it.
+
+``build_command`` is pure (printable as a dry run, unit-testable); ``LocalTorchrunLauncher.start``
+runs it. The job's attempt loop (``service.run.attemptloop``) calls it; starting the job itself is an
+executor's (``service.executor``).
+"""
+
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from service.run.childenv import environ_for_children
+from service.run.proctree import ProcessGroupHandle
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """Everything needed to start one attempt; built by the job's shim."""
+
+    job_id: int
+    python: str
+    nproc_per_node: int
+    master_port: int
+    run_dir: Path
+    logs_dir: Path
+    program: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    # Warm ranks (``service.run.warm``): (relay program, warm server socket); None = cold.
+    relay: tuple[str, str] | None = None
+
+
+def build_command(req: LaunchRequest) -> list[str]:
+    """The torchrun argv for a single-node group with static rendezvous on a free port.
+
+    ``req.program`` is what each rank runs, after torchrun's options: ``("-m", "worker",
+    "--spec", SPEC)`` for the built-in trainer, ``(SCRIPT, *args)`` or ``("-m", MODULE, *args)``
+    for a script job (see ``service.domain.scriptpath``). An argv list, never a shell string.
+
+    With ``req.relay`` both torchrun's agent and each rank run through the relay (``python
+    RELAY SOCKET <python args>``), which becomes a process of the warm server: the same
+    torchrun options and rank program, started without importing torch again.
+    """
+    relay = list(req.relay) if req.relay is not None else []
+    return [
+        req.python,
+        *relay,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1",
+        f"--nproc-per-node={req.nproc_per_node}",
+        "--master-addr=127.0.0.1",
+        f"--master-port={req.master_port}",
+        "--max-restarts=0",
+        f"--log-dir={req.logs_dir}",
+        "--redirects=3",
+        "--tee=3",
+        "--monitor-interval=0.1",  # torchrun's default: notices a rank exit as plain torchrun does
+        *relay,  # torchrun's -m (if any) is the relay's: ``RELAY SOCKET -m worker ...``
+        *req.program,
+    ]
+
+
+class LocalTorchrunLauncher:
+    """Runs torchrun on this host, output to a log file, in the caller's (the shim's) group."""
+
+    def start(self, req: LaunchRequest, *, new_session: bool = True) -> ProcessGroupHandle:
+        """Start torchrun; ``new_session=False`` keeps it in the caller's group (the shim's)."""
+        env = {**environ_for_children(os.environ), **req.env}
+        with open(req.logs_dir / "torchrun.log", "ab") as log:
+            popen = subprocess.Popen(
+                build_command(req),
+                cwd=req.run_dir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=new_session,
+            )
+        return ProcessGroupHandle(pid=popen.pid, popen=popen)

@@ -1,0 +1,1 @@
+"""The store: engine and sessions, ORM tables, and every SQL statement, per table or concern."""

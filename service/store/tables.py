@@ -1,0 +1,147 @@
+"""ORM tables. The schema itself is owned by Alembic (migrations/); a test checks they agree."""
+
+from datetime import datetime
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(100))
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    # Copied out of the spec so the queue can be ordered by an index (state, priority, id).
+    priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Idempotency-Key of the POST that created the job; a repeated key returns this job.
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True)
+    spec: Mapped[dict] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime)
+    running_at: Mapped[datetime | None] = mapped_column(DateTime)
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime)
+    first_metric_at: Mapped[datetime | None] = mapped_column(DateTime)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    reason: Mapped[str | None] = mapped_column(Text)
+    # Who runs the job's processes ("local", "slurm") and its opaque reference there, which only
+    # that executor interprets (service.executor): set at launch, read to re-adopt after a restart.
+    executor: Mapped[str | None] = mapped_column(String(16))
+    executor_ref: Mapped[str | None] = mapped_column(Text)
+    devices: Mapped[str | None] = mapped_column(String(200))
+    # Indexed: the auth middleware looks a bearer token up by its hash on every worker request.
+    token_hash: Mapped[str | None] = mapped_column(String(64), index=True)
+    # Why a guard (service.domain.lossguard: non-finite or diverging loss) wants the job stopped. Set once,
+    # compare-and-set, by whichever process ingested the offending record; the supervisor then
+    # fails the job with it and stops its group.
+    stop_reason: Mapped[str | None] = mapped_column(Text)
+    # Attempt records as the job's shim wrote them (see service.run.attemptloop); [] before launch.
+    attempts: Mapped[list | None] = mapped_column(JSON)
+
+
+Index("ix_jobs_queue", Job.state, Job.priority, Job.id)
+
+
+class JobLabel(Base):
+    """One row per user label, so ``?label=key=value`` is an indexed lookup."""
+
+    __tablename__ = "job_labels"
+    __table_args__ = (Index("ix_job_labels_key_value", "key", "value"),)
+
+    job_id: Mapped[int] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    key: Mapped[str] = mapped_column(String(63), primary_key=True)
+    value: Mapped[str] = mapped_column(String(200))
+
+
+class Allocation(Base):
+    """One row per resource held by a job; the unique key makes double-booking impossible."""
+
+    __tablename__ = "allocations"
+
+    resource: Mapped[str] = mapped_column(String(32), primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+
+
+# 64-bit on PostgreSQL; SQLite's INTEGER is 64-bit already (and only ``INTEGER PRIMARY KEY``,
+# not BIGINT, is SQLite's rowid that AUTOINCREMENT needs).
+Int64 = BigInteger().with_variant(Integer, "sqlite")
+
+
+class MetricRecord(Base):
+    """Append-only; ``seq`` grows with insertion. ``step`` is -1 for per-epoch records."""
+
+    __tablename__ = "metric_records"
+    __table_args__ = (
+        UniqueConstraint("job_id", "attempt", "rank", "epoch", "step", "name", name="uq_metric_natural"),
+        Index("ix_metric_job_seq", "job_id", "seq"),
+        {"sqlite_autoincrement": True},
+    )
+
+    seq: Mapped[int] = mapped_column(Int64, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    rank: Mapped[int] = mapped_column(Integer)
+    epoch: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(Int64)
+    name: Mapped[str] = mapped_column(String(64))
+    value: Mapped[float | None] = mapped_column(Float)
+    # SQLite turns NaN into NULL, so non-finite values are kept by name: 'NaN', 'Infinity', '-Infinity'.
+    nonfinite: Mapped[str | None] = mapped_column(String(9))
+    time: Mapped[float] = mapped_column(Float)
+
+
+class SupervisorLease(Base):
+    """Who supervises, until when (``service.domain.lease``). One row, ``name='supervisor'``.
+
+    Times are seconds since the epoch on the database's clock, never a server's, so hosts with
+    skewed clocks still agree on expiry. ``generation`` grows with every change of owner.
+    """
+
+    __tablename__ = "supervisor_lease"
+
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    owner: Mapped[str | None] = mapped_column(String(200))
+    host: Mapped[str | None] = mapped_column(String(200))
+    generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    expires_at: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    renewed_at: Mapped[float | None] = mapped_column(Float)
+
+
+class QueueSnapshot(Base):
+    """The supervisor's last scheduling result, for the server processes that do not supervise
+    (``service.domain.queue.snapshot``). One row, ``id=1``, rewritten whole when the result changes.
+
+    ``version`` grows with every write (readers re-parse only when it moved); ``waiting`` is the
+    encoded queue (positions, reasons). Only the lease holder writes it (fenced).
+    """
+
+    __tablename__ = "queue_snapshot"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    waiting: Mapped[str] = mapped_column(Text, default="{}", server_default="{}")

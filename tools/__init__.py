@@ -1,0 +1,1 @@
+"""Developer tools (not installed): generated documentation tables."""

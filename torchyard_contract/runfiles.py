@@ -1,0 +1,143 @@
+"""Reading what a job's shim wrote for the server: attempt records and the outcome.
+
+The job's processes can write in its run directory too (a script's relative paths land there),
+so nothing is taken on trust (docs/security.md, "What a job can do"):
+
+* only names torchyard makes are read: ``attempts/1.json``, ``attempts/2.json``, … in order, and
+  ``exit.json``; any other file there (``attempts/results.json``) is never looked at;
+* attempt ``n + 1`` exists only once attempt ``n`` has ended (the shim's order), and never more
+  than the job's ``max_restarts + 1``;
+* regular files only (a FIFO would block the reader), at most ``RUN_FILE_MAX_BYTES`` each;
+* every field is validated and bounded (``AttemptFile``, ``Outcome``).
+
+A file that fails any of this is logged (once per version of the file) and treated as missing;
+nothing here raises.
+"""
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from torchyard_contract.bounds import bounded_text
+from torchyard_contract.rundir import RunDir
+from torchyard_contract.safefile import read_bytes
+
+logger = logging.getLogger(__name__)
+
+RUN_FILE_MAX_BYTES = 256 * 1024
+ATTEMPTS_MAX = 10_001  # the spec's max_restarts is at most 10_000
+EXIT_CODE_BOUND = 2**31
+_warned: set[tuple[str, int, int]] = set()
+
+
+def _time(v: float | None) -> float | None:
+    if v is not None and not (math.isfinite(v) and 0 <= v <= 1e11):
+        raise ValueError("not a Unix time")
+    return v
+
+
+class AttemptFile(BaseModel):
+    """``attempts/<n>.json`` as the shim writes it (``service.run.attemptloop``)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    number: int = Field(ge=1, le=ATTEMPTS_MAX)
+    started_at: float
+    ended_at: float | None = None
+    exit_code: int | None = Field(default=None, ge=-EXIT_CODE_BOUND, lt=EXIT_CODE_BOUND)
+    rank_exit_codes: dict[str, int] = Field(default_factory=dict, max_length=65_536)
+    reason: str | None = None
+    startup_failure: bool | None = None
+
+    _times = field_validator("started_at", "ended_at", mode="before")(
+        lambda v: _time(float(v)) if isinstance(v, int | float) and not isinstance(v, bool) else v
+    )
+    _reason = field_validator("reason")(lambda v: bounded_text(v) if v is not None else None)
+
+
+class Outcome(BaseModel):
+    """``exit.json``: how the job ended, written once by the shim."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    state: Literal["succeeded", "failed", "cancelled"]
+    exit_code: int | None = Field(default=None, ge=-EXIT_CODE_BOUND, lt=EXIT_CODE_BOUND)
+    reason: str | None = None
+
+    _reason = field_validator("reason")(lambda v: bounded_text(v) if v is not None else None)
+
+
+def _load(path: Path) -> object | None:
+    """The JSON in ``path`` (a regular file under the size bound), else None; warns once."""
+    raw = read_bytes(path, RUN_FILE_MAX_BYTES)
+    if raw is None:
+        if path.exists() or path.is_symlink():
+            _warn(path, f"not a regular file, or larger than {RUN_FILE_MAX_BYTES} bytes")
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        _warn(path, "not JSON")
+        return None
+
+
+def _warn(path: Path, why: str) -> None:
+    try:
+        st = path.lstat()
+        key = (str(path), st.st_mtime_ns, st.st_size)
+    except OSError:
+        key = (str(path), 0, 0)
+    if key in _warned:
+        return
+    if len(_warned) > 10_000:
+        _warned.clear()
+    _warned.add(key)
+    logger.warning("run file %s ignored: %s", path, why[:300])
+
+
+def read_outcome(run: RunDir) -> Outcome | None:
+    """The job's outcome; None when ``exit.json`` is missing or not a valid outcome."""
+    data = _load(run.exit_file)
+    if data is None:
+        return None
+    try:
+        return Outcome.model_validate(data)
+    except ValidationError as exc:
+        _warn(run.exit_file, f"invalid outcome: {exc.error_count()} errors")
+        return None
+
+
+def read_attempts(
+    run: RunDir, max_attempts: int = ATTEMPTS_MAX, world_size: int | None = None
+) -> list[dict]:
+    """Attempt records ``1, 2, …`` as plain dicts, up to the first missing or invalid one.
+
+    ``max_attempts``: the job's ``max_restarts + 1``; ``world_size``: its ranks (exit codes of
+    other ranks are dropped)."""
+    attempts: list[dict] = []
+    for number in range(1, min(max_attempts, ATTEMPTS_MAX) + 1):
+        path = run.attempt_file(number)
+        data = _load(path)
+        if data is None:
+            break
+        try:
+            record = AttemptFile.model_validate(data)
+        except ValidationError as exc:
+            _warn(path, f"invalid attempt record: {exc.error_count()} errors")
+            break
+        if record.number != number:
+            _warn(path, f"names attempt {record.number}")
+            break
+        codes = {
+            rank: code for rank, code in record.rank_exit_codes.items()
+            if rank.isdigit() and (world_size is None or int(rank) < world_size)
+            and -EXIT_CODE_BOUND <= code < EXIT_CODE_BOUND
+        }
+        attempts.append(record.model_dump() | {"rank_exit_codes": codes})
+        if record.ended_at is None:
+            break  # the shim starts attempt n + 1 only after n ended
+    return attempts
