@@ -97,10 +97,11 @@ def serve(
 def db_upgrade(revision: str = typer.Argument("head")) -> None:
     """Create or upgrade the schema to ``revision``."""
     from service.store.db import upgrade
+    from service.store.urlmask import masked_url
 
     settings = Settings()
     upgrade(settings.resolved_database_url, revision)
-    typer.echo(f"database at {settings.resolved_database_url} is at {revision}")
+    typer.echo(f"database at {masked_url(settings.resolved_database_url)} is at {revision}")
 
 
 def main() -> None:

@@ -181,7 +181,16 @@ class Settings(BaseSettings):
     slurm_bin_dir: Path | None = Field(
         default=None,
         description="slurm executor: directory of sbatch, squeue, scontrol, scancel, sinfo and "
-        "sacct; unset = found on PATH",
+        "sacct; unset = found on the server's PATH, once, at start (absolute paths from then on)",
+    )
+    slurm_command_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=600,
+        allow_inf_nan=False,
+        description="slurm executor: a Slurm command (sbatch, squeue, …) that has not answered "
+        "after this long is killed; an sbatch that timed out is looked up by its job's name and "
+        "adopted, or its job fails saying so",
     )
     slurm_shared_runs: bool = Field(
         default=False,

@@ -112,13 +112,25 @@ ENTRYPOINT_MAX = 1024
 ARGS_MAX, ARG_LEN_MAX = 256, 4096
 ENV_MAX, ENV_VALUE_LEN_MAX = 64, 4096
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
-# torchyard's and torchrun's own variables, and those that would make Python or the dynamic
-# loader run code from outside the script directories, cannot be set by a job.
-RESERVED_ENV_PREFIXES = ("TORCHYARD_", "TORCHELASTIC_", "PYTHON", "LD_", "ROLE_", "GROUP_")
+# torchyard's and torchrun's own variables, those that would make Python or the dynamic
+# loader run code from outside the script directories, and those that steer the programs the
+# server and the attempt loop run (PATH: which program a name is; Slurm's input variables, which
+# override its options and the batch script's), cannot be set by a job.
+RESERVED_ENV_PREFIXES = (
+    "TORCHYARD_", "TORCHELASTIC_", "PYTHON", "LD_", "ROLE_", "GROUP_",
+    "SBATCH_", "SLURM_", "SRUN_", "SALLOC_",
+)
 RESERVED_ENV_NAMES = frozenset({
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-    "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "PATH",
 })
+# The reserved set in words, for error messages and field descriptions.
+RESERVED_ENV_TEXT = (
+    "TORCHYARD_*, TORCHELASTIC_*, torchrun's (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, "
+    "MASTER_ADDR, MASTER_PORT, ROLE_*, GROUP_*), CUDA_VISIBLE_DEVICES, OMP_NUM_THREADS, "
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING, PYTHON* (but PYTHONHASHSEED, PYTHONFAULTHANDLER, "
+    "PYTHONDONTWRITEBYTECODE), LD_*, PATH, SBATCH_*, SLURM_*, SRUN_*, SALLOC_*"
+)
 ALLOWED_PYTHON_ENV = frozenset({"PYTHONHASHSEED", "PYTHONFAULTHANDLER", "PYTHONDONTWRITEBYTECODE"})
 
 NoNul = Annotated[str, StringConstraints(max_length=ARG_LEN_MAX, pattern=r"^[^\x00]*$")]
@@ -142,7 +154,9 @@ def keys_by_name_pattern(schema: dict) -> None:
 
 
 def env_name_reserved(name: str) -> bool:
-    """True for a variable torchyard or torchrun sets, or one that loads code (PYTHON*, LD_*)."""
+    """True for a variable torchyard or torchrun sets, one that loads code (PYTHON*, LD_*), or
+    one that steers the programs torchyard runs (PATH; Slurm's SBATCH_*, SLURM_*, SRUN_*,
+    SALLOC_*)."""
     if name in ALLOWED_PYTHON_ENV:
         return False
     return name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES)
@@ -317,7 +331,8 @@ class JobSpec(BaseModel):
         max_length=ENV_MAX,
         json_schema_extra=keys_by_name_pattern,
         description="script job: extra environment of every rank (not TORCHYARD_*, torchrun's, "
-        "PYTHON*, LD_*); stored and shown to every reader, so never for secrets (use secret_env)",
+        "PYTHON*, LD_*, PATH, SBATCH_*, SLURM_*, SRUN_*, SALLOC_*: 422 naming them); stored and "
+        "shown to every reader, so never for secrets (use secret_env)",
     )
     secret_env: dict[EnvName, SecretName] = Field(
         default_factory=dict,
@@ -378,8 +393,7 @@ class JobSpec(BaseModel):
         reserved = sorted(n for n in value if env_name_reserved(n))
         if reserved:
             raise ValueError(
-                f"{', '.join(reserved)} cannot be set (TORCHYARD_*, torchrun's variables, "
-                "PYTHON* and LD_* are reserved)"
+                f"{', '.join(reserved)} cannot be set; reserved: {RESERVED_ENV_TEXT}"
             )
         return value
 

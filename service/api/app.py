@@ -1,6 +1,7 @@
 """``create_app(settings)``: wires storage, supervisor, routes and the security layers.
 
-Request path, outermost first: CORS (only when ``TORCHYARD_CORS_ORIGINS`` is set) → browser
+Request path, outermost first: HEAD routed as GET (``service.api.middleware.head``) → CORS (only when
+``TORCHYARD_CORS_ORIGINS`` is set) → browser
 guard (``service.api.middleware.browserguard``: foreign Host without tokens, foreign Origin on writes) →
 auth (``service.api.middleware.auth``: default-on for every path but the public allowlist) → body-size
 limit (413) → JSON bodies only (415) → routing, where every route also refuses undeclared query parameters (422).
@@ -26,6 +27,7 @@ from service.api.hotreads import HotReads
 from service.api.middleware.auth import AuthMiddleware, TokenSet
 from service.api.middleware.bodylimit import BodyLimitMiddleware
 from service.api.middleware.browserguard import BrowserGuardMiddleware, JsonBodyMiddleware
+from service.api.middleware.head import HeadAsGetMiddleware
 from service.api.openapi import build_openapi
 from service.api.routes import (
     apidocs,
@@ -157,10 +159,6 @@ def create_app(
         in the others (docs/operations.md)."""
         return {"status": "ok", "role": "supervisor" if supervisor.acting else "standby"}
 
-    # Load balancers and uptime checks probe with HEAD (FastAPI routes answer only what they
-    # declare; HEAD is answered like GET, without the body, and left out of the schema).
-    app.add_api_route("/healthz", healthz, methods=["HEAD"], include_in_schema=False)
-
     # add_middleware wraps: the last one added runs first.
     app.add_middleware(JsonBodyMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
@@ -179,9 +177,13 @@ def create_app(
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID"],
         )
+    # HEAD on every GET route, checked as the GET it becomes (service.api.middleware.head).
+    app.add_middleware(HeadAsGetMiddleware)
     # Outermost: the latency histogram sees every answer, auth's 401s and the 413s included.
     app.add_middleware(RequestTimer, telemetry=app.state.telemetry)
-    app.openapi = lambda: _openapi(app, tokens.enabled)  # type: ignore[method-assign]
+    app.openapi = lambda: _openapi(  # type: ignore[method-assign]
+        app, tokens.enabled, single_host=not supervisor.slurm
+    )
     return app
 
 
@@ -196,11 +198,12 @@ def _warm_pool(settings: Settings) -> WarmPool | None:
     )
 
 
-def _openapi(app: FastAPI, api_tokens: bool) -> dict:
-    """Built once per app (the routes do not change after ``create_app``)."""
+def _openapi(app: FastAPI, api_tokens: bool, single_host: bool) -> dict:
+    """Built once per app (the routes do not change after ``create_app``); it states this
+    server's bounds (``single_host``: the local executor's)."""
     if app.openapi_schema is None:
         app.openapi_schema = build_openapi(
-            app, api_tokens=api_tokens, body_models=records.BODY_MODELS
+            app, api_tokens=api_tokens, body_models=records.BODY_MODELS, single_host=single_host
         )
     return app.openapi_schema
 

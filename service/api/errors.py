@@ -97,6 +97,8 @@ def _allowed_methods(app: FastAPI, path: str) -> list[str]:
         pattern = re.sub(r"\\\{[^/]*?\\\}", "[^/]+", re.escape(template))
         if re.fullmatch(pattern, path):
             methods.update(m.upper() for m in operations)
+    if "GET" in methods:
+        methods.add("HEAD")  # service.api.middleware.head
     return sorted(methods)
 
 

@@ -9,9 +9,13 @@ the server enforces is the one the document states. This module only finishes it
 * error answers are JSON on every route, also where the success answer is not (SSE, Prometheus);
 * each operation says which token it takes, as this server is configured;
 * the job a submission returns links (OpenAPI ``links``) to every operation on that job, so
-  clients and stateful fuzzers know that ``id`` feeds ``{job_id}``.
+  clients and stateful fuzzers know that ``id`` feeds ``{job_id}``;
+* a server that runs each job on its own host (the local executor) states that bound too: a
+  submission's ``nnodes`` is at most 1 and the Slurm fields can only be null, as it refuses
+  anything else with a 422. The checked-in ``docs/openapi.json`` is the generic document.
 
-Contract: :func:`build_openapi` is pure given the app's routes and ``api_tokens``.
+Contract: :func:`build_openapi` is pure given the app's routes, ``api_tokens`` and
+``single_host``.
 """
 
 from collections.abc import Sequence
@@ -22,6 +26,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from service.api.middleware.auth import is_public, worker_job_id
+from torchyard_contract.spec import SLURM_FIELDS
 
 COMPONENT_REF = "#/components/schemas/{model}"
 EVENT_STREAM = "text/event-stream"
@@ -56,10 +61,12 @@ EVENT_STREAM_SCHEMA = {
 
 
 def build_openapi(
-    app: FastAPI, *, api_tokens: bool, body_models: Sequence[type[BaseModel]] = ()
+    app: FastAPI, *, api_tokens: bool, body_models: Sequence[type[BaseModel]] = (),
+    single_host: bool = False,
 ) -> dict:
     """The document for ``app``; ``body_models`` are request bodies that routes parse themselves
-    and reference as ``#/components/schemas/<Model>``."""
+    and reference as ``#/components/schemas/<Model>``; ``single_host``: this server runs each
+    job on its own host (``_single_host_bounds``)."""
     schema = get_openapi(
         title=app.title, version=app.version, routes=app.routes, description=DESCRIPTION
     )
@@ -73,6 +80,8 @@ def build_openapi(
                                "description": "one of TORCHYARD_API_TOKENS"}
     _link_submit_to_job_operations(schema.get("paths", {}))
     _inline_request_bodies(schema)
+    if single_host:
+        _single_host_bounds(schema.get("paths", {}))
     for path, operations in schema.get("paths", {}).items():
         for method, operation in operations.items():
             _json_errors(operation)
@@ -99,6 +108,20 @@ def _link_submit_to_job_operations(paths: dict) -> None:
     for status in ("200", "201"):
         if status in submit:
             submit[status]["links"] = links
+
+
+def _single_host_bounds(paths: dict) -> None:
+    """The submission as this server takes it (``supervisor.check_local``): ``nnodes`` at most
+    1, ``partition``/``account``/``qos``/``constraint`` only null. Request bodies are inlined
+    (``_inline_request_bodies``), so responses keep the generic spec."""
+    body = paths.get("/jobs", {}).get("post", {}).get("requestBody", {})
+    properties = body.get("content", {}).get(JSON, {}).get("schema", {}).get("properties", {})
+    if "nnodes" in properties:
+        properties["nnodes"] = {**properties["nnodes"], "maximum": 1}
+    for name in SLURM_FIELDS:
+        if name in properties:
+            kept = {k: v for k, v in properties[name].items() if k not in ("anyOf", "type")}
+            properties[name] = {**kept, "type": "null"}
 
 
 def _inline_request_bodies(schema: dict) -> None:
@@ -194,12 +217,15 @@ def checked_in_document() -> str:
     import tempfile
     from pathlib import Path
 
+    from service.api import records
     from service.api.app import create_app  # here, not at the top: app imports this module
     from service.settings import Settings
 
     with tempfile.TemporaryDirectory() as home:
         settings = Settings(home=Path(home), gpus="none", cpu_slots=1, api_tokens="openapi-document-token")
-        document = create_app(settings, run_supervisor=False).openapi()
+        app = create_app(settings, run_supervisor=False)
+        # Generic: not this (local) app's single-host bounds, which only its served one states.
+        document = build_openapi(app, api_tokens=True, body_models=records.BODY_MODELS)
     return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
 
 

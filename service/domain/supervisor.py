@@ -20,8 +20,10 @@ import math
 import sys
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import UTC
+from functools import partial
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
@@ -37,6 +39,7 @@ from service.domain.queue.snapshot import PUBLISH_MIN_S, SnapshotReader, encode
 from service.domain.recordscope import world_size
 from service.domain.scriptpath import ScriptRefused, ScriptsDisabled, rank_program, script_program
 from service.domain.secretstore import SecretRefused
+from service.domain.submits import Submits
 from service.executor.base import Executor, Phase, Status, Submission
 from service.executor.slurmcli import NodeRow, SlurmError
 from service.run import claim as runclaim
@@ -151,6 +154,8 @@ class Supervisor:
     _last_plan: float = 0.0
     _thread: threading.Thread | None = None
     _finisher: Finisher = field(init=False)
+    # Slurm: submits in flight on their own threads (``service.domain.submits``).
+    _submits: Submits = field(init=False)
     # Who supervises (``service.domain.lease``); built from the settings when not given.
     lease: Lease | None = None
     # The lease generation this process last recovered under; None = not acting.
@@ -169,6 +174,7 @@ class Supervisor:
             fence=self.lease.fence,
         )
         self._snapshot = SnapshotReader(self.read_session_factory or self.session_factory)
+        self._submits = Submits(wake=self._queue_changed)
 
     @property
     def slurm(self) -> bool:
@@ -294,6 +300,7 @@ class Supervisor:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self._submits.close()
         self._finisher.stop()
         self._lease.stop(release=True)
 
@@ -573,30 +580,51 @@ class Supervisor:
         self._published, self._published_at = waiting, now
 
     def _submit_to_slurm(self) -> None:
-        """Hand every queued job not yet submitted to Slurm, highest priority first. The job
-        stays ``queued`` (Slurm's queue is the queue) and gets its token now: the token travels
-        in sbatch's environment."""
+        """Hand every queued job not yet submitted to Slurm, highest priority first, each on a
+        submit thread (``service.domain.submits``: a slow ``sbatch`` holds neither the loop nor the
+        other jobs); the answers of earlier submits are stored first. The job stays ``queued``
+        (Slurm's queue is the queue) and gets its token now: the token travels in sbatch's
+        export file."""
+        for job_id, future in self._submits.finished():
+            self._submitted(job_id, future)
         with self.session_factory() as session:
             for job in repo.queued_unsubmitted(session):
-                if job.id in self._refs:
+                if job.id in self._refs or self._submits.busy(job.id):
                     continue
-                spec = JobSpec.model_validate(job.spec)
-                token, token_hash = new_token()
-                job.token_hash = token_hash
-                session.commit()
+                if self._submits.full:
+                    break  # the next finished submit wakes the loop for more
                 try:
-                    ref = self._start_shim(job.id, token, spec, None)
-                except Exception as exc:  # whatever failed, the job must not stay queued
-                    if not isinstance(exc, ScriptRefused | OSError | SlurmError | ValueError):
-                        logger.exception("job %s: submit failed", job.id)
+                    spec = JobSpec.model_validate(job.spec)  # e.g. stored before a rule was added
+                except ValueError as exc:
                     repo.transition(session, job.id, JobState.failed,
                                     reason=f"could not submit: {exc}")
                     session.commit()
                     continue
-                self._refs[job.id] = ref
-                job.executor, job.executor_ref = self.executor.name, ref
+                token, token_hash = new_token()
+                job.token_hash = token_hash
                 session.commit()
-                logger.info("job %s: submitted (%s %s)", job.id, self.executor.name, ref)
+                self._submits.start(job.id, partial(self._start_shim, job.id, token, spec, None))
+
+    def _submitted(self, job_id: int, future: Future[str]) -> None:
+        """Store what a submit thread's ``executor.submit`` answered: the reference, or the job
+        fails with why (whatever failed, the job must not stay queued)."""
+        with self.session_factory() as session:
+            try:
+                ref = future.result()
+            except Exception as exc:
+                if not isinstance(exc, ScriptRefused | SecretRefused | OSError | SlurmError
+                                  | ValueError):
+                    logger.exception("job %s: submit failed", job_id)
+                repo.transition(session, job_id, JobState.failed, reason=f"could not submit: {exc}")
+                session.commit()
+                logger.info("job %s: could not submit: %s", job_id, exc)
+                return
+            self._refs[job_id] = ref  # a job cancelled meanwhile is stopped by _stop_ended
+            job = repo.get_job(session, job_id)
+            if job is not None:
+                job.executor, job.executor_ref = self.executor.name, ref
+            session.commit()
+        logger.info("job %s: submitted (%s %s)", job_id, self.executor.name, ref)
 
     def _fail_if_never_fits(self, job: scheduler.QueuedJob) -> bool:
         have = len(self.inventory.resource_names(job.kind))

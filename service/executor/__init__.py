@@ -26,8 +26,9 @@ def make_executor(settings: "Settings", warm: "WarmPool | None" = None) -> Execu
 
 
 def make_slurm_executor(settings: "Settings") -> "SlurmExecutor":
-    """Slurm's commands run with the server's environment less its secrets; ``sbatch`` gets
-    far less (``slurmscript.sbatch_environment``)."""
+    """Slurm's commands run by the absolute paths found now on the server's own ``PATH`` (or in
+    ``TORCHYARD_SLURM_BIN_DIR``), with the server's environment less its secrets; ``sbatch``
+    gets far less (``slurmscript.sbatch_environment``), and never a job's variables."""
     import os
     import sys
 
@@ -38,6 +39,7 @@ def make_slurm_executor(settings: "Settings") -> "SlurmExecutor":
     cli = SlurmCli(
         env=environ_for_children(os.environ),
         bin_dir=str(settings.slurm_bin_dir) if settings.slurm_bin_dir else None,
+        timeout_s=settings.slurm_command_timeout_s,
     )
     return SlurmExecutor(
         cli,

@@ -23,7 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from service.executor.base import DryRun, LogStreamName, Phase, RankLog, Status, Submission
-from service.executor.slurmcli import NodeRow, SlurmCli, SlurmError, parse_exit_code
+from service.executor.slurmcli import (
+    NodeRow,
+    SlurmCli,
+    SlurmError,
+    SlurmTimeout,
+    export_fd,
+    parse_exit_code,
+)
 from service.executor.slurmpreflight import (
     PreflightError,
     all_nodes_here,
@@ -38,9 +45,13 @@ from service.executor.slurmscript import (
     BatchRequest,
     build_batch_script,
     build_sbatch_command,
+    export_file_content,
+    job_environment,
+    job_name,
     rank_location,
     sbatch_environment,
 )
+from service.run import claim as runclaim
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.safefile import is_regular, read_bytes
 from torchyard_contract.spec import Device, JobSpec
@@ -51,6 +62,8 @@ NAME = "slurm"
 SCRIPT_FILE = "job.sbatch"
 CANCEL_WAIT_S = 120.0  # after scancel: Slurm's KillWait plus the time to reap every node
 CANCEL_POLL_S = 0.2
+# What the server runs; sacct is optional (only where there is accounting or a completion log).
+REQUIRED_PROGRAMS = ("sbatch", "squeue", "scontrol", "scancel", "sinfo")
 
 
 @dataclass(frozen=True)
@@ -65,7 +78,8 @@ class SlurmDefaults:
 
 class SlurmExecutor:
     """Jobs as Slurm batch jobs. ``python``: the interpreter on the nodes (same path there);
-    ``server_env``: the server's environment, of which ``sbatch`` keeps only ``KEPT_ENV``."""
+    ``server_env``: the server's environment, of which ``sbatch`` keeps only ``KEPT_ENV``.
+    Every Slurm command runs by the absolute path ``cli`` found at start, with a timeout."""
 
     name = NAME
 
@@ -83,7 +97,14 @@ class SlurmExecutor:
 
     def preflight(self, runs_dir: Path, api_url: str) -> None:
         """Refuse to start (``PreflightError``) when the nodes could not reach the API at
-        ``api_url`` or could not see ``runs_dir``; ``SlurmError`` when Slurm cannot be asked."""
+        ``api_url`` or could not see ``runs_dir``, or when a Slurm command it runs was not
+        found; ``SlurmError`` when Slurm cannot be asked."""
+        missing = [name for name in REQUIRED_PROGRAMS if name not in self.cli.programs]
+        if missing:
+            raise PreflightError(
+                f"Slurm commands not found: {', '.join(missing)} (looked for on the server's "
+                "PATH, or in TORCHYARD_SLURM_BIN_DIR when set)"
+            )
         nodes = self.cli.sinfo(self.defaults.partition)
         if not nodes:
             raise PreflightError(
@@ -135,23 +156,72 @@ class SlurmExecutor:
 
     def dry_run(self, sub: Submission) -> DryRun:
         script_path = sub.run.root / SCRIPT_FILE
-        env = sbatch_environment(self.server_env, sub.env)
+        env = job_environment(self.server_env, sub.env)
         return DryRun(
-            argv=tuple(build_sbatch_command(script_path)),
+            argv=tuple(build_sbatch_command(self._sbatch_path(), script_path)),
             cwd=sub.run.root,
             env_names=tuple(sorted(env)),
             script=build_batch_script(self.batch_request(sub)),
         )
 
+    def _sbatch_path(self) -> str:
+        return self.cli.programs.get("sbatch", "sbatch")
+
     def submit(self, sub: Submission) -> str:
+        """``sbatch`` by its absolute path, with the environment ``sbatch_environment`` makes of
+        the server's; the job's environment (``job_environment``: its token, its secrets, a
+        script's ``env``) only in ``--export-file``, an anonymous in-memory file: never in
+        sbatch's own environment, on its command line or in a file on disk. An ``sbatch`` that
+        does not answer in time is killed and its job looked for (``_after_timeout``): adopted
+        when Slurm has it, else given up."""
         plan = self.dry_run(sub)
         Path(plan.argv[-1]).write_text(plan.script or "")
-        # The job token is in sub.env: it reaches the job only through sbatch's environment.
-        job_id = self.cli.sbatch(plan.argv, env=sbatch_environment(self.server_env, sub.env))
+        sbatch_env = sbatch_environment(self.server_env)
+        job_env = job_environment(self.server_env, sub.env)
+        with export_fd(export_file_content(job_env)) as fd:
+            argv = build_sbatch_command(self.cli.program("sbatch"), Path(plan.argv[-1]), fd)
+            try:
+                job_id = self.cli.sbatch(argv, env=sbatch_env, pass_fds=(fd,))
+            except SlurmTimeout as exc:
+                job_id = self._after_timeout(sub, exc)
         with self._lock:
             self._last[job_id] = Status(Phase.pending)
         logger.info("job %s: submitted as Slurm job %s", sub.job_id, job_id)
         return job_id
+
+    def _after_timeout(self, sub: Submission, exc: SlurmTimeout) -> str:
+        """An ``sbatch`` killed at its timeout may have submitted the job or not. Slurm is asked
+        for a job of this name and run directory: one it has is adopted (any other copy is
+        cancelled). With none, the launch is given up in the run directory
+        (``service.run.claim``) before raising, so a submission that still lands exits at once
+        without running anything; a job whose attempt loop claimed the run first is adopted."""
+        name = job_name(sub.job_id)
+        try:
+            found = self.cli.find(name, str(sub.run.root))
+        except SlurmError as lookup:
+            found, asked = {}, f"Slurm could not be asked whether it has the job ({lookup})"
+        else:
+            asked = f"Slurm lists no job {name} of this run directory"
+        if found:
+            alive = [ref for ref, row in found.items() if not row.terminal]
+            ref = max(alive or found, key=int)
+            for other in sorted(set(alive) - {ref}, key=int):
+                logger.warning("job %s: cancelling Slurm job %s, a second copy", sub.job_id, other)
+                try:
+                    self.cli.scancel(other)
+                except SlurmError:
+                    logger.exception("job %s: could not cancel Slurm job %s", sub.job_id, other)
+            logger.warning("job %s: %s; Slurm has it as job %s: adopted", sub.job_id, exc, ref)
+            return ref
+        claim = runclaim.claim(sub.run, {runclaim.ABANDONED: f"sbatch timed out: {exc}"})
+        if claim is not None and (ref := self.reference_from_claim(claim)) is not None:
+            logger.warning("job %s: %s; its attempt loop runs as Slurm job %s: adopted",
+                           sub.job_id, exc, ref)
+            return ref
+        raise SlurmError(
+            f"{exc}; {asked}, so it is taken as not submitted (one that still arrives exits "
+            "without running)"
+        )
 
     # --- watch ------------------------------------------------------------------------------
     def describe(self, references: Mapping[int, str]) -> dict[int, Status]:

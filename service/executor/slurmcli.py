@@ -6,14 +6,28 @@ Never ``--json``: its shape changes between releases (and on 22.05 ``squeue --js
 ``-j``/``-t``). Every format here is a fixed ``|``-separated field list whose parsing is a pure
 function, unit-tested on captured output. A command that fails or times out raises
 ``SlurmError``; a query about jobs Slurm no longer knows is not an error (an empty answer).
+
+Each command runs by the absolute path found once, when ``SlurmCli`` is made, in
+``TORCHYARD_SLURM_BIN_DIR`` or on the server's own ``PATH``, with the server's own environment
+(less its secrets): nothing of a job's can choose the program or steer it. Each runs in a session
+of its own with a timeout; one that does not answer in time is killed with everything it started
+(``SlurmTimeout``).
 """
 
+import contextlib
+import os
 import re
+import shutil
+import signal
 import subprocess
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 COMMAND_TIMEOUT_S = 30.0
+# After a timeout: how long the killed command's output pipes may take to close.
+KILL_WAIT_S = 5.0
+# The commands torchyard runs on the server's host (srun runs inside the job, on its nodes).
+PROGRAMS = ("sbatch", "squeue", "scontrol", "scancel", "sinfo", "sacct")
 SEP = "|"
 # squeue: job id, state, reason, batch host, node list.
 SQUEUE_FORMAT = SEP.join(("%i", "%T", "%r", "%B", "%N"))
@@ -36,6 +50,10 @@ TERMINAL_STATES = frozenset({
 
 class SlurmError(RuntimeError):
     """A Slurm command failed (not found, timed out, or exited non-zero for another reason)."""
+
+
+class SlurmTimeout(SlurmError):
+    """A Slurm command did not answer within its timeout; it was killed (its whole session)."""
 
 
 @dataclass(frozen=True)
@@ -145,39 +163,100 @@ def parse_sacct(text: str) -> dict[str, tuple[str, tuple[int, int] | None]]:
     return found
 
 
+def find_programs(search_path: str) -> dict[str, str]:
+    """Absolute paths of ``PROGRAMS`` found on ``search_path`` (``PATH`` syntax); a relative
+    entry is taken from the current directory now, never later."""
+    found = {}
+    for name in PROGRAMS:
+        where = shutil.which(name, path=search_path)
+        if where is not None:
+            found[name] = os.path.abspath(where)
+    return found
+
+
 @dataclass(frozen=True)
 class SlurmCli:
-    """Runs Slurm's client commands. ``env``: their environment (the server's, cleaned, with
-    ``SLURM_CONF`` if it has one); ``bin_dir``: where they are, None = on ``PATH``."""
+    """Runs Slurm's client commands. ``env``: their environment (the server's own, less its
+    secrets, with ``SLURM_CONF`` if it has one); ``bin_dir``: where they are, None = on the
+    ``PATH`` of ``env``; ``timeout_s``: how long one command may take."""
 
     env: Mapping[str, str]
     bin_dir: str | None = None
+    timeout_s: float = COMMAND_TIMEOUT_S
+    programs: Mapping[str, str] = field(init=False)  # name → absolute path, found once
 
-    def _argv(self, argv: Sequence[str]) -> list[str]:
-        return [f"{self.bin_dir}/{argv[0]}" if self.bin_dir else argv[0], *argv[1:]]
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "env", dict(self.env))
+        object.__setattr__(self, "programs", find_programs(self._search_path))
+
+    @property
+    def _search_path(self) -> str:
+        return self.bin_dir if self.bin_dir else self.env.get("PATH", os.defpath)
+
+    def program(self, name: str) -> str:
+        """The absolute path of Slurm's ``name`` command; ``SlurmError`` when it was not found."""
+        try:
+            return self.programs[name]
+        except KeyError:
+            raise SlurmError(
+                f"{name}: not found in {self._search_path!r} (the server's PATH, or "
+                "TORCHYARD_SLURM_BIN_DIR)"
+            ) from None
 
     def run(
-        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, ok_codes=(0,)
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, ok_codes=(0,),
+        pass_fds: Sequence[int] = (),
     ) -> subprocess.CompletedProcess[str]:
+        """``argv[0]`` is a command's name (``sbatch``) or the absolute path found for it; it
+        runs by that path. ``env``: instead of ``self.env`` (``sbatch``: a smaller one)."""
+        found = argv[0] if argv[0] in self.programs.values() else self.program(argv[0])
+        command, name = [found, *argv[1:]], os.path.basename(found)
         try:
-            proc = subprocess.run(
-                self._argv(argv), env=dict(env if env is not None else self.env), text=True,
-                check=False, capture_output=True, timeout=COMMAND_TIMEOUT_S, stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen(
+                command, env=dict(env if env is not None else self.env), text=True,
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                start_new_session=True, pass_fds=tuple(pass_fds),
             )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise SlurmError(f"{argv[0]}: {exc}") from exc
+        except OSError as exc:
+            raise SlurmError(f"{name}: {exc}") from exc
+        try:
+            out, err = proc.communicate(timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_session(proc)
+            raise SlurmTimeout(
+                f"{name} did not answer within {self.timeout_s:g} s (killed)"
+            ) from None
+        except BaseException:
+            _kill_session(proc)
+            raise
         if proc.returncode not in ok_codes:
-            err = (proc.stderr or proc.stdout).strip().splitlines()
-            raise SlurmError(f"{argv[0]} exited {proc.returncode}: {err[-1] if err else ''}")
-        return proc
+            lines = (err or out).strip().splitlines()
+            raise SlurmError(f"{name} exited {proc.returncode}: {lines[-1] if lines else ''}")
+        return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
-    def sbatch(self, argv: Sequence[str], env: Mapping[str, str]) -> str:
-        """Submit (``argv`` from ``build_sbatch_command``); the new job's id."""
-        out = self.run(argv, env=env).stdout.strip()
+    def sbatch(
+        self, argv: Sequence[str], env: Mapping[str, str], pass_fds: Sequence[int] = ()
+    ) -> str:
+        """Submit (``argv`` from ``build_sbatch_command``); the new job's id. ``env``: sbatch's
+        own environment, made of the server's (``slurmscript.sbatch_environment``), never of the
+        job's; the job's environment travels in the export file (``export_fd``, in
+        ``pass_fds``)."""
+        out = self.run(argv, env=env, pass_fds=pass_fds).stdout.strip()
         job_id = out.split(";")[0]
         if not job_id.isdigit():
             raise SlurmError(f"sbatch printed no job id: {out!r}")
         return job_id
+
+    def find(self, name: str, work_dir: str) -> dict[str, QueueRow]:
+        """Every job Slurm still lists (finished ones included) named ``name`` whose working
+        directory is ``work_dir``: how a submit whose ``sbatch`` timed out is found."""
+        proc = self.run(["squeue", "-h", "-t", "all", "-n", name, "-o", SQUEUE_FORMAT + SEP + "%Z"])
+        rows = {}
+        for line in proc.stdout.splitlines():
+            head, _, directory = line.strip().rpartition(SEP)
+            if directory == work_dir:
+                rows.update(parse_squeue(head))
+        return rows
 
     def squeue(self, job_ids: Iterable[str]) -> dict[str, QueueRow]:
         """Every listed job Slurm still knows, finished ones included, in one call. Jobs it has
@@ -234,3 +313,34 @@ class SlurmCli:
         if partition is not None:
             argv += ["-p", partition]
         return parse_sinfo(self.run(argv).stdout)
+
+
+def _kill_session(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL the command and every process of its session (it has its own), then reap it; its
+    output pipes are closed once nothing holds them (or after ``KILL_WAIT_S``)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    try:
+        proc.communicate(timeout=KILL_WAIT_S)
+    except subprocess.TimeoutExpired:  # something left the session and holds a pipe
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        proc.wait()
+
+
+@contextlib.contextmanager
+def export_fd(content: bytes) -> Iterator[int]:
+    """A file descriptor to hand ``sbatch --export-file=<fd>`` (via ``pass_fds``): an anonymous
+    in-memory file (``memfd``) holding ``content``, read from its start. It has no name on any
+    filesystem, so the job's variables (its token, its secrets) are never in a file another user
+    could read, nor on a command line."""
+    fd = os.memfd_create("torchyard-job-env")
+    try:
+        view = memoryview(content)
+        while view:
+            view = view[os.write(fd, view):]
+        os.lseek(fd, 0, os.SEEK_SET)
+        yield fd
+    finally:
+        os.close(fd)

@@ -1,6 +1,7 @@
 """What the Slurm executor runs, as pure functions: the batch script, the ``sbatch`` argv, the
-cleaned ``sbatch`` environment and each attempt's ``srun`` argv. Nothing here starts a process,
-so a dry run prints exactly what ``submit`` would do, and tests read it as text.
+cleaned ``sbatch`` environment, the job's own variables as ``sbatch`` reads them
+(``--export-file``) and each attempt's ``srun`` argv. Nothing here starts a process, so a dry run
+prints exactly what ``submit`` would do, and tests read it as text.
 
 The shape of a Slurm job (one per torchyard job, named ``ty-<id>``):
 
@@ -29,7 +30,9 @@ from torchyard_contract.spec import SLURM_CONSTRAINT_PATTERN, SLURM_NAME_PATTERN
 # loop enforces the deadline itself (SIGTERM → grace → SIGKILL); Slurm's limit is the backstop.
 TIME_LIMIT_MARGIN_S = 60.0
 # Variables of the server's environment an sbatch call (and so the job) may keep: enough to find
-# programs and the Slurm configuration, nothing the server was given (tokens, database URL).
+# programs and the Slurm configuration, nothing the server was given (tokens, database URL). The
+# job's own variables never join them: sbatch reads those from its --export-file, and a job can
+# name neither PATH nor Slurm's input variables (torchyard_contract.spec reserves them).
 # PYTHONPATH: where the server's python finds torchyard (and, in the test suite, the rank hooks
 # of tests/rankhooks/sitecustomize.py) reaches the nodes as it reaches a local job.
 KEPT_ENV = (
@@ -125,7 +128,7 @@ def _sh_quote(word: str) -> str:
 
 def build_batch_script(req: BatchRequest) -> str:
     """The batch script ``sbatch`` reads; pure. It holds no secret: the job token reaches the
-    job only through the environment ``sbatch`` is given (``sbatch_environment``)."""
+    job only through ``sbatch``'s export file (``export_file_content``)."""
     directives = "\n".join(f"#SBATCH {opt}" for opt in sbatch_directives(req))
     command = " ".join(_sh_quote(w) for w in shim_argv(req.python, req.run_dir))
     return (
@@ -138,17 +141,42 @@ def build_batch_script(req: BatchRequest) -> str:
     )
 
 
-def build_sbatch_command(script_path: Path) -> list[str]:
-    """``sbatch --parsable SCRIPT``: prints ``<job id>[;<cluster>]``."""
-    return ["sbatch", "--parsable", str(script_path)]
+def build_sbatch_command(
+    sbatch: str, script_path: Path, export_fd: int | str = "<fd>"
+) -> list[str]:
+    """``SBATCH --parsable --export-file=FD SCRIPT``: prints ``<job id>[;<cluster>]``. ``sbatch``:
+    the command's absolute path; ``export_fd``: the open descriptor holding the job's own
+    variables (``export_file_content``), a placeholder in a dry run."""
+    return [sbatch, "--parsable", f"--export-file={export_fd}", str(script_path)]
 
 
-def sbatch_environment(server_env: Mapping[str, str], job_env: Mapping[str, str]) -> dict[str, str]:
-    """The environment ``sbatch`` runs with, and so the job's (``--export`` defaults to ALL):
-    the few variables of ``KEPT_ENV`` from the server, then the job's own. Nothing else of the
-    server's environment (its API tokens, database URL, cloud credentials) reaches a rank."""
-    kept = {k: v for k, v in server_env.items() if k in KEPT_ENV or k.startswith(KEPT_PREFIXES)}
-    return {**kept, **job_env}
+def _kept(server_env: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in server_env.items() if k in KEPT_ENV or k.startswith(KEPT_PREFIXES)}
+
+
+def job_environment(server_env: Mapping[str, str], job_env: Mapping[str, str]) -> dict[str, str]:
+    """The job's environment as its export file states it (``export_file_content``): the few
+    variables of ``KEPT_ENV`` from the server, then the job's own. Slurm adds its ``SLURM_*``;
+    nothing else of the server's environment (its API tokens, database URL, cloud credentials)
+    reaches a rank (``sbatch --export-file`` replaces sbatch's own environment in the job's)."""
+    return {**_kept(server_env), **job_env}
+
+
+def sbatch_environment(server_env: Mapping[str, str]) -> dict[str, str]:
+    """The environment ``sbatch`` itself runs with: the same few variables of the server's own
+    environment (enough to find the Slurm configuration). Nothing of the job's is ever here,
+    where it could choose sbatch's options (``SBATCH_*``) or the programs it runs (``PATH``);
+    the job's environment is its export file's (``job_environment``)."""
+    return _kept(server_env)
+
+
+def export_file_content(job_env: Mapping[str, str]) -> bytes:
+    """The job's own variables as ``sbatch --export-file`` reads them: ``NAME=value`` entries
+    separated by NUL bytes (values may hold newlines; names and values never hold NUL)."""
+    for name, value in job_env.items():
+        if "\0" in name or "\0" in value or "=" in name or not name:
+            raise ValueError(f"environment variable {name!r}: not exportable")
+    return b"\0".join(f"{name}={value}".encode() for name, value in job_env.items())
 
 
 # One torchrun per node: records the node's name, then execs torchrun with this node's rank

@@ -1,6 +1,6 @@
 """Forwarding stub, kept for one release: the relay is now ``service/run/warm/relay.py``.
 
-Run as a script (``python service/warm/relay.py SOCKET ...``) by a shim started before the
+Run as a script (``python service/run/warm/relay.py SOCKET ...``) by a shim started before the
 upgrade; it runs the new relay as ``__main__`` with the same arguments.
 """
 

@@ -1,0 +1,117 @@
+"""Carried over from issue 23: ``HEAD`` answers on every ``GET`` route like ``GET`` without the
+body, and the served ``/openapi.json`` states this server's own bounds on a submission (the
+local executor: ``nnodes`` at most 1, no Slurm fields) while the checked-in one stays generic."""
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from jsonschema import Draft202012Validator
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
+
+from service.api.app import create_app
+from service.api.openapi import checked_in_document
+from service.settings import Settings
+from tests.conftest import LiveServer
+from torchyard_contract.spec import SLURM_FIELDS
+
+API_TOKEN = "head-and-bounds-token-0123456789"
+BODY = "/paths/~1jobs/post/requestBody/content/application~1json/schema"
+
+
+def _same_answer(get: httpx.Response, head: httpx.Response) -> None:
+    assert head.status_code == get.status_code, (get.status_code, head.status_code)
+    assert head.content == b""
+    strip = {"date"}
+    assert {k: v for k, v in head.headers.items() if k not in strip} == {
+        k: v for k, v in get.headers.items() if k not in strip}
+
+
+def _same_answer_live(client: httpx.Client, path: str) -> None:
+    """As ``_same_answer``, between two GETs that agree (a live job's answer may change)."""
+    for _ in range(50):
+        before, head, after = client.get(path), client.head(path), client.get(path)
+        if before.headers.get("content-length") == after.headers.get("content-length"):
+            _same_answer(before, head)
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"GET {path} never answered the same twice")
+
+
+def test_head_answers_every_get_route_like_get_without_a_body(api: TestClient) -> None:
+    job_id = api.post("/jobs", json={"dataset": "synthetic", "epochs": 1}).json()["id"]
+    for path in ("/jobs", f"/jobs/{job_id}", "/jobs?limit=1", f"/jobs/{job_id}/metrics",
+                 f"/jobs/{job_id}/attempts", "/resources", "/jobs/999999", "/jobs?limit=0"):
+        _same_answer(api.get(path), api.head(path))
+    assert api.head("/jobs").headers["content-length"] == str(len(api.get("/jobs").content))
+    # A path that only takes POST: 405 for HEAD as for GET, and Allow lists HEAD where GET is.
+    assert api.head(f"/jobs/{job_id}/cancel").status_code == 405
+    allow = api.request("DELETE", "/jobs").headers["allow"]
+    assert allow == "GET, HEAD, POST", allow
+
+
+def test_head_is_checked_like_get_and_never_waits_for_a_stream(
+    live_server_factory, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    server: LiveServer = live_server_factory(
+        TORCHYARD_API_TOKENS=API_TOKEN, TORCHYARD_TEST_EPOCH_SLEEP_S="2"
+    )
+    with httpx.Client(base_url=server.url, timeout=10) as anonymous:
+        _same_answer(anonymous.get("/jobs"), anonymous.head("/jobs"))  # 401 both
+        assert anonymous.head("/jobs").status_code == 401
+        assert anonymous.head("/healthz").status_code == 200
+    with server.client() as c:
+        done = c.post("/jobs", json={"dataset": "synthetic", "epochs": 1}).json()["id"]
+        c.post(f"/jobs/{done}/cancel")
+        for path in ("/jobs", f"/jobs/{done}"):
+            _same_answer_live(c, path)
+        # The event stream of a live job does not end by itself; its HEAD answers at once.
+        live = c.post("/jobs", json={"dataset": "synthetic", "epochs": 50}).json()["id"]
+        started = time.monotonic()
+        head = c.head(f"/jobs/{live}/events")
+        assert head.status_code == 200 and head.content == b""
+        assert head.headers["content-type"].startswith("text/event-stream")
+        assert time.monotonic() - started < 5
+        assert c.get("/healthz").status_code == 200  # the server is fine afterwards
+        c.post(f"/jobs/{live}/cancel")
+    assert "Exception in ASGI application" not in server.log.read_text()
+
+
+def _validator(document: dict) -> Draft202012Validator:
+    registry = Registry().with_resource("urn:torchyard", Resource(document, DRAFT202012))
+    return Draft202012Validator({"$ref": f"urn:torchyard#{BODY}"}, registry=registry)
+
+
+def test_the_served_document_states_the_local_executors_bounds(api: TestClient) -> None:
+    served = api.get("/openapi.json").json()
+    properties = served["paths"]["/jobs"]["post"]["requestBody"]["content"]["application/json"][
+        "schema"]["properties"]
+    assert properties["nnodes"]["maximum"] == 1 and properties["nnodes"]["minimum"] == 1
+    for name in SLURM_FIELDS:
+        assert properties[name]["type"] == "null" and "anyOf" not in properties[name], name
+    # What the document admits the server takes, and what it refuses the document refuses.
+    valid = _validator(served)
+    for body in ({"nnodes": 71}, {"nnodes": 2}, {"partition": "gpu"}):
+        assert list(valid.iter_errors(body)), body
+        assert api.post("/jobs", json=body).status_code == 422, body
+    assert not list(valid.iter_errors({"nnodes": 1, "partition": None}))
+    assert api.post("/jobs", json={"nnodes": 1, "partition": None}).status_code == 201
+    # The checked-in document stays generic.
+    generic = json.loads(checked_in_document())
+    generic_props = generic["paths"]["/jobs"]["post"]["requestBody"]["content"][
+        "application/json"]["schema"]["properties"]
+    assert generic_props["nnodes"]["maximum"] == 1024
+    assert "anyOf" in generic_props["partition"]
+
+
+@pytest.mark.parametrize("executor", ["slurm"])
+def test_a_slurm_server_serves_the_generic_document(tmp_path: Path, executor: str) -> None:
+    settings = Settings(home=tmp_path / "home", gpus="none", cpu_slots=1, executor=executor,
+                        api_tokens=API_TOKEN)
+    app = create_app(settings, run_supervisor=False)
+    with TestClient(app, headers={"Authorization": f"Bearer {API_TOKEN}"}) as client:
+        assert client.get("/openapi.json").json() == json.loads(checked_in_document())
