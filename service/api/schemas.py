@@ -140,7 +140,8 @@ class WarmRead(BaseModel):
 
     state: Literal["starting", "ready", "broken"] = Field(
         description="starting: importing torch (jobs start cold); ready: serving warm ranks; "
-        "broken: being replaced"
+        "broken: cannot serve, its socket's directory is not the service user's private one "
+        "(jobs start cold, saying why; see the server's log)"
     )
     pool_size: int = Field(description="idle warm processes kept ready (TORCHYARD_WARM_POOL_SIZE)")
     idle: int = Field(description="idle warm processes now")

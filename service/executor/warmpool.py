@@ -8,23 +8,34 @@ memory budget. Nothing here blocks a launch: :meth:`socket_for_launch` returns t
 while the last check found the server ready (else None: the job starts cold). :meth:`close`
 asks the server to drain: it stops serving and exits once its running ranks ended, so jobs
 outlive the torchyard server as they do without warm ranks. Never imports torch.
+
+Where: ``HOME/warm/server.sock``, whatever the home's length (connections go through the checked
+directory, ``relay.connect``). The pool creates ``HOME/warm`` (0700) and checks it before every
+use: one that is not this user's own private directory (another uid's, a symlink, group or other
+access) is never used — the pool reports ``broken`` and every job starts cold, saying why.
+
+One warm server per home: with ``torchyard serve --workers N`` each worker has a pool, and they
+share one server. A pool starts a server only when none answers and none holds the server's
+lock (``server.lock``, see ``service.run.warm.server.claim``); a server that finds the lock held exits
+at once (``BUSY_EXIT``) without touching the socket. Every pool asks the one server's status
+(each worker becomes an owner: the server drains once all are gone) and hands its socket out.
 """
 
+import fcntl
 import logging
 import os
-import socket
+import signal
 import subprocess
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from hashlib import sha256
 from pathlib import Path
 
 import psutil
 
 from service.run.childenv import environ_for_children
-from service.run.warm import relay
+from service.run.warm import BUSY_EXIT, LOCK_NAME, relay
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +43,7 @@ CHECK_S = 1.0  # status poll of the warm server
 MEMORY_CHECK_S = 10.0  # USS reads /proc/PID/smaps: not every poll
 STATUS_TIMEOUT_S = 2.0
 STARTUP_TIMEOUT_S = 300.0  # importing torch on a loaded machine; after this it counts as hung
-MAX_SOCKET_PATH = 100  # sun_path is 108 bytes on Linux
+CLAIM_TIMEOUT_S = 30.0  # from spawn to holding the server's lock (before it imports torch)
 # Variables torch reads when the server imports it; the server must not inherit the server's.
 NOT_INHERITED = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
 
@@ -40,7 +51,8 @@ NOT_INHERITED = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
 @dataclass(frozen=True)
 class WarmStatus:
     """What ``GET /resources`` and Prometheus report. ``state``: ``starting`` (importing torch),
-    ``ready`` (serving), ``broken`` (died or does not answer; being replaced)."""
+    ``ready`` (serving), ``broken`` (cannot serve: the socket's directory is unsafe; ``reason``
+    says why)."""
 
     state: str
     pool_size: int
@@ -53,15 +65,32 @@ class WarmStatus:
     pid: int | None = None
     cuda_initialized: bool = False
     restarts: int = 0
+    reason: str = ""  # why jobs start cold now ("" while ready); not in /resources
 
 
 def socket_path(home: Path) -> str:
-    """``HOME/warm/server.sock``, or a per-user, per-home path under /tmp when that is too long."""
-    path = str(home.resolve() / "warm" / "server.sock")
-    if len(path) <= MAX_SOCKET_PATH:
-        return path
-    digest = sha256(str(home.resolve()).encode()).hexdigest()[:16]
-    return f"/tmp/torchyard-warm-{os.getuid()}-{digest}/server.sock"
+    """``HOME/warm/server.sock``: in the service's own home, whatever its length (no fallback
+    anywhere another user could create first)."""
+    return str(home.resolve() / "warm" / "server.sock")
+
+
+def lock_holder(directory: str) -> int | None:
+    """The pid of the warm server holding the lock in ``directory`` (0 when it has not written
+    it yet); None when no server holds it."""
+    try:
+        fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            return int(text) if text.isdigit() else 0
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
 
 
 def build_server_command(
@@ -73,11 +102,10 @@ def build_server_command(
 
 
 def ask(path: str, message: dict, timeout_s: float = STATUS_TIMEOUT_S) -> dict | None:
-    """One control request to the warm server at ``path``; None when it does not answer."""
+    """One control request to the warm server at ``path``; None when it does not answer, or
+    is not this user's own (``relay.connect``: nothing is sent to another uid)."""
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-            conn.settimeout(timeout_s)
-            conn.connect(path)
+        with relay.connect(path, timeout_s) as conn:
             relay.send_message(conn, message)
             reply = relay.recv_message(conn)
     except (OSError, ValueError):
@@ -109,6 +137,7 @@ class WarmPool:
         self.python, self.size, self.preload = python, size, preload
         self.home = home
         self.path = socket_path(home)
+        self.directory = os.path.dirname(self.path)
         self.memory_limit = max_memory_mib * 2**20
         self._environ = dict(os.environ if environ is None else environ)
         self._status = WarmStatus("starting", size, memory_limit_bytes=self.memory_limit)
@@ -118,6 +147,8 @@ class WarmPool:
         self._last_memory = 0.0
         self._restarts = 0
         self._spawned_at = 0.0
+        self._answered = False  # the server this pool started has answered
+        self._held_since: float | None = None  # another's server holds the lock, silent
 
     # --- what others read ------------------------------------------------------------------
     def status(self) -> WarmStatus:
@@ -129,6 +160,8 @@ class WarmPool:
         state = self._status.state
         if state == "ready":
             return self.path, ""
+        if self._status.reason:
+            return None, self._status.reason
         if state == "starting" and self._status.restarts == 0:
             return None, "the warm pool is starting (importing torch)"
         return None, "the warm server is being replaced"
@@ -143,9 +176,10 @@ class WarmPool:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        if ask(self.path, {"op": "drain"}) is None and self._proc is not None:
+        if ask(self.path, {"op": "drain"}) is None and self._proc is not None \
+                and not self._answered:
             self._detach(kill=True)  # never answered: still importing torch, serving no one
-        self._detach(kill=False)
+        self._detach(kill=False)  # else it drains (another worker's pool may have asked first)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -156,24 +190,21 @@ class WarmPool:
             self._stop.wait(CHECK_S)
 
     def _check(self) -> None:
+        try:
+            relay.make_private_dir(self.directory)
+        except OSError as exc:
+            why = f"the warm socket's directory is unsafe: {exc}"
+            if why != self._status.reason:
+                logger.error("warm pool: %s; warm ranks are off until it is fixed", why)
+            self._status = replace(self._status, state="broken", idle=0, active=0, reason=why)
+            return
         reply = ask(self.path, {"op": "status", "owner": os.getpid()})
         if reply is None:
-            alive = self._proc is not None and self._proc.poll() is None
-            importing = time.monotonic() - self._spawned_at < STARTUP_TIMEOUT_S
-            if alive and self._status.state == "starting" and importing:
-                return  # still importing torch: not listening yet
-            if alive:
-                logger.warning("warm pool: the warm server does not answer; replacing it")
-                self._detach(kill=True)
-            elif self._proc is not None or self._status.state == "ready":
-                logger.warning("warm pool: the warm server is gone; starting another")
-            if self._proc is not None or self._status.state == "ready":
-                self._restarts += 1
-            self._proc = None
-            self._status = replace(self._status, state="starting", idle=0, active=0,
-                                   restarts=self._restarts)
-            self._spawn()
+            self._no_answer()
             return
+        self._held_since = None
+        if self._proc is not None and int(reply["pid"]) == self._proc.pid:
+            self._answered = True
         now = time.monotonic()
         memory = self._status.memory_bytes
         if now - self._last_memory >= MEMORY_CHECK_S or self._status.state != "ready":
@@ -195,6 +226,45 @@ class WarmPool:
             self._detach(kill=False)
             self._status = replace(self._status, state="starting")
 
+    def _no_answer(self) -> None:
+        now = time.monotonic()
+        holder = lock_holder(self.directory)  # the pid of the one server serving this socket
+        proc = self._proc
+        alive = proc is not None and proc.poll() is None
+        lost = self._status.state == "ready" or (
+            proc is not None and not alive and proc.returncode != BUSY_EXIT)
+        if lost:
+            logger.warning("warm pool: the warm server is gone or does not answer")
+            self._restarts += 1
+        self._status = replace(self._status, state="starting", idle=0, active=0,
+                               restarts=self._restarts, reason="")
+        if holder == 0:
+            return  # a server took the lock this instant and has not written its pid yet
+        if proc is not None and alive and holder == proc.pid:
+            if not self._answered and now - self._spawned_at < STARTUP_TIMEOUT_S:
+                return  # still importing torch: not listening yet
+            logger.warning("warm pool: the warm server does not answer; replacing it")
+            self._detach(kill=True)  # the lock goes with it: the next check starts another
+            self._restarts += 0 if lost else 1
+            return
+        if proc is not None and alive and holder is None and not self._answered \
+                and now - self._spawned_at < CLAIM_TIMEOUT_S:
+            return  # still starting Python, about to take the lock
+        if proc is not None:
+            # Draining (it released the lock), or it found another server and is exiting.
+            self._detach(kill=False)
+        if holder is None:
+            self._held_since = None
+            self._spawn()
+            return
+        # Another worker's pool started it and it is importing torch; if it hangs, it is
+        # killed after the same patience as a server of our own, and replaced.
+        self._held_since = self._held_since or now
+        if now - self._held_since >= STARTUP_TIMEOUT_S and _is_warm_server(holder):
+            logger.warning("warm pool: warm server %s never answered; replacing it", holder)
+            os.kill(holder, signal.SIGKILL)
+            self._held_since = None
+
     def _detach(self, *, kill: bool) -> None:
         proc, self._proc = self._proc, None
         if proc is None:
@@ -207,8 +277,7 @@ class WarmPool:
         env = environ_for_children(self._environ)
         for name in NOT_INHERITED:
             env.pop(name, None)
-        log_dir = self.home / "warm"
-        log_dir.mkdir(parents=True, exist_ok=True)
+        log_dir = Path(self.directory)  # private: checked by _check just now
         with open(log_dir / "server.log", "ab") as log:
             self._proc = subprocess.Popen(
                 build_server_command(self.python, self.path, self.size, self.preload, os.getpid()),
@@ -216,4 +285,14 @@ class WarmPool:
                 start_new_session=True, cwd=log_dir,
             )
         self._spawned_at = time.monotonic()
+        self._answered = False
         logger.info("warm pool: warm server %s starting (%s)", self._proc.pid, self.path)
+
+
+def _is_warm_server(pid: int) -> bool:
+    """``pid`` is a warm server of this user (not a process that reused a dead one's pid)."""
+    try:
+        proc = psutil.Process(pid)
+        return proc.uids().real == os.getuid() and "service.run.warm.server" in proc.cmdline()
+    except psutil.Error:
+        return False

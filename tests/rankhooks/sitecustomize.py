@@ -26,9 +26,10 @@ TARGET = "worker.train"
 
 def _patch(module) -> None:  # type: ignore[no-untyped-def]
     train_epoch = module._train_epoch
-    rank = int(os.environ.get("RANK", "0"))
 
     def hooked(model, optimizer, loss_fn, sampler, *args, **kwargs):  # type: ignore[no-untyped-def]
+        # Read now, not when worker.train is imported: a warm server imports it for every rank.
+        rank = int(os.environ.get("RANK", "0"))
         if FAIL_RANK is not None and int(FAIL_RANK) == rank and sampler.epoch == 1:
             raise RuntimeError(f"test hook: rank {rank} failed")
         if SLEEP_S:

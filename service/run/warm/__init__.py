@@ -14,3 +14,7 @@ SOCKET_ENV = "TORCHYARD_WARM_SOCKET"
 # ... or, when warm ranks are on but the pool cannot serve, why (the shim logs it, starts cold).
 COLD_ENV = "TORCHYARD_WARM_COLD_REASON"
 RELAY_PATH = Path(__file__).resolve().parent / "relay.py"
+# Next to the socket: the file a serving warm server holds an exclusive flock on (its pid inside).
+LOCK_NAME = "server.lock"
+# A warm server's exit status when another one already serves its socket (EX_TEMPFAIL).
+BUSY_EXIT = 75

@@ -16,11 +16,20 @@ directory or the working directory in front as plain ``python`` puts it) and fla
 Without a usable server (no socket, refused, broken) the relay execs the cold command — the same
 interpreter, flags and args — after one line on stderr saying why, so a job always starts.
 
+Trust (:func:`connect`): nothing is sent until the socket's directory is proven private — a
+directory, not a symlink, owned by this user, mode 0700 (checked on the directory the connection
+then goes through, ``/proc/self/fd/N/server.sock``, so it cannot be swapped in between; that also
+lifts ``sun_path``'s 108-byte limit) — and the process listening on it runs as this user
+(``SO_PEERCRED``). Another local user can then neither pose as the warm server nor read a rank's
+environment (its secrets and job token) or stdio. The torchyard server's pool and the warm server
+make the same checks (docs/security.md).
+
 Imports only the standard library and nothing of ``service`` (it runs by path, with the job's
 ``sys.path``). This module also owns the wire format both sides use: a message is a 4-byte
 big-endian length, then that much JSON; file descriptors ride on the length's ``sendmsg``.
 """
 
+import errno
 import json
 import os
 import signal
@@ -41,6 +50,76 @@ FLAGS = (
     "ignore_environment", "verbose", "bytes_warning", "quiet", "hash_randomization", "isolated",
     "dev_mode", "utf8_mode", "safe_path",
 )
+
+
+class Untrusted(OSError):
+    """The socket's directory or the process behind it is not this user's own."""
+
+
+def private_dir(path: str) -> int:
+    """An open descriptor of directory ``path`` once it is proven private: not a symlink, a
+    directory, owned by this user, no access for group or others. Raises :class:`Untrusted`
+    (or ``OSError`` when it cannot be opened, e.g. it does not exist)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise Untrusted(f"{path} is not a directory (a symlink?)") from None
+        raise
+    st = os.fstat(fd)
+    why = None
+    if st.st_uid != os.getuid():
+        why = f"{path} is owned by uid {st.st_uid}, not by this user (uid {os.getuid()})"
+    elif st.st_mode & 0o077:
+        why = f"{path} has mode {st.st_mode & 0o777:04o}, not 0700"
+    if why is not None:
+        os.close(fd)
+        raise Untrusted(why)
+    return fd
+
+
+def make_private_dir(path: str) -> None:
+    """Create ``path`` (mode 0700) if it is missing, then check it (:func:`private_dir`).
+    An existing directory is never repaired: one that is not private raises :class:`Untrusted`."""
+    try:
+        os.mkdir(path, 0o700)
+        os.chmod(path, 0o700)  # whatever the umask: created just now, by us
+    except FileExistsError:
+        pass
+    os.close(private_dir(path))
+
+
+def via_fd(dir_fd: int, name: str) -> str:
+    """The address of ``name`` inside the open directory ``dir_fd``: short whatever the
+    directory's path, and always that very directory."""
+    return f"/proc/self/fd/{dir_fd}/{name}"
+
+
+def peer_uid(conn: socket.socket) -> int:
+    """The uid of the process at the other end of a Unix socket (``SO_PEERCRED``)."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+def connect(path: str, timeout_s: float) -> socket.socket:
+    """A connection to the warm server listening at ``path``, checked before anything is sent:
+    ``path``'s directory is private (:func:`private_dir`) and the listening process is this
+    user's (``SO_PEERCRED``). Raises :class:`Untrusted`, or ``OSError`` (no server)."""
+    directory, name = os.path.split(path)
+    dir_fd = private_dir(directory)
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.settimeout(timeout_s)
+        conn.connect(via_fd(dir_fd, name))
+        uid = peer_uid(conn)
+        if uid != os.getuid():
+            raise Untrusted(f"{path} is served by uid {uid}, not by this user (uid {os.getuid()})")
+    except BaseException:
+        conn.close()
+        raise
+    finally:
+        os.close(dir_fd)
+    return conn
 
 
 def send_message(sock: socket.socket, obj: object, fds: list[int] | tuple[int, ...] = ()) -> None:
@@ -138,10 +217,15 @@ def main(argv: list[str]) -> None:
         print("usage: relay.py SOCKET (-m MODULE | -c CODE | SCRIPT) [ARGS...]", file=sys.stderr)
         sys.exit(2)
     socket_path, target = argv[1], argv[2:]
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        conn.settimeout(CONNECT_TIMEOUT_S)
-        conn.connect(socket_path)
+        conn = connect(socket_path, CONNECT_TIMEOUT_S)
+    except Untrusted as exc:
+        go_cold(target, f"refusing the warm server: {exc}")
+        return
+    except OSError as exc:
+        go_cold(target, f"warm server at {socket_path}: {exc.__class__.__name__}: {exc}")
+        return
+    try:
         send_message(conn, request(target), [0, 1, 2])
         reply = recv_message(conn)
         conn.settimeout(None)

@@ -11,19 +11,31 @@ Isolation: nothing here touches CUDA (``status`` reports ``torch.cuda.is_initial
 stays false: a hand-off is refused if it ever became true); each child gets ``setsid``, Python's
 default signal handlers, fresh random state, ``torch.set_num_threads(OMP_NUM_THREADS)`` and the
 job's environment before the job's first statement. A relay whose interpreter, flags or
-import-time variables (``LD_*``, ``PYTHON*`` but the path ones, ``MKL_*``/``KMP_*``/``GOMP_*``,
-``OMP_*`` but ``OMP_NUM_THREADS``) differ from the server's is refused: it starts cold.
+import-time variables differ from the server's is refused: it starts cold
+(:func:`import_time_mismatch`: every variable the preload's Python code read, recorded while
+preloading, and the families C code reads at start: ``TORCH*``/``PYTORCH_*``, ``LD_*``,
+``PYTHON*`` but the path ones, ``OMP_*`` but ``OMP_NUM_THREADS``, ``MKL_*``, ``KMP_*``,
+``GOMP_*``, ``OPENBLAS_*``, ``MALLOC_*``, ``GLIBC_TUNABLES``).
+
+One per socket: the server holds an exclusive ``flock`` on ``server.lock`` next to its socket
+from before it imports anything until it drains; a second server for the same socket exits at
+once with ``BUSY_EXIT`` and never touches the first one's socket (``torchyard serve --workers N``
+has N pools and one warm server). The socket's directory must be private (this user's, 0700, not
+a symlink: ``relay.private_dir``); peers of another uid are refused (``SO_PEERCRED``).
 
 Lifetime: children die with the server (``PR_SET_PDEATHSIG``). The server is a child subreaper;
 when a relay's socket closes before its child ended, the child's whole tree is SIGKILLed, and any
 process re-parented to the server (left behind by an ended child) is killed at once — so no
-process of a job outlives the job's own tree. Control messages: ``{"op": "status"}``,
-``{"op": "drain"}`` (stop serving, unlink the socket, exit once no child is active).
+process of a job outlives the job's own tree. Control messages: ``{"op": "status", "owner":
+PID}`` (PID, a torchyard process, becomes an owner: the server drains once every owner is gone),
+``{"op": "drain"}`` (stop serving, unlink the socket, release the lock, exit once no child is
+active).
 Single-threaded (it forks): one ``selectors`` loop.
 """
 
 import argparse
 import ctypes
+import fcntl
 import importlib
 import importlib.machinery
 import os
@@ -34,11 +46,13 @@ import stat
 import sys
 import time
 import traceback
+from collections.abc import Iterator, Set
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import psutil
 
-from service.run.warm import relay
+from service.run.warm import BUSY_EXIT, LOCK_NAME, relay
 from service.run.warm.child import become
 
 PR_SET_PDEATHSIG = 1
@@ -47,8 +61,23 @@ REFILL_QUIET_S = 0.3  # refill only after this long without a hand-off: never co
 SWEEP_S = 0.5  # how often to look for processes re-parented to the server
 # A peer that sends half a message must not stall the server (and every other job's hand-off).
 PEER_TIMEOUT_S = 1.0
+# A pool's probe holds the lock for microseconds; a live server holds it until it drains.
+LOCK_WAIT_S = 0.5
 PASSED_THROUGH = frozenset({"PYTHONPATH", "PYTHONSAFEPATH", "PYTHONUNBUFFERED", "OMP_NUM_THREADS"})
-IMPORT_TIME_PREFIXES = ("LD_", "PYTHON", "MKL_", "KMP_", "GOMP_", "OMP_")
+# Read when the interpreter, the C libraries or torch start, so a warm process keeps the server's
+# values — besides what the preload's Python code reads (recorded: READ_AT_IMPORT): the dynamic
+# loader (LD_*), Python (PYTHON*), glibc (MALLOC_*, GLIBC_TUNABLES), the thread pools torch and
+# numpy load (OMP_*, MKL_*, KMP_*, GOMP_*, OPENBLAS_*), and torch, whose C++ core reads
+# TORCH_LOGS, TORCH_SHOW_CPP_STACKTRACES, TORCH_CPP_LOG_LEVEL... (and all of TORCH*/PYTORCH_*,
+# whether read by C++ or Python, now or in a later version).
+IMPORT_TIME_PREFIXES = (
+    "LD_", "PYTHON", "MALLOC_", "OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH", "PYTORCH_",
+)
+IMPORT_TIME_NAMES = frozenset({"GLIBC_TUNABLES"})
+# ... but these are read only after the hand-off, when the job's code uses them: torchyard's and
+# torchrun's own (every rank's differ), and TORCH_NCCL_* (read when an NCCL process group is made;
+# torchrun sets TORCH_NCCL_ASYNC_ERROR_HANDLING on every rank).
+RUN_TIME_PREFIXES = ("TORCHYARD_", "TORCHELASTIC_", "TORCH_NCCL_")
 
 
 def _prctl(option: int, value: int) -> None:
@@ -57,10 +86,16 @@ def _prctl(option: int, value: int) -> None:
         raise OSError(ctypes.get_errno(), f"prctl({option})")
 
 
-def import_time_mismatch(job_env: dict[str, str], own_env: dict[str, str]) -> str | None:
-    """The first variable read at interpreter or torch import whose job value differs."""
+def import_time_mismatch(
+    job_env: dict[str, str], own_env: dict[str, str], read: Set[str] = frozenset()
+) -> str | None:
+    """The first variable read at interpreter or torch import (or in ``read``: what the
+    preload read) whose job value differs."""
     for name in sorted(set(job_env) | set(own_env)):
-        if name in PASSED_THROUGH or not name.startswith(IMPORT_TIME_PREFIXES):
+        if name in PASSED_THROUGH or name.startswith(RUN_TIME_PREFIXES):
+            continue
+        if not (name in read or name in IMPORT_TIME_NAMES
+                or name.startswith(IMPORT_TIME_PREFIXES)):
             continue
         if job_env.get(name) != own_env.get(name):
             return name
@@ -101,7 +136,9 @@ class Server:
     started: float = field(default_factory=time.time)
     inode: int = 0
     wake_fds: tuple[int, ...] = ()
-    owner: int | None = None  # the torchyard server; when it is gone, drain
+    # The torchyard processes using this server (one per `serve` worker); when all are gone, drain.
+    owners: set[int] = field(default_factory=set)
+    lock_fd: int | None = None  # held (flock) while serving: no second server at this socket
 
     # --- children -------------------------------------------------------------------------
     def fork_child(self) -> int:
@@ -139,6 +176,8 @@ class Server:
         self.sel.close()
         for fd in self.wake_fds:
             os.close(fd)
+        if self.lock_fd is not None:  # the lock is the server's alone: not a job's to hold
+            os.close(self.lock_fd)
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
         signal.set_wakeup_fd(-1)
@@ -190,7 +229,7 @@ class Server:
         differ = sorted(k for k in ours if theirs.get(k) != ours[k])
         if differ:
             return f"interpreter flags differ from the warm server's: {', '.join(differ)}"
-        name = import_time_mismatch(dict(message.get("env") or {}), STARTED_ENV)
+        name = import_time_mismatch(dict(message.get("env") or {}), STARTED_ENV, READ_AT_IMPORT)
         if name is not None:
             return f"the job sets {name}, which is read when Python or torch starts"
         return shadowed(list(message.get("path") or []))
@@ -226,9 +265,11 @@ class Server:
 
     def sweep(self) -> None:
         """Kill what an ended child left behind (re-parented here: the server is a subreaper);
-        drain when the torchyard server that owns this one is gone (no one would stop it)."""
-        if self.owner is not None and not psutil.pid_exists(self.owner):
-            self.drain()
+        drain when every torchyard process that owns this one is gone (no one would stop it)."""
+        if self.owners:
+            self.owners = {pid for pid in self.owners if psutil.pid_exists(pid)}
+            if not self.owners:
+                self.drain()
         known = set(self.idle) | set(self.active)
         try:
             children = psutil.Process().children()
@@ -270,8 +311,8 @@ class Server:
         for fd in fds:
             os.close(fd)
         if op == "status":
-            if isinstance(message.get("owner"), int):
-                self.owner = message["owner"]  # a restarted torchyard server adopts this one
+            if isinstance(message.get("owner"), int) and not self.draining:
+                self.owners.add(message["owner"])  # a (restarted) torchyard process adopts it
             self._reply(conn, self.status())
         elif op == "drain":
             self.drain()
@@ -328,6 +369,9 @@ class Server:
             pass
         self.sel.unregister(self.listener)
         self.listener.close()
+        if self.lock_fd is not None:  # a successor may start now (it binds a fresh socket)
+            os.close(self.lock_fd)
+            self.lock_fd = None
         for channel in list(self.idle.values()):
             self.sel.unregister(channel)
             channel.close()  # the idle child sees end of stream and exits
@@ -352,8 +396,7 @@ class Server:
                 kind, pid = key.data
                 if kind == "listen":
                     conn, _ = self.listener.accept()
-                    if conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)[4:8] != \
-                            os.getuid().to_bytes(4, sys.byteorder):
+                    if relay.peer_uid(conn) != os.getuid():
                         conn.close()  # only our own user may hand work to this server
                         continue
                     conn.settimeout(PEER_TIMEOUT_S)
@@ -383,37 +426,98 @@ PRELOADED: list[str] = []
 # preloading changes it (scikit-learn sets KMP_DUPLICATE_LIB_OK and KMP_INIT_AT_FORK), as the
 # same imports would in a cold rank.
 STARTED_ENV: dict[str, str] = dict(os.environ)
+# Every variable the preload read (os.environ[...], .get, os.getenv, `in`), set or not: a module
+# may have kept what it read (TORCHINDUCTOR_*, SKLEARN_*, TMPDIR through tempfile, ...), so a job
+# whose value differs starts cold.
+READ_AT_IMPORT: set[str] = set()
+
+
+@contextmanager
+def environ_reads() -> Iterator[set[str]]:
+    """The names read from ``os.environ`` inside the block (all reads go through
+    ``os._Environ.__getitem__``: ``get``, ``getenv`` and ``in`` too)."""
+    names: set[str] = set()
+    cls = type(os.environ)
+    original = cls.__getitem__
+
+    def recording(env: object, key: str) -> str:
+        names.add(key)
+        return original(env, key)  # type: ignore[arg-type]
+
+    cls.__getitem__ = recording  # type: ignore[method-assign,assignment]
+    try:
+        yield names
+    finally:
+        cls.__getitem__ = original  # type: ignore[method-assign]
 
 
 def preload(modules: list[str]) -> None:
     """Import what ranks would import first; a module that is missing is skipped."""
-    for name in modules:
+    with environ_reads() as read:
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except ImportError as exc:
+                print(f"warm server: not preloading {name}: {exc}", file=sys.stderr, flush=True)
+                continue
+            PRELOADED.append(name)
+    READ_AT_IMPORT.update(read)
+
+
+class Busy(Exception):
+    """Another warm server holds the lock of this socket."""
+
+
+def claim(path: str) -> int:
+    """The lock that makes this the only warm server at ``path`` (``flock`` on ``server.lock``
+    in the socket's private directory, which is created if missing); its descriptor, holding
+    this server's pid. Raises :class:`Busy` when another server holds it, ``relay.Untrusted``
+    when the directory is not private."""
+    directory = os.path.dirname(path)
+    relay.make_private_dir(directory)
+    dir_fd = relay.private_dir(directory)
+    try:
+        fd = os.open(LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                     dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
         try:
-            importlib.import_module(name)
-        except ImportError as exc:
-            print(f"warm server: not preloading {name}: {exc}", file=sys.stderr, flush=True)
-            continue
-        PRELOADED.append(name)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                raise Busy(f"another warm server serves {path}") from None
+            time.sleep(0.02)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 def listen(path: str) -> tuple[socket.socket, int]:
-    """A socket only this user can reach (0600 in a 0700 directory)."""
-    directory = os.path.dirname(path)
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    os.chmod(directory, 0o700)
+    """A socket only this user can reach (0600 in a private directory), bound through the
+    checked directory (``relay.via_fd``). Call with the lock held (:func:`claim`): whatever
+    socket is there then is a dead server's."""
+    directory, name = os.path.split(path)
+    dir_fd = relay.private_dir(directory)
     try:
-        if stat.S_ISSOCK(os.lstat(path).st_mode):
-            os.unlink(path)  # a predecessor's, left by a crash (a live one was asked first)
-    except FileNotFoundError:
-        pass
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old = os.umask(0o177)
-    try:
-        sock.bind(path)
+        try:
+            if stat.S_ISSOCK(os.lstat(name, dir_fd=dir_fd).st_mode):
+                os.unlink(name, dir_fd=dir_fd)  # a predecessor's, left by a crash
+        except FileNotFoundError:
+            pass
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            sock.bind(relay.via_fd(dir_fd, name))
+        finally:
+            os.umask(old)
+        sock.listen(64)
+        return sock, os.stat(name, dir_fd=dir_fd).st_ino
     finally:
-        os.umask(old)
-    sock.listen(64)
-    return sock, os.stat(path).st_ino
+        os.close(dir_fd)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -425,13 +529,20 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
     started = time.time()
+    try:  # before importing torch: a second server costs nothing
+        lock_fd = claim(args.socket)
+    except Busy as exc:
+        print(f"warm server: {exc}; exiting", flush=True)
+        raise SystemExit(BUSY_EXIT) from None
+    except relay.Untrusted as exc:
+        raise SystemExit(f"warm server: not serving: {exc}") from None
     preload([m for m in args.preload.split(",") if m])
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         raise SystemExit("warm server: a preloaded module initialised CUDA; not serving")
     listener, inode = listen(args.socket)
     server = Server(listener=listener, path=args.socket, pool=args.pool, inode=inode,
-                    owner=args.owner)
+                    owners={args.owner} if args.owner is not None else set(), lock_fd=lock_fd)
     for _ in range(args.pool):
         server.fork_child()
     print(f"warm server {os.getpid()}: ready in {time.time() - started:.2f} s, "
