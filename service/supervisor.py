@@ -13,6 +13,10 @@ Every server process has a supervisor, but only the holder of the lease (``servi
 acts: it recovers at the start of each term, ticks while ``held()``, and writes its state
 changes (its finisher's too) under the lease's fence. The others stand by (their routes still
 serve).
+
+The loop's own writes wait at most ``LOOP_LOCK_TIMEOUT_S`` for a database lock (a request, or a
+paused process, may hold it): a step that meets a busy database (``service.db.is_busy``) runs
+again on the next pass, so the loop never stalls behind a lock (docs/operations.md).
 """
 
 import logging
@@ -29,6 +33,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service import queuerepo, runclaim, scheduler, secretstore
 from service import repository as repo
 from service.admission import admit
+from service.db import is_busy
 from service.executor.base import Executor, Phase, Status, Submission
 from service.executor.slurmcli import NodeRow, SlurmError
 from service.finisher import Finisher
@@ -56,6 +61,9 @@ REPLAN_S = 2.0
 # shared filesystem (NFS caches directory entries) before it ends as "no outcome".
 OUTCOME_WAIT_S = 30.0
 NEVER_STARTED = "the server stopped while launching the job; it never started"
+# Longest the loop's own writes wait for a database lock (a request may hold it, or a paused
+# process): then the step fails and runs again on the next pass, so the loop never stalls.
+LOOP_LOCK_TIMEOUT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -119,6 +127,7 @@ def check_local(spec: JobSpec) -> None:
 @dataclass
 class Supervisor:
     settings: Settings
+    # Writers for the routes' calls (``submit``, ``cancel``) and the finisher.
     session_factory: sessionmaker[Session]
     inventory: Inventory
     executor: Executor
@@ -126,6 +135,9 @@ class Supervisor:
     # Read-only sessions (``service.db``): a scheduling pass reads the queue without holding the
     # write lock; None = use ``session_factory``.
     read_session_factory: sessionmaker[Session] | None = None
+    # Writers of the loop and the lease, with a short lock wait (``LOOP_LOCK_TIMEOUT_S``,
+    # ``service.db.with_lock_timeout``); None = use ``session_factory``.
+    loop_session_factory: sessionmaker[Session] | None = None
     # Jobs whose processes the executor runs for us: job id → the executor's opaque reference.
     _refs: dict[int, str] = field(default_factory=dict)
     _stopping: set[int] = field(default_factory=set)
@@ -154,8 +166,9 @@ class Supervisor:
     _term: int | None = None
 
     def __post_init__(self) -> None:
+        self._loop_sessions = self.loop_session_factory or self.session_factory
         if self.lease is None:
-            self.lease = Lease(self.session_factory, self.settings.lease_ttl_s)
+            self.lease = Lease(self._loop_sessions, self.settings.lease_ttl_s)
         # Ended jobs are finished (spools re-ingested, terminal state) off this loop's thread,
         # under the lease: a deposed supervisor's finisher writes nothing.
         self._finisher = Finisher(
@@ -279,7 +292,12 @@ class Supervisor:
         self.executor.watch(self._wake.set)  # reap at once when a job ends, not a poll later
         self._finisher.start()
         if self._lease.renew():
-            self._begin_term()
+            try:
+                self._begin_term()
+            except Exception as exc:  # the loop recovers on its first pass instead
+                if not is_busy(exc):
+                    raise
+                logger.warning("supervisor: recovery deferred, the database is busy: %s", exc)
         self._lease.start()
         self._thread = threading.Thread(target=self._run, name="torchyard-supervisor", daemon=True)
         self._thread.start()
@@ -341,7 +359,7 @@ class Supervisor:
         it) is adopted from the shim's claim on its run directory, or its launch is given up
         (``service.runclaim``)."""
         dead: dict[int, str | None] = {}
-        with self.session_factory() as session:
+        with self._loop_sessions() as session:
             if not self._lease.fence(session):
                 return False
             holders = set(repo.allocated_resources(session).values())
@@ -393,8 +411,12 @@ class Supervisor:
                      self._mark_running, self._launch_queued, self._publish_waiting):
             try:
                 step()
-            except Exception:
-                logger.exception("supervisor: %s failed", step.__name__)
+            except Exception as exc:
+                if not is_busy(exc):
+                    logger.exception("supervisor: %s failed", step.__name__)
+                else:  # a lock held elsewhere: this step runs again on the next pass
+                    logger.warning("supervisor: %s: database busy, retrying: %s",
+                                   step.__name__, getattr(exc, "orig", exc))
 
     def _reap_finished(self) -> None:
         if not self._refs:
@@ -430,7 +452,7 @@ class Supervisor:
         started = [j for j, st in statuses.items()
                    if st.phase is not Phase.pending and j not in self._seen_started]
         if started:
-            with self.session_factory() as session:
+            with self._loop_sessions() as session:
                 if not self._lease.fence(session):
                     return
                 for job_id in started:
@@ -449,11 +471,18 @@ class Supervisor:
         (Slurm's state), used when there is no outcome file; ``reason``: why it failed if it left
         no outcome, when known better than that."""
         ended = repo.utcnow()  # before the release: a job started on its slots starts after
-        with self.session_factory() as session:
-            if not self._lease.fence(session):
-                return
-            repo.release(session, job_id)
-            session.commit()
+        try:
+            with self._loop_sessions() as session:
+                if not self._lease.fence(session):
+                    return
+                repo.release(session, job_id)
+                session.commit()
+        except Exception as exc:
+            if not is_busy(exc):
+                raise
+            # The job is no longer watched: the finisher (fenced too) frees them as it ends it.
+            logger.warning("job %s: resources not freed yet, the database is busy: %s",
+                           job_id, getattr(exc, "orig", exc))
         self._finisher.enqueue(job_id, shim_code, why, reason, ended_at=ended)
         self._queue_changed()
 
@@ -463,7 +492,7 @@ class Supervisor:
         Only jobs this process watches: another host's run directories are not here."""
         if not self._refs:
             return
-        with self.session_factory() as session:
+        with self._loop_sessions() as session:
             if not self._lease.fence(session):
                 return
             for job in repo.active_jobs(session):
@@ -536,7 +565,7 @@ class Supervisor:
         if not decision.launches:
             self._set_waiting(decision.waiting)
             return
-        with self.session_factory() as session:
+        with self._loop_sessions() as session:
             for launch in decision.launches:
                 job = repo.get_job(session, launch.job_id)
                 if job is None:
@@ -562,7 +591,7 @@ class Supervisor:
         now = time.monotonic()
         if now - self._published_at < PUBLISH_MIN_S:
             return
-        with self.session_factory() as session:
+        with self._loop_sessions() as session:
             if not self._lease.fence(session):
                 return
             queuerepo.write_snapshot(session, encode(waiting))
@@ -573,7 +602,7 @@ class Supervisor:
         """Hand every queued job not yet submitted to Slurm, highest priority first. The job
         stays ``queued`` (Slurm's queue is the queue) and gets its token now: the token travels
         in sbatch's environment."""
-        with self.session_factory() as session:
+        with self._loop_sessions() as session:
             for job in repo.queued_unsubmitted(session):
                 if job.id in self._refs:
                     continue
@@ -600,7 +629,7 @@ class Supervisor:
         if job.count <= have:
             return False
         unit = "GPUs" if job.kind == scheduler.GPU else "CPU slots"
-        with self.session_factory() as session:
+        with self._loop_sessions() as session:
             if not self._lease.fence(session):
                 return True  # not ours to decide now; skipped this pass
             repo.transition(
@@ -752,7 +781,7 @@ class Supervisor:
     def _fail_stop_requests(self) -> None:
         """Jobs a loss guard asked to stop (``service.guard``) fail with its reason; the next
         step stops their groups like a cancel."""
-        with self.session_factory() as session:
+        with self._loop_sessions() as session:
             if not self._lease.fence(session):
                 return
             requests = repo.stop_requested(session)
@@ -767,7 +796,7 @@ class Supervisor:
         running = [j for j in self._refs if j not in self._stopping]
         if not running:
             return
-        with self.session_factory() as session:
+        with self._loop_sessions() as session:
             for job_id in running:
                 job = repo.get_job(session, job_id)
                 if job is not None and JobState(job.state) in TERMINAL_STATES:

@@ -40,13 +40,14 @@ from service.api.hotreads import HotReads
 from service.api.openapi import build_openapi
 from service.api.prometheus import PROMETHEUS_DIR_VARIABLE, RequestTimer, Telemetry
 from service.api.prometheus import router as prometheus_router
+from service.api.writegate import WriteGate
 from service.changefeed import ChangeFeed, PgListener
-from service.db import make_engine, make_session_factory, upgrade
+from service.db import make_engine, make_session_factory, upgrade, with_lock_timeout
 from service.executor import Executor, make_executor
 from service.executor.slurmcli import SlurmError
 from service.resources import make_inventory
 from service.settings import Settings
-from service.supervisor import Supervisor
+from service.supervisor import LOOP_LOCK_TIMEOUT_S, Supervisor
 from service.warm.pool import WarmPool
 
 
@@ -65,14 +66,21 @@ def create_app(
     if executor is None:
         warm = _warm_pool(settings)
         executor = make_executor(settings, warm=warm)
-    engine = make_engine(settings.resolved_database_url)
+    lock_timeout_s = settings.db_lock_timeout_s  # a request's lock wait; then 503
+    engine = make_engine(settings.resolved_database_url, lock_timeout_s=lock_timeout_s)
     changes = ChangeFeed()
     session_factory = make_session_factory(engine, changes)
-    read_engine = make_engine(settings.resolved_database_url, readonly=True)
+    read_engine = make_engine(
+        settings.resolved_database_url, readonly=True, lock_timeout_s=lock_timeout_s
+    )
     read_session_factory = make_session_factory(read_engine)
     supervisor = Supervisor(
         settings=settings,
         session_factory=session_factory,
+        # The loop's own writes wait less, and retry on its next pass (docs/operations.md).
+        loop_session_factory=make_session_factory(
+            with_lock_timeout(engine, min(lock_timeout_s, LOOP_LOCK_TIMEOUT_S)), changes
+        ),
         read_session_factory=read_session_factory,
         inventory=make_inventory(settings.gpus, settings.cpu_slots),
         executor=executor,
@@ -130,6 +138,7 @@ def create_app(
     app.state.session_factory = session_factory
     app.state.changes = changes
     app.state.hot_reads = HotReads()  # metrics polls and event streams (bounded, shared)
+    app.state.write_gate = WriteGate(lock_timeout_s)  # writes on the thread pool (bounded)
     app.state.read_session_factory = read_session_factory
     app.state.read_engine = read_engine  # hot reads take a plain connection (service.api.deps)
     app.state.supervisor = supervisor
@@ -152,9 +161,10 @@ def create_app(
     app.include_router(prometheus_router)
 
     @app.get("/healthz", tags=["meta"])
-    def healthz() -> dict[str, str]:
+    async def healthz() -> dict[str, str]:
         """``role``: ``supervisor`` in the process that holds the supervisor lease, ``standby``
         in the others (docs/operations.md)."""
+        # On the event loop: answered even when every thread of the pool waits on the database.
         return {"status": "ok", "role": "supervisor" if supervisor.acting else "standby"}
 
     # Load balancers and uptime checks probe with HEAD (FastAPI routes answer only what they
