@@ -130,6 +130,24 @@ class Settings(BaseSettings):
         "database takes over at most this plus a sixth of it after the leader stops renewing "
         "(docs/operations.md)",
     )
+    db_lock_timeout_s: float = Field(
+        default=5.0,
+        ge=0.1,
+        le=300,
+        description="longest a request waits for a database lock another process holds (SQLite: "
+        "the write lock; PostgreSQL: lock_timeout on a row or a job's record lock) before it "
+        "is answered 503 with Retry-After; PostgreSQL ends a write transaction left idle 3 "
+        "times this long; the supervisor's own writes wait at most 1 s and retry on its next "
+        "pass (docs/operations.md)",
+    )
+    test_record_pause_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=600,
+        description="tests only: seconds a record batch holding a metric named `test_pause` "
+        "waits inside its write transaction (holding SQLite's write lock, or the job's record "
+        "lock on PostgreSQL), so a test can freeze the process there; 0 = never",
+    )
     test_launch_pause_s: float = Field(
         default=0.0,
         ge=0,

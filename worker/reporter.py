@@ -11,8 +11,9 @@ Contract:
   before anything of that call is spooled or sent: a typo shows up in the script at once, and
   one bad name never costs the other records of a batch.
 * A daemon thread POSTs batches to ``{api}/jobs/{job_id}/records`` with a bearer token.
-  Connection errors, 5xx and 429 are retried with capped exponential backoff; other 4xx
-  drop the batch with a warning. The server dedups on (job, attempt, rank, epoch, step,
+  Connection errors, 5xx and 429 are retried with capped exponential backoff, waiting at least
+  the answer's ``Retry-After`` seconds (at most ``RETRY_AFTER_MAX_S``; the server sends one
+  with a 503 when its database is busy); other 4xx drop the batch with a warning. The server dedups on (job, attempt, rank, epoch, step,
   name), so retries and replays of the spool are safe.
 * Once the API answered a batch (stored, or refused for good), the byte offset in the spool
   up to which every record was answered goes to ``RUN_DIR/spool/rank-<rank>.ack``; the server
@@ -51,6 +52,7 @@ BATCH_MAX = 500
 BACKOFF_START_S = 0.2
 BACKOFF_CAP_S = 5.0
 HTTP_TIMEOUT_S = 10.0
+RETRY_AFTER_MAX_S = 60.0
 
 # Put on the queue by close() to wake the sender; never sent.
 _WAKE: dict[str, Any] = {}
@@ -182,6 +184,7 @@ class Reporter:
         """Send until answered for good; True then, False when aborted first."""
         delay = BACKOFF_START_S
         while not self._abort.is_set():
+            wait = delay
             try:
                 response = client.post(url, json={"records": batch})
             except httpx.TransportError as exc:
@@ -198,8 +201,9 @@ class Reporter:
                         response.text[:200],
                     )
                     return True
-                log.info("reporter: API answered %d; retrying in %.1fs", code, delay)
-            self._abort.wait(delay)
+                wait = max(delay, _retry_after_s(response))
+                log.info("reporter: API answered %d; retrying in %.1fs", code, wait)
+            self._abort.wait(wait)
             delay = min(delay * 2, BACKOFF_CAP_S)
         return False
 
@@ -213,6 +217,15 @@ class Reporter:
             os.replace(tmp, self._ack_path)
         except OSError as exc:  # the server then re-reads more of the spool: nothing is lost
             log.info("reporter: could not write %s: %s", self._ack_path, exc)
+
+
+def _retry_after_s(response: httpx.Response) -> float:
+    """The answer's ``Retry-After`` in seconds (0 when absent, or an HTTP date), capped."""
+    try:
+        seconds = float(response.headers.get("retry-after", "0"))
+    except ValueError:
+        return 0.0
+    return min(max(seconds, 0.0), RETRY_AFTER_MAX_S) if seconds == seconds else 0.0
 
 
 def _check(record: dict[str, Any]) -> None:

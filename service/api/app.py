@@ -28,6 +28,7 @@ from service.api.middleware.auth import AuthMiddleware, TokenSet
 from service.api.middleware.bodylimit import BodyLimitMiddleware
 from service.api.middleware.browserguard import BrowserGuardMiddleware, JsonBodyMiddleware
 from service.api.middleware.head import HeadAsGetMiddleware
+from service.api.middleware.writegate import WriteGate
 from service.api.openapi import build_openapi
 from service.api.routes import (
     apidocs,
@@ -43,13 +44,13 @@ from service.api.routes import (
 from service.api.routes.prometheus import PROMETHEUS_DIR_VARIABLE, RequestTimer, Telemetry
 from service.api.routes.prometheus import router as prometheus_router
 from service.domain.queue.inventory import make_inventory
-from service.domain.supervisor import Supervisor
+from service.domain.supervisor import LOOP_LOCK_TIMEOUT_S, Supervisor
 from service.executor import Executor, make_executor
 from service.executor.slurmcli import SlurmError
 from service.executor.warmpool import WarmPool
 from service.settings import Settings
 from service.store.changefeed import ChangeFeed, PgListener
-from service.store.db import make_engine, make_session_factory, upgrade
+from service.store.db import make_engine, make_session_factory, upgrade, with_lock_timeout
 
 
 def create_app(
@@ -67,14 +68,21 @@ def create_app(
     if executor is None:
         warm = _warm_pool(settings)
         executor = make_executor(settings, warm=warm)
-    engine = make_engine(settings.resolved_database_url)
+    lock_timeout_s = settings.db_lock_timeout_s  # a request's lock wait; then 503
+    engine = make_engine(settings.resolved_database_url, lock_timeout_s=lock_timeout_s)
     changes = ChangeFeed()
     session_factory = make_session_factory(engine, changes)
-    read_engine = make_engine(settings.resolved_database_url, readonly=True)
+    read_engine = make_engine(
+        settings.resolved_database_url, readonly=True, lock_timeout_s=lock_timeout_s
+    )
     read_session_factory = make_session_factory(read_engine)
     supervisor = Supervisor(
         settings=settings,
         session_factory=session_factory,
+        # The loop's own writes wait less, and retry on its next pass (docs/operations.md).
+        loop_session_factory=make_session_factory(
+            with_lock_timeout(engine, min(lock_timeout_s, LOOP_LOCK_TIMEOUT_S)), changes
+        ),
         read_session_factory=read_session_factory,
         inventory=make_inventory(settings.gpus, settings.cpu_slots),
         executor=executor,
@@ -132,6 +140,7 @@ def create_app(
     app.state.session_factory = session_factory
     app.state.changes = changes
     app.state.hot_reads = HotReads()  # metrics polls and event streams (bounded, shared)
+    app.state.write_gate = WriteGate(lock_timeout_s)  # writes on the thread pool (bounded)
     app.state.read_session_factory = read_session_factory
     app.state.read_engine = read_engine  # hot reads take a plain connection (service.api.deps)
     app.state.supervisor = supervisor
@@ -154,9 +163,10 @@ def create_app(
     app.include_router(prometheus_router)
 
     @app.get("/healthz", tags=["meta"])
-    def healthz() -> dict[str, str]:
+    async def healthz() -> dict[str, str]:
         """``role``: ``supervisor`` in the process that holds the supervisor lease, ``standby``
         in the others (docs/operations.md)."""
+        # On the event loop: answered even when every thread of the pool waits on the database.
         return {"status": "ok", "role": "supervisor" if supervisor.acting else "standby"}
 
     # add_middleware wraps: the last one added runs first.

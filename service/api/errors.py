@@ -2,19 +2,25 @@
 
 No handler puts a traceback or an exception's internals in a response; unexpected errors are
 logged (without request headers, so no token reaches the log) and answered with a bare 500.
+A database that is busy (a lock held elsewhere past ``TORCHYARD_DB_LOCK_TIMEOUT_S``, see
+``service.store.db.is_busy``) or unreachable is a 503 with ``Retry-After``, never a 500: the request
+can be retried as it is (record batches and keyed submits are idempotent).
 """
 
 import logging
+import math
 import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.api.schemas import ErrorBody
 from service.domain.admission import AdmissionRefused
 from service.domain.pathguard import PathRefused
+from service.store.db import is_busy
 
 logger = logging.getLogger(__name__)
 
@@ -77,13 +83,32 @@ ERROR_RESPONSES: dict[int | str, dict] = {
     415: {**_ERROR, "description": "a request body that is not application/json"},
     422: {**_ERROR, "description": "invalid field, unknown field, or out-of-range number"},
     500: {**_ERROR, "description": "a bug; the response carries no details"},
+    503: {**_ERROR, "description": "the database is busy (a lock another process holds) or "
+          "unreachable; retry after Retry-After seconds"},
 }
 
 
-# Only on the records route: the next attempt has not been recorded yet.
+# The records route's 503 has one more cause: the next attempt has not been recorded yet.
 RETRY_LATER: dict[int | str, dict] = {
-    503: {**_ERROR, "description": "not ready for this yet; retry after Retry-After seconds"},
+    503: {**_ERROR, "description": "not ready for this yet (the next attempt is not recorded "
+          "yet), or the database is busy; retry after Retry-After seconds"},
 }
+
+
+def unavailable(lock_timeout_s: float, why: str) -> ApiError:
+    """503 for a request that met a busy database: retry after as long as the server waits for
+    a lock (at least 1 s)."""
+    retry_s = max(1, math.ceil(lock_timeout_s))
+    return ApiError(503, "unavailable", f"{why}; retry after {retry_s} s",
+                    {"Retry-After": str(retry_s)})
+
+
+def _busy_response(req: Request, exc: Exception) -> JSONResponse:
+    logger.warning("database busy on %s %s: %s", req.method, req.url.path,
+                   getattr(exc, "orig", exc))
+    busy = unavailable(req.app.state.settings.db_lock_timeout_s,
+                       "the database is busy (a lock held by another process) or unreachable")
+    return JSONResponse(error_body(busy.error, busy.message), busy.status, headers=busy.headers)
 
 
 def _allowed_methods(app: FastAPI, path: str) -> list[str]:
@@ -143,7 +168,16 @@ def install(app: FastAPI) -> None:
             error_body("http_error", str(exc.detail)), status_code=exc.status_code, headers=headers
         )
 
+    @app.exception_handler(DBAPIError)
+    async def _database(req: Request, exc: DBAPIError) -> JSONResponse:
+        if is_busy(exc):
+            return _busy_response(req, exc)
+        return await _unexpected(req, exc)
+
     @app.exception_handler(Exception)
     async def _unexpected(req: Request, exc: Exception) -> JSONResponse:
-        logger.exception("unhandled error on %s %s", req.method, req.url.path)
+        # Also what a middleware's error reaches (the token check reads the database).
+        if is_busy(exc):
+            return _busy_response(req, exc)
+        logger.error("unhandled error on %s %s", req.method, req.url.path, exc_info=exc)
         return JSONResponse(error_body("internal", "internal server error"), status_code=500)

@@ -13,7 +13,9 @@ job here (``enqueue``). A thread of its own then, one job at a time:
 
 Only then is the job terminal, so a follower that sees a terminal state and then an empty page
 has seen every record (docs/metrics.md). An error finishing one job fails that job with the
-error as its reason; the thread goes on with the next.
+error as its reason; the thread goes on with the next. A busy database (a lock held elsewhere
+past the lock timeout, ``service.store.db.is_busy``) is not the job's fault: the job is finished again
+``BUSY_RETRY_S`` later, from the start (every step is idempotent).
 """
 
 import logging
@@ -31,6 +33,7 @@ from service.domain import lossguard as guard
 from service.domain.recordscope import RecordScope, world_size
 from service.domain.spool import SpoolChunk, SpoolTally, read_rank_spool
 from service.store import repository as repo
+from service.store.db import is_busy
 from torchyard_contract.bounds import bounded_text
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.runfiles import read_attempts, read_outcome
@@ -39,6 +42,7 @@ from torchyard_contract.state import ACTIVE_STATES, JobState
 logger = logging.getLogger(__name__)
 
 _STOP = -1
+BUSY_RETRY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -103,11 +107,16 @@ class Finisher:
             try:
                 self.finish(item.job_id, item.shim_code, item.why, item.reason, item.ended_at)
             except Exception as exc:  # one job's failure must not stop the others'
+                if is_busy(exc):
+                    logger.warning("job %s: finishing again in %gs, the database is busy: %s",
+                                   item.job_id, BUSY_RETRY_S, getattr(exc, "orig", exc))
+                    self._halt.wait(BUSY_RETRY_S)
+                    self._queue.put(item)  # still pending: not queued twice meanwhile
+                    continue
                 logger.exception("job %s: finishing failed", item.job_id)
                 self._fail(item.job_id, f"torchyard could not finish this job: {exc!r}")
-            finally:
-                with self._lock:
-                    self._pending.discard(item.job_id)
+            with self._lock:
+                self._pending.discard(item.job_id)
             self.on_finished()
 
     def finish(

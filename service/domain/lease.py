@@ -16,6 +16,13 @@ every ``ttl_s / RENEWALS_PER_TTL`` seconds. With TTL = ``lease_ttl_s``:
 * Expiry is compared on the database's clock only, so hosts with skewed clocks agree.
 * A holder on this host whose process is gone (a server SIGKILLed and restarted) is known not to
   act: its lease is taken over at once instead of after its expiry.
+* **A renewal never waits long for a lock**: the lease's sessions are the supervisor loop's,
+  whose lock waits are short (``service.store.db.with_lock_timeout``); a renewal that meets a lock
+  held elsewhere fails and is tried again next round, like one that cannot reach the database.
+  On PostgreSQL a frozen holder's fenced transaction is ended by the server (``holds_lease``),
+  so a takeover waits at most for that. On SQLite a process frozen *while holding the write
+  lock* blocks every renewal and every takeover until it thaws or dies: the holder stops acting
+  by itself at its deadline, and no one supervises meanwhile (docs/operations.md).
 """
 
 import logging
@@ -31,6 +38,7 @@ import psutil
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.store import lease as leaserepo
+from service.store.db import is_busy
 
 logger = logging.getLogger(__name__)
 
@@ -93,8 +101,12 @@ class Lease:
                         session, dead, self.owner, self.host, self.ttl_s
                     )
                 session.commit()
-        except Exception:  # the database is unreachable: keep the old deadline, which runs out
-            logger.warning("lease: renewal failed", exc_info=True)
+        except Exception as exc:  # unreachable or busy: keep the old deadline, which runs out
+            if is_busy(exc):
+                logger.warning("lease: renewal failed, the database is busy: %s",
+                               getattr(exc, "orig", exc))
+            else:
+                logger.warning("lease: renewal failed", exc_info=True)
             self._check_lapsed()
             return self.held()
         if generation is None:

@@ -13,6 +13,10 @@ Every server process has a supervisor, but only the holder of the lease (``servi
 acts: it recovers at the start of each term, ticks while ``held()``, and writes its state
 changes (its finisher's too) under the lease's fence. The others stand by (their routes still
 serve).
+
+The loop's own writes wait at most ``LOOP_LOCK_TIMEOUT_S`` for a database lock (a request, or a
+paused process, may hold it): a step that meets a busy database (``service.store.db.is_busy``) runs
+again on the next pass, so the loop never stalls behind a lock (docs/operations.md).
 """
 
 import logging
@@ -47,6 +51,7 @@ from service.run.attemptloop import ShimConfig
 from service.settings import Settings
 from service.store import queue as queuerepo
 from service.store import repository as repo
+from service.store.db import is_busy
 from service.store.tables import Job
 from torchyard_contract import envnames as names
 from torchyard_contract.rundir import RunDir
@@ -62,6 +67,9 @@ REPLAN_S = 2.0
 # shared filesystem (NFS caches directory entries) before it ends as "no outcome".
 OUTCOME_WAIT_S = 30.0
 NEVER_STARTED = "the server stopped while launching the job; it never started"
+# Longest the loop's own writes wait for a database lock (a request may hold it, or a paused
+# process): then the step fails and runs again on the next pass, so the loop never stalls.
+LOOP_LOCK_TIMEOUT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -125,6 +133,7 @@ def check_local(spec: JobSpec) -> None:
 @dataclass
 class Supervisor:
     settings: Settings
+    # Writers for the routes' calls (``submit``, ``cancel``) and the finisher.
     session_factory: sessionmaker[Session]
     inventory: Inventory
     executor: Executor
@@ -132,6 +141,9 @@ class Supervisor:
     # Read-only sessions (``service.store.db``): a scheduling pass reads the queue without holding the
     # write lock; None = use ``session_factory``.
     read_session_factory: sessionmaker[Session] | None = None
+    # Writers of the loop and the lease, with a short lock wait (``LOOP_LOCK_TIMEOUT_S``,
+    # ``service.store.db.with_lock_timeout``); None = use ``session_factory``.
+    loop_session_factory: sessionmaker[Session] | None = None
     # Jobs whose processes the executor runs for us: job id → the executor's opaque reference.
     _refs: dict[int, str] = field(default_factory=dict)
     _stopping: set[int] = field(default_factory=set)
@@ -162,8 +174,9 @@ class Supervisor:
     _term: int | None = None
 
     def __post_init__(self) -> None:
+        self._loop_sessions = self.loop_session_factory or self.session_factory
         if self.lease is None:
-            self.lease = Lease(self.session_factory, self.settings.lease_ttl_s)
+            self.lease = Lease(self._loop_sessions, self.settings.lease_ttl_s)
         # Ended jobs are finished (spools re-ingested, terminal state) off this loop's thread,
         # under the lease: a deposed supervisor's finisher writes nothing.
         self._finisher = Finisher(
@@ -288,7 +301,12 @@ class Supervisor:
         self.executor.watch(self._wake.set)  # reap at once when a job ends, not a poll later
         self._finisher.start()
         if self._lease.renew():
-            self._begin_term()
+            try:
+                self._begin_term()
+            except Exception as exc:  # the loop recovers on its first pass instead
+                if not is_busy(exc):
+                    raise
+                logger.warning("supervisor: recovery deferred, the database is busy: %s", exc)
         self._lease.start()
         self._thread = threading.Thread(target=self._run, name="torchyard-supervisor", daemon=True)
         self._thread.start()
@@ -351,7 +369,7 @@ class Supervisor:
         it) is adopted from the shim's claim on its run directory, or its launch is given up
         (``service.run.claim``)."""
         dead: dict[int, str | None] = {}
-        with self.session_factory() as session:
+        with self._loop_sessions() as session:
             if not self._lease.fence(session):
                 return False
             holders = set(repo.allocated_resources(session).values())
@@ -403,8 +421,12 @@ class Supervisor:
                      self._mark_running, self._launch_queued, self._publish_waiting):
             try:
                 step()
-            except Exception:
-                logger.exception("supervisor: %s failed", step.__name__)
+            except Exception as exc:
+                if not is_busy(exc):
+                    logger.exception("supervisor: %s failed", step.__name__)
+                else:  # a lock held elsewhere: this step runs again on the next pass
+                    logger.warning("supervisor: %s: database busy, retrying: %s",
+                                   step.__name__, getattr(exc, "orig", exc))
 
     def _reap_finished(self) -> None:
         if not self._refs:
@@ -440,7 +462,7 @@ class Supervisor:
         started = [j for j, st in statuses.items()
                    if st.phase is not Phase.pending and j not in self._seen_started]
         if started:
-            with self.session_factory() as session:
+            with self._loop_sessions() as session:
                 if not self._lease.fence(session):
                     return
                 for job_id in started:
@@ -459,11 +481,18 @@ class Supervisor:
         (Slurm's state), used when there is no outcome file; ``reason``: why it failed if it left
         no outcome, when known better than that."""
         ended = repo.utcnow()  # before the release: a job started on its slots starts after
-        with self.session_factory() as session:
-            if not self._lease.fence(session):
-                return
-            repo.release(session, job_id)
-            session.commit()
+        try:
+            with self._loop_sessions() as session:
+                if not self._lease.fence(session):
+                    return
+                repo.release(session, job_id)
+                session.commit()
+        except Exception as exc:
+            if not is_busy(exc):
+                raise
+            # The job is no longer watched: the finisher (fenced too) frees them as it ends it.
+            logger.warning("job %s: resources not freed yet, the database is busy: %s",
+                           job_id, getattr(exc, "orig", exc))
         self._finisher.enqueue(job_id, shim_code, why, reason, ended_at=ended)
         self._queue_changed()
 
@@ -473,7 +502,7 @@ class Supervisor:
         Only jobs this process watches: another host's run directories are not here."""
         if not self._refs:
             return
-        with self.session_factory() as session:
+        with self._loop_sessions() as session:
             if not self._lease.fence(session):
                 return
             for job in repo.active_jobs(session):
@@ -546,7 +575,7 @@ class Supervisor:
         if not decision.launches:
             self._set_waiting(decision.waiting)
             return
-        with self.session_factory() as session:
+        with self._loop_sessions() as session:
             for launch in decision.launches:
                 job = repo.get_job(session, launch.job_id)
                 if job is None:
@@ -572,7 +601,7 @@ class Supervisor:
         now = time.monotonic()
         if now - self._published_at < PUBLISH_MIN_S:
             return
-        with self.session_factory() as session:
+        with self._loop_sessions() as session:
             if not self._lease.fence(session):
                 return
             queuerepo.write_snapshot(session, encode(waiting))
@@ -587,7 +616,7 @@ class Supervisor:
         export file."""
         for job_id, future in self._submits.finished():
             self._submitted(job_id, future)
-        with self.session_factory() as session:
+        with self._loop_sessions() as session:
             for job in repo.queued_unsubmitted(session):
                 if job.id in self._refs or self._submits.busy(job.id):
                     continue
@@ -608,7 +637,7 @@ class Supervisor:
     def _submitted(self, job_id: int, future: Future[str]) -> None:
         """Store what a submit thread's ``executor.submit`` answered: the reference, or the job
         fails with why (whatever failed, the job must not stay queued)."""
-        with self.session_factory() as session:
+        with self._loop_sessions() as session:
             try:
                 ref = future.result()
             except Exception as exc:
@@ -631,7 +660,7 @@ class Supervisor:
         if job.count <= have:
             return False
         unit = "GPUs" if job.kind == scheduler.GPU else "CPU slots"
-        with self.session_factory() as session:
+        with self._loop_sessions() as session:
             if not self._lease.fence(session):
                 return True  # not ours to decide now; skipped this pass
             repo.transition(
@@ -783,7 +812,7 @@ class Supervisor:
     def _fail_stop_requests(self) -> None:
         """Jobs a loss guard asked to stop (``service.domain.lossguard``) fail with its reason; the next
         step stops their groups like a cancel."""
-        with self.session_factory() as session:
+        with self._loop_sessions() as session:
             if not self._lease.fence(session):
                 return
             requests = repo.stop_requested(session)
@@ -798,7 +827,7 @@ class Supervisor:
         running = [j for j in self._refs if j not in self._stopping]
         if not running:
             return
-        with self.session_factory() as session:
+        with self._loop_sessions() as session:
             for job_id in running:
                 job = repo.get_job(session, job_id)
                 if job is not None and JobState(job.state) in TERMINAL_STATES:

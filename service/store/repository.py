@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Connection, Row, bindparam, delete, func, select, update
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from service.store.changefeed import note_change
@@ -251,7 +252,22 @@ def _record_row(job_id: int, r: RecordIn) -> tuple:
 
 
 def _insert_postgres(raw: Any, job_id: int, rows: list[tuple]) -> int:
-    """``rows`` into ``metric_records`` on the psycopg connection of the caller's transaction."""
+    """``rows`` into ``metric_records`` on the psycopg connection of the caller's transaction.
+
+    The job's record lock is waited for at most the connection's ``lock_timeout``
+    (``service.store.db``). The driver's errors are raised as SQLAlchemy's, as for every other
+    statement, so callers (``service.store.db.is_busy``, the API's 503) see one kind."""
+    import psycopg
+
+    try:
+        return _copy_records(raw, job_id, rows)
+    except psycopg.Error as exc:
+        raise DBAPIError.instance(
+            _POSTGRES_COPY_RECORDS, None, exc, psycopg.Error
+        ) from exc
+
+
+def _copy_records(raw: Any, job_id: int, rows: list[tuple]) -> int:
     import psycopg
 
     with raw.cursor() as cur:

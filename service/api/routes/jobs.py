@@ -21,6 +21,7 @@ from service.api.deps import (
 from service.api.drain import draining
 from service.api.errors import ERROR_RESPONSES, ApiError
 from service.api.hotreads import HotReads
+from service.api.middleware.writegate import WriteSlotDep
 from service.api.schemas import AttemptRead, JobList, JobRead, MetricRead, MetricsPage
 from service.domain.supervisor import SubmitRejected, Supervisor
 from service.store import repository as repo
@@ -64,6 +65,7 @@ IDEMPOTENCY_KEY = r"^[\x21-\x7e]{1,200}$"
 def submit_job(
     spec: JobSpec,
     response: Response,
+    _write: WriteSlotDep,
     supervisor: SupervisorDep,
     idempotency_key: Annotated[
         str | None,
@@ -169,7 +171,7 @@ def get_attempts(job: JobDep) -> list[AttemptRead]:
 
 
 @router.post("/{job_id}/cancel", response_model=JobRead)
-def cancel_job(job: JobDep, supervisor: SupervisorDep) -> JobRead:
+def cancel_job(_write: WriteSlotDep, job: JobDep, supervisor: SupervisorDep) -> JobRead:
     """Cancel a queued or running job; cancelling a finished job returns it unchanged (200)."""
     cancelled = supervisor.cancel(job.id) or job  # jobs are never deleted: None cannot happen
     return _job_read(cancelled, supervisor)

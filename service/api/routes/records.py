@@ -5,9 +5,16 @@ so a token per rank would not keep one rank from posting as another). What the t
 bounded by what the job is (``service.domain.recordscope``, docs/security.md): a batch naming a rank or
 attempt the job does not have is refused whole (422); one naming the next attempt before the
 server has recorded it is 503 with ``Retry-After`` (the rank's reporter retries); a batch for a
-job that is over is 409 (docs/metrics.md: nothing is stored after the terminal state).
+job that is over is 409 (docs/metrics.md: nothing is stored after the terminal state). A batch
+that cannot get its lock (SQLite's write lock, the job's record lock on PostgreSQL) within
+``TORCHYARD_DB_LOCK_TIMEOUT_S``, or finds every write slot of the process taken for that long
+(``service.api.middleware.writegate``), is 503 with ``Retry-After`` too: nothing of it is stored, and the
+reporter's retry lands it once.
 """
 
+import logging
+import os
+import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
@@ -17,13 +24,18 @@ from pydantic import ValidationError
 from service.api.deps import SessionDep
 from service.api.errors import ERROR_RESPONSES, RETRY_LATER, ApiError
 from service.api.middleware.auth import WorkerJobDep
+from service.api.middleware.writegate import WriteSlotDep
 from service.api.schemas import IngestResult, RecordBatch, parse_record_batch
 from service.domain import lossguard as guard
 from service.domain.recordscope import RecordScope
 from service.store import repository as repo
 from service.store.repository import RecordIn
 
+logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/jobs", tags=["workers"])
+# Tests only: a batch holding a record of this name waits TORCHYARD_TEST_RECORD_PAUSE_S inside
+# its transaction (see ``_test_pause``).
+TEST_PAUSE_METRIC = "test_pause"
 
 
 async def _record_batch(request: Request) -> list[RecordIn]:
@@ -68,7 +80,8 @@ BatchDep = Annotated[list[RecordIn], Depends(_record_batch)]
     },
 )
 def post_records(
-    job_id: WorkerJobDep, records: BatchDep, session: SessionDep, request: Request
+    job_id: WorkerJobDep, records: BatchDep, _write: WriteSlotDep, session: SessionDep,
+    request: Request,
 ) -> IngestResult:
     """Store a batch in one transaction; replays of (attempt, rank, epoch, step, name) are ignored.
 
@@ -97,9 +110,20 @@ def post_records(
             message = f"{refused.field}: {refused.message}" if refused.field else refused.message
             raise ApiError(refused.status, error, message, headers)
     added = repo.insert_records(session, job_id, records)
+    _test_pause(request.app.state.settings.test_record_pause_s, job_id, records)
     if added:
         repo.mark_first_metric(session, job_id, records)
         guard.check(session, job_id, job.spec, records)  # a loss gone bad stops the job
     session.commit()
     request.app.state.telemetry.records_ingested.inc(added)
     return IngestResult(accepted=added, duplicates=len(records) - added)
+
+
+def _test_pause(pause_s: float, job_id: int, records: list[RecordIn]) -> None:
+    """Tests only (``TORCHYARD_TEST_RECORD_PAUSE_S``): hold the batch's lock (SQLite's write lock,
+    the job's record lock on PostgreSQL) for ``pause_s``, saying so in the log with this
+    process's pid, so a test can freeze this process while it holds the lock."""
+    if pause_s and any(r.name == TEST_PAUSE_METRIC for r in records):
+        logger.warning("job %s: test pause of %gs holding the record lock (pid %d)",
+                       job_id, pause_s, os.getpid())
+        time.sleep(pause_s)
