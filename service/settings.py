@@ -9,7 +9,6 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from service.domain.jobtoken import hash_token
-from service.run.childenv import SECRET_ENV_VARS, environ_for_children  # noqa: F401  (re-exported)
 from torchyard_contract.spec import SLURM_CONSTRAINT_PATTERN, SLURM_NAME_PATTERN
 
 API_TOKEN_MIN_CHARS = 16

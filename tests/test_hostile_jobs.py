@@ -251,7 +251,7 @@ def test_the_server_starts_whatever_a_dead_job_left(tmp_path: Path) -> None:
         with first.state.session_factory() as session:
             repo.allocate(session, job_id, ["cpu:0"])
             # Launched (a stored reference) by a shim long gone; without one, the recovery
-            # would take it for a launch cut off before its shim started (service.run.claim).
+            # would take it for a launch cut off before its shim started (torchyard_contract.claim).
             job = repo.get_job(session, job_id)
             assert job is not None
             job.executor, job.executor_ref = "local", encode_reference(2**22 + 17, 1.0)

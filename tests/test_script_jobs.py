@@ -14,12 +14,12 @@ from fastapi.testclient import TestClient
 
 from service.api.app import create_app
 from service.domain.scriptpath import rank_program
-from service.run.attemptloop import ShimConfig
 from service.run.torchrun import LaunchRequest, build_command
 from service.settings import Settings
 from tests.conftest import LiveServer, free_port
 from tests.test_datasets_e2e import write_tiny_mnist
 from tests.test_warm_jobs import WARM_ENV, rank_logs, wait_warm
+from torchyard_contract.launch import LaunchConfig
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.spec import JobSpec
 
@@ -188,10 +188,10 @@ def test_launch_json_from_before_script_jobs_means_the_builtin_trainer(tmp_path:
     old = {"job_id": 1, "python": "py", "nproc_per_node": 1, "max_restarts": 0,
            "max_runtime_s": None, "heartbeat_timeout_s": 600, "stop_grace_s": 10}
     run.launch_file.write_text(json.dumps(old))
-    config = ShimConfig.read(run)
+    config = LaunchConfig.read(run)
     assert config.rank_program(run) == ("-m", "worker", "--spec", str(run.spec_file))
     assert config.rank_env("/x") == {}
-    module = ShimConfig(**old, program=["-m", "m"], pythonpath="/s")
+    module = LaunchConfig(**old, program=["-m", "m"], pythonpath="/s")
     assert module.rank_env("/x") == {"PYTHONPATH": f"/s{os.pathsep}/x", "PYTHONSAFEPATH": "1"}
 
 

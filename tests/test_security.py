@@ -30,9 +30,10 @@ from service.api.app import create_app
 from service.api.middleware.auth import is_public, worker_job_id
 from service.domain.admission import AdmissionRefused, require_tokens_for_scripts
 from service.domain.jobtoken import new_token
-from service.settings import Settings, environ_for_children
+from service.settings import Settings
 from service.store import repository as repo
 from tests.conftest import REPO_ROOT, LiveServer, both_stores, free_port
+from torchyard_contract.childenv import environ_for_children
 from torchyard_contract.spec import JobSpec
 from torchyard_contract.state import JobState
 

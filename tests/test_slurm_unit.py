@@ -26,14 +26,13 @@ from service.executor.slurmpreflight import (
 )
 from service.executor.slurmscript import (
     BatchRequest,
-    StepRequest,
     build_batch_script,
-    build_srun_command,
     job_id_from_name,
     rank_location,
     sbatch_environment,
     time_limit,
 )
+from service.run.srun import StepRequest, build_srun_command
 from torchyard_contract.rundir import RunDir
 
 RUN = Path("/shared/torchyard/runs/12")

@@ -10,7 +10,7 @@ from pathlib import Path
 from service.executor.base import Phase, Submission
 from service.executor.local import LocalExecutor
 from service.executor.standby import StandbyShim
-from service.run.attemptloop import ShimConfig
+from torchyard_contract.launch import LaunchConfig
 from torchyard_contract.rundir import RunDir
 
 SCRIPT = "import os\nopen('seen.txt', 'w').write(os.environ.get('MARKER', '') + ' ' + os.getcwd())\n"
@@ -21,7 +21,7 @@ def _run_dir(tmp_path: Path, job_id: int) -> RunDir:
     script.write_text(SCRIPT)
     run = RunDir(tmp_path / "runs" / str(job_id))
     run.prepare()
-    ShimConfig(job_id=job_id, python=sys.executable, nproc_per_node=1, max_restarts=0,
+    LaunchConfig(job_id=job_id, python=sys.executable, nproc_per_node=1, max_restarts=0,
                max_runtime_s=60, heartbeat_timeout_s=None, stop_grace_s=2,
                program=[str(script)]).write(run)
     return run

@@ -36,7 +36,7 @@ class RunDir:
 
     @property
     def claim_file(self) -> Path:
-        """Who owns this launch, created once (``service.run.claim``): the job's attempt loop as
+        """Who owns this launch, created once (``torchyard_contract.claim``): the job's attempt loop as
         it starts (pid, start time, host), or a recovering server that gave the launch up."""
         return self.root / "claim.json"
 

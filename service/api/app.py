@@ -46,7 +46,8 @@ from service.api.routes.prometheus import router as prometheus_router
 from service.domain.queue.inventory import make_inventory
 from service.domain.supervisor import LOOP_LOCK_TIMEOUT_S, Supervisor
 from service.executor import Executor, make_executor
-from service.executor.slurmcli import SlurmError
+from service.executor.base import ExecutorError
+from service.executor.gpus import detect_gpus
 from service.executor.warmpool import WarmPool
 from service.settings import Settings
 from service.store.changefeed import ChangeFeed, PgListener
@@ -84,7 +85,7 @@ def create_app(
             with_lock_timeout(engine, min(lock_timeout_s, LOOP_LOCK_TIMEOUT_S)), changes
         ),
         read_session_factory=read_session_factory,
-        inventory=make_inventory(settings.gpus, settings.cpu_slots),
+        inventory=make_inventory(settings.gpus, settings.cpu_slots, detect_gpus),
         executor=executor,
         api_url=api_url or settings.api_url_for_workers(),
     )
@@ -92,7 +93,7 @@ def create_app(
         # Refuse to start rather than accept jobs that could not run (ValueError, named).
         try:
             executor.preflight(settings.runs_dir, supervisor.api_url)
-        except SlurmError as exc:
+        except ExecutorError as exc:
             raise ValueError(f"executor {executor.name}: cannot ask Slurm: {exc}") from exc
 
     @asynccontextmanager

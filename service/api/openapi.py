@@ -217,8 +217,8 @@ def checked_in_document() -> str:
     import tempfile
     from pathlib import Path
 
-    from service.api import records
     from service.api.app import create_app  # here, not at the top: app imports this module
+    from service.api.routes import records
     from service.settings import Settings
 
     with tempfile.TemporaryDirectory() as home:

@@ -44,16 +44,15 @@ from service.domain.recordscope import world_size
 from service.domain.scriptpath import ScriptRefused, ScriptsDisabled, rank_program, script_program
 from service.domain.secretstore import SecretRefused
 from service.domain.submits import Submits
-from service.executor.base import Executor, Phase, Status, Submission
-from service.executor.slurmcli import NodeRow, SlurmError
-from service.run import claim as runclaim
-from service.run.attemptloop import ShimConfig
+from service.executor.base import Executor, ExecutorError, NodeRow, Phase, Status, Submission
 from service.settings import Settings
 from service.store import queue as queuerepo
 from service.store import repository as repo
 from service.store.db import is_busy
 from service.store.tables import Job
+from torchyard_contract import claim as runclaim
 from torchyard_contract import envnames as names
+from torchyard_contract.launch import LaunchConfig
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.runfiles import read_attempts
 from torchyard_contract.spec import SLURM_FIELDS, Backend, Device, JobSpec
@@ -278,7 +277,7 @@ class Supervisor:
         return kinds, held
 
     def slurm_nodes(self) -> list[NodeRow]:
-        """The Slurm partition's nodes (``sinfo``); raises ``SlurmError``."""
+        """The Slurm partition's nodes (``sinfo``); raises ``ExecutorError``."""
         return self.executor.nodes(self.settings.slurm_partition)  # type: ignore[attr-defined]
 
     def cancel(self, job_id: int) -> Job | None:
@@ -367,7 +366,7 @@ class Supervisor:
         and the loop stops it) or gone (its resources are freed now). A launched job whose
         reference was never stored (the last server died between starting its shim and storing
         it) is adopted from the shim's claim on its run directory, or its launch is given up
-        (``service.run.claim``)."""
+        (``torchyard_contract.claim``)."""
         dead: dict[int, str | None] = {}
         with self._loop_sessions() as session:
             if not self._lease.fence(session):
@@ -641,7 +640,7 @@ class Supervisor:
             try:
                 ref = future.result()
             except Exception as exc:
-                if not isinstance(exc, ScriptRefused | SecretRefused | OSError | SlurmError
+                if not isinstance(exc, ScriptRefused | SecretRefused | OSError | ExecutorError
                                   | ValueError):
                     logger.exception("job %s: submit failed", job_id)
                 repo.transition(session, job_id, JobState.failed, reason=f"could not submit: {exc}")
@@ -720,7 +719,7 @@ class Supervisor:
         if self.settings.test_launch_pause_s:  # tests: a window to kill the server in
             time.sleep(self.settings.test_launch_pause_s)
         if not self._lease.fence(session):
-            # The next supervisor adopts the shim from its claim on the run (service.run.claim).
+            # The next supervisor adopts the shim from its claim on the run (torchyard_contract.claim).
             session.rollback()
             logger.warning("job %s: lease lost while launching; left to the next supervisor",
                            job.id)
@@ -741,7 +740,7 @@ class Supervisor:
         run.spec_file.write_text(spec.model_dump_json(indent=2))
         # The script may have gone away (or out of bounds) since submit: ScriptRefused.
         program = rank_program(spec, self.settings.script_dir_list, run.spec_file)
-        ShimConfig(
+        LaunchConfig(
             job_id=job_id,
             python=self.settings.python_executable or sys.executable,
             nproc_per_node=spec.nproc_per_node,

@@ -12,6 +12,7 @@ The job's outcome is never the executor's to decide: the attempt loop writes it 
 still pending, running or gone.
 """
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -116,7 +117,7 @@ class Executor(Protocol):
 
     def reference_from_claim(self, claim: Mapping[str, object]) -> str | None:
         """The reference of a job whose attempt loop claimed its run directory
-        (``service.run.claim``: ``pid``, ``create_time``, ``host`` as it wrote them), for a
+        (``torchyard_contract.claim``: ``pid``, ``create_time``, ``host`` as it wrote them), for a
         recovery that finds a launched job whose reference was never stored (the server died
         between ``submit`` and storing it). None when the claim names nothing it could adopt."""
         ...
@@ -137,3 +138,30 @@ class Executor(Protocol):
         """Call ``wake()`` (from any thread) when a job may have changed phase, so the caller
         need not wait for its next poll. Best effort: the caller polls ``describe`` anyway."""
         ...
+
+
+class ExecutorError(RuntimeError):
+    """The executor's backend could not do or answer what was asked (e.g. a Slurm command
+    failed or timed out); callers above the seam catch this, never a backend's own class."""
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    """One node of a cluster an executor submits to (Slurm: a row of ``sinfo``)."""
+
+    name: str
+    hostname: str
+    state: str  # idle, mixed, allocated, down, drained, … (sinfo's long form, lower case)
+    cpus_allocated: int
+    cpus: int
+    gres: str | None  # e.g. "gpu:a100:4(S:0-1)"; None without GRES
+    partition: str
+
+    @property
+    def gpus(self) -> int:
+        """GPUs of the node's GRES (``gpu:4``, ``gpu:a100:4``, several entries summed)."""
+        total = 0
+        for entry in (self.gres or "").split(","):
+            m = re.match(r"gpu(?::[^:(]+)?:(\d+)", entry.strip())
+            total += int(m.group(1)) if m else 0
+        return total

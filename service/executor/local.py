@@ -30,9 +30,9 @@ from service.executor.base import (
 )
 from service.executor.standby import StandbyShim
 from service.executor.warmpool import WarmPool
-from service.run.childenv import environ_for_children
 from service.run.proctree import ProcessGroupHandle, create_time, same_process
 from service.run.warm import COLD_ENV, SOCKET_ENV
+from torchyard_contract.childenv import environ_for_children
 from torchyard_contract.rundir import RunDir
 
 logger = logging.getLogger(__name__)

@@ -51,7 +51,7 @@ from service.executor.slurmscript import (
     rank_location,
     sbatch_environment,
 )
-from service.run import claim as runclaim
+from torchyard_contract import claim as runclaim
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.safefile import is_regular, read_bytes
 from torchyard_contract.spec import Device, JobSpec
@@ -193,7 +193,7 @@ class SlurmExecutor:
         """An ``sbatch`` killed at its timeout may have submitted the job or not. Slurm is asked
         for a job of this name and run directory: one it has is adopted (any other copy is
         cancelled). With none, the launch is given up in the run directory
-        (``service.run.claim``) before raising, so a submission that still lands exits at once
+        (``torchyard_contract.claim``) before raising, so a submission that still lands exits at once
         without running anything; a job whose attempt loop claimed the run first is adopted."""
         name = job_name(sub.job_id)
         try:

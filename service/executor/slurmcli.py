@@ -23,6 +23,8 @@ import subprocess
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from service.executor.base import ExecutorError, NodeRow
+
 COMMAND_TIMEOUT_S = 30.0
 # After a timeout: how long the killed command's output pipes may take to close.
 KILL_WAIT_S = 5.0
@@ -48,7 +50,7 @@ TERMINAL_STATES = frozenset({
 # RESIZING, and states a later release adds) counts as running: processes may still be alive.
 
 
-class SlurmError(RuntimeError):
+class SlurmError(ExecutorError):
     """A Slurm command failed (not found, timed out, or exited non-zero for another reason)."""
 
 
@@ -111,26 +113,6 @@ def parse_exit_code(value: str | None) -> tuple[int, int] | None:
     """Slurm's ``ExitCode=<code>:<signal>`` → (code, signal); None when absent or malformed."""
     m = re.fullmatch(r"\s*(\d+):(\d+)\s*", value or "")
     return (int(m.group(1)), int(m.group(2))) if m else None
-
-
-@dataclass(frozen=True)
-class NodeRow:
-    name: str
-    hostname: str
-    state: str  # idle, mixed, allocated, down, drained, … (sinfo's long form, lower case)
-    cpus_allocated: int
-    cpus: int
-    gres: str | None  # e.g. "gpu:a100:4(S:0-1)"; None without GRES
-    partition: str
-
-    @property
-    def gpus(self) -> int:
-        """GPUs of the node's GRES (``gpu:4``, ``gpu:a100:4``, several entries summed)."""
-        total = 0
-        for entry in (self.gres or "").split(","):
-            m = re.match(r"gpu(?::[^:(]+)?:(\d+)", entry.strip())
-            total += int(m.group(1)) if m else 0
-        return total
 
 
 def parse_sinfo(text: str) -> list[NodeRow]:

@@ -15,7 +15,7 @@ import subprocess
 import threading
 from collections.abc import Mapping
 
-from service.run.childenv import environ_for_children
+from torchyard_contract.childenv import environ_for_children
 from torchyard_contract.rundir import RunDir
 
 STANDBY_FLAG = "--standby"

@@ -34,8 +34,8 @@ from pathlib import Path
 
 import psutil
 
-from service.run.childenv import environ_for_children
 from service.run.warm import BUSY_EXIT, LOCK_NAME, relay
+from torchyard_contract.childenv import environ_for_children
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ Launchers (``--launcher``): ``local`` (default) runs each attempt's torchrun on 
 (``service.executor.slurmscript``), and exits with the outcome's exit code (the batch script
 ``exec``s the shim, so Slurm's record of the job carries the last attempt's real exit code).
 
-Input: ``RUN_DIR/launch.json`` (see ``ShimConfig``: among others the rank program argv, the
+Input: ``RUN_DIR/launch.json`` (see ``LaunchConfig``: among others the rank program argv, the
 built-in trainer or a script job's resolved script and args) and the rank environment in its own
 environment (the job token never touches the disk). SIGTERM means cancel: the group gets
 SIGTERM → grace → SIGKILL and the outcome is ``cancelled``. Never imports torch.
@@ -36,68 +36,24 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from service.executor.slurmscript import StepRequest, build_srun_command
-from service.run import claim as runclaim
 from service.run import ranktee
 from service.run.exitreason import describe_exit, failed_rank_exit_codes
 from service.run.proctree import ProcessGroupHandle, create_time
 from service.run.socketport import free_port
+from service.run.srun import StepRequest, build_srun_command
 from service.run.subreaper import become_subreaper, stop_descendants
 from service.run.torchrun import LaunchRequest, LocalTorchrunLauncher
 from service.run.warm import COLD_ENV, RELAY_PATH, SOCKET_ENV
+from torchyard_contract import claim as runclaim
 from torchyard_contract import envnames as names
+from torchyard_contract.launch import LaunchConfig
 from torchyard_contract.rundir import RunDir
 
 POLL_S = 0.2
 STRAY_GRACE_S = 2.0  # SIGTERM → this → SIGKILL for processes a finished attempt left behind
 DEADLINE_REASON = "deadline exceeded"
-
-
-@dataclass(frozen=True)
-class ShimConfig:
-    job_id: int
-    python: str
-    nproc_per_node: int
-    max_restarts: int
-    max_runtime_s: float | None
-    heartbeat_timeout_s: float | None
-    stop_grace_s: float
-    # What each rank runs after torchrun's options (``service.domain.scriptpath.RankProgram``);
-    # None = the built-in trainer (also what a launch.json from before script jobs means).
-    program: list[str] | None = None
-    pythonpath: str | None = None  # ``-m`` script jobs: the script directory holding the module
-    nnodes: int = 1  # > 1 only under the slurm launcher
-    gpus_per_node: int = 0  # slurm launcher: GPUs each node's step asks for (0 = CPUs)
-
-    @property
-    def world_size(self) -> int:
-        return self.nnodes * self.nproc_per_node
-
-    @classmethod
-    def read(cls, run: RunDir) -> "ShimConfig":
-        return cls(**json.loads(run.launch_file.read_text()))
-
-    def rank_program(self, run: RunDir) -> tuple[str, ...]:
-        if self.program is None:
-            # Old launch.json only (the supervisor always writes ``program``): not worth
-            # importing the spec model (pydantic) on every job's start path.
-            from service.domain.scriptpath import builtin_program
-
-            return builtin_program(run.spec_file).argv
-        return tuple(self.program)
-
-    def rank_env(self, inherited: str | None) -> dict[str, str]:
-        """Extra variables of torchrun and the ranks (``inherited``: the shim's PYTHONPATH)."""
-        if self.pythonpath is None:
-            return {}
-        path = os.pathsep.join(p for p in (self.pythonpath, inherited) if p)
-        return {"PYTHONPATH": path, "PYTHONSAFEPATH": "1"}
-
-    def write(self, run: RunDir) -> None:
-        _write_json(run.launch_file, asdict(self))
 
 
 def _wait_exit(handle: ProcessGroupHandle, timeout_s: float) -> None:
@@ -118,7 +74,7 @@ def _write_json(path: Path, data: dict) -> None:
 
 class Shim:
     def __init__(
-        self, run: RunDir, config: ShimConfig, launcher: str = "local",
+        self, run: RunDir, config: LaunchConfig, launcher: str = "local",
         warm_socket: str | None = None, why_cold: str | None = None,
     ) -> None:
         self.run, self.config, self.launcher = run, config, launcher
@@ -327,7 +283,7 @@ def main() -> None:
     if not become_subreaper():
         print("not a child subreaper (no prctl): daemons a job leaves may outlive it", flush=True)
     run = RunDir(root.resolve())
-    # First of all: claim the launch, unless a recovering server gave it up (service.run.claim).
+    # First of all: claim the launch, unless a recovering server gave it up (torchyard_contract.claim).
     me = os.getpid()
     mine = {"pid": me, "create_time": create_time(me), "host": socket.gethostname()}
     if args.launcher == "slurm" and os.environ.get("SLURM_JOB_ID"):
@@ -338,7 +294,7 @@ def main() -> None:
     # The executor's, for this process only: torchrun and the ranks do not inherit it.
     warm_socket = os.environ.pop(SOCKET_ENV, None)
     why_cold = os.environ.pop(COLD_ENV, None)
-    shim = Shim(run, ShimConfig.read(run), args.launcher, warm_socket, why_cold)
+    shim = Shim(run, LaunchConfig.read(run), args.launcher, warm_socket, why_cold)
     signal.signal(signal.SIGTERM, shim.on_sigterm)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the server's terminal going away is not a cancel
     sys.exit(shim.main())

@@ -10,8 +10,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from service.run.childenv import environ_for_children
 from service.run.proctree import ProcessGroupHandle
+from torchyard_contract.childenv import environ_for_children
 
 
 @dataclass(frozen=True)

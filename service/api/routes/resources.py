@@ -8,7 +8,7 @@ from service.api.deps import SupervisorDep
 from service.api.errors import ApiError
 from service.api.schemas import NodeRead, ResourceRead, ResourcesRead, ResourceTotals, WarmRead
 from service.domain.supervisor import Supervisor
-from service.executor.slurmcli import SlurmError
+from service.executor.base import ExecutorError
 
 router = APIRouter(tags=["scheduling"])
 
@@ -43,7 +43,7 @@ def read_resources(supervisor: SupervisorDep, request: Request) -> ResourcesRead
 def _slurm_resources(supervisor: Supervisor) -> ResourcesRead:
     try:
         rows = supervisor.slurm_nodes()
-    except SlurmError as exc:
+    except ExecutorError as exc:
         raise ApiError(503, "slurm_unavailable", f"cannot ask Slurm: {exc}") from exc
     nodes = [
         NodeRead(name=n.name, state=n.state, partition=n.partition, cpus=n.cpus,

@@ -1,7 +1,6 @@
 """The host's schedulable resources: GPUs (detected without torch) or CPU slots."""
 
-import shutil
-import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -24,21 +23,10 @@ def parse_gpu_list(value: str) -> tuple[int, ...]:
     return tuple(sorted({int(part) for part in value.split(",") if part.strip()}))
 
 
-def detect_gpus() -> tuple[int, ...]:
-    """GPU indices from ``nvidia-smi`` (no torch import in the server); () when there is none."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return ()
-    try:
-        out = subprocess.run(
-            [exe, "--query-gpu=index", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=10, check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ()
-    return tuple(int(line) for line in out.split() if line.strip().isdigit())
-
-
-def make_inventory(gpus_setting: str | None, cpu_slots: int) -> Inventory:
+def make_inventory(
+    gpus_setting: str | None, cpu_slots: int, detect_gpus: Callable[[], tuple[int, ...]] = tuple
+) -> Inventory:
+    """The host's resources: ``TORCHYARD_GPUS`` when set, else what ``detect_gpus`` finds
+    (``service.executor.gpus.detect_gpus`` on a server; none by default)."""
     gpus = parse_gpu_list(gpus_setting) if gpus_setting is not None else detect_gpus()
     return Inventory(gpus=gpus, cpu_slots=cpu_slots)

@@ -1,0 +1,58 @@
+"""The launch configuration: what the server writes for a job's attempt loop (``launch.json``).
+
+Written by the supervisor (``service.domain``), read by the attempt loop (``service.run``) on the
+job's host; no secrets (those travel only in process environments).
+"""
+
+import json
+import os
+from dataclasses import asdict, dataclass
+
+from torchyard_contract.rundir import RunDir
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """What the server tells a job's attempt loop (``launch.json``; no secrets)."""
+
+    job_id: int
+    python: str
+    nproc_per_node: int
+    max_restarts: int
+    max_runtime_s: float | None
+    heartbeat_timeout_s: float | None
+    stop_grace_s: float
+    # What each rank runs after torchrun's options (``service.domain.scriptpath.RankProgram``);
+    # None = the built-in trainer (also what a launch.json from before script jobs means).
+    program: list[str] | None = None
+    pythonpath: str | None = None  # ``-m`` script jobs: the script directory holding the module
+    nnodes: int = 1  # > 1 only under the slurm launcher
+    gpus_per_node: int = 0  # slurm launcher: GPUs each node's step asks for (0 = CPUs)
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    @classmethod
+    def read(cls, run: RunDir) -> "LaunchConfig":
+        return cls(**json.loads(run.launch_file.read_text()))
+
+    def rank_program(self, run: RunDir) -> tuple[str, ...]:
+        if self.program is None:
+            # Old launch.json only (the supervisor always writes ``program``): the built-in
+            # trainer, as ``service.domain.scriptpath.builtin_program`` spells it.
+            return ("-m", "worker", "--spec", str(run.spec_file))
+        return tuple(self.program)
+
+    def rank_env(self, inherited: str | None) -> dict[str, str]:
+        """Extra variables of torchrun and the ranks (``inherited``: the shim's PYTHONPATH)."""
+        if self.pythonpath is None:
+            return {}
+        path = os.pathsep.join(p for p in (self.pythonpath, inherited) if p)
+        return {"PYTHONPATH": path, "PYTHONSAFEPATH": "1"}
+
+    def write(self, run: RunDir) -> None:
+        run.launch_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = run.launch_file.with_suffix(run.launch_file.suffix + ".tmp")
+        tmp.write_text(json.dumps(asdict(self)))
+        os.replace(tmp, run.launch_file)
