@@ -22,12 +22,13 @@ SECRET_ENV_VARS = frozenset(
 SERVER_ONLY_ENV_VARS = frozenset({"PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir"})
 # TORCHYARD_* variables are the server's settings (TORCHYARD_HOME, TORCHYARD_EXECUTOR, …) except
 # those torchyard sets for a job (torchyard_contract.envnames; the warm-rank hand-off's) and the
-# test suite's rank hooks (tests/rankhooks): only those pass from a process to its children.
+# test suite's rank hooks (tests/rankhooks) and the benchmarks' probe (bench/probe): only those
+# pass from a process to its children.
 JOB_ENV_VARS = frozenset(
     value for name, value in vars(envnames).items()
     if name.isupper() and isinstance(value, str) and value.startswith("TORCHYARD_")
 )
-JOB_ENV_PREFIXES = ("TORCHYARD_WARM_", "TORCHYARD_TEST_")
+JOB_ENV_PREFIXES = ("TORCHYARD_WARM_", "TORCHYARD_TEST_", "TORCHYARD_BENCH_")
 SETTINGS_PREFIX = "TORCHYARD_"
 
 

@@ -34,7 +34,7 @@ def make_slurm_executor(settings: "Settings") -> "SlurmExecutor":
 
     from service.executor.slurm import SlurmDefaults, SlurmExecutor
     from service.executor.slurmcli import SlurmCli
-    from service.settings import environ_for_children
+    from torchyard_contract.childenv import environ_for_children
 
     cli = SlurmCli(
         env=environ_for_children(os.environ),

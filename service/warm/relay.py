@@ -5,10 +5,8 @@ upgrade; it runs the new relay as ``__main__`` with the same arguments.
 """
 
 import runpy
-import sys
 from pathlib import Path
 
 if __name__ == "__main__":
     relay = Path(__file__).resolve().parents[1] / "run" / "warm" / "relay.py"
-    sys.argv[0] = str(relay)
     runpy.run_path(str(relay), run_name="__main__")
