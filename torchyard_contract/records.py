@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from torchyard_contract.spec import refuse_coercion
+from torchyard_contract.spec_types import refuse_coercion
 
 NonFinite = Literal["NaN", "Infinity", "-Infinity"]
 MetricValue = float | NonFinite

@@ -8,7 +8,10 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    TypeAdapter,
     ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
     create_model,
     field_validator,
 )
@@ -23,6 +26,32 @@ from torchyard_contract.bounds import bounded_text
 from torchyard_contract.records import MetricValue, NonFinite, RecordPost, decode_value  # noqa: F401
 from torchyard_contract.spec import JobSpec
 from torchyard_contract.state import JobState
+
+
+def _as_stored(value: object, handler: ValidatorFunctionWrapHandler) -> JobSpec:
+    """A stored spec reads as it was stored: one that a later, stricter rule refuses (it was
+    accepted before the rule existed) must not make every read of its job a 500. The rules
+    apply to what is submitted (``POST /jobs``), not to history: each field is then read by its
+    type alone (bounds, patterns and cross-field rules unchecked), as stored."""
+    try:
+        return handler(value)
+    except ValidationError:
+        if not isinstance(value, dict):
+            raise
+    fields = {}
+    for name, raw in value.items():
+        info = JobSpec.model_fields.get(name)
+        if info is None:
+            continue  # a field since removed
+        try:
+            fields[name] = TypeAdapter(info.annotation).validate_python(raw)
+        except ValidationError:
+            fields[name] = raw
+    return JobSpec.model_construct(**fields)
+
+
+# The documented schema is JobSpec's; only reading a stored row is lenient.
+StoredJobSpec = Annotated[JobSpec, WrapValidator(_as_stored)]
 
 # The database keeps naive UTC; the wire says so (RFC 3339 needs an offset: "...Z").
 UtcDatetime = Annotated[
@@ -60,7 +89,7 @@ class JobRead(BaseModel):
     id: int
     name: str
     state: JobState
-    spec: JobSpec
+    spec: StoredJobSpec
     created_at: UtcDatetime
     started_at: UtcDatetime | None
     running_at: UtcDatetime | None
@@ -90,7 +119,7 @@ class JobRead(BaseModel):
             id=job.id,
             name=job.name,
             state=JobState(job.state),
-            spec=JobSpec.model_validate(job.spec),
+            spec=job.spec,  # type: ignore[arg-type]  # validated (leniently) by StoredJobSpec
             created_at=job.created_at,
             started_at=job.started_at,
             running_at=job.running_at,

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from torchyard_contract.spec import SLURM_CONSTRAINT_PATTERN, SLURM_NAME_PATTERN
+from torchyard_contract.spec_types import SLURM_CONSTRAINT_PATTERN, SLURM_NAME_PATTERN
 
 # Seconds on top of max_runtime_s before Slurm's own --time ends the allocation: the attempt
 # loop enforces the deadline itself (SIGTERM → grace → SIGKILL); Slurm's limit is the backstop.

@@ -26,7 +26,8 @@ from service.api.schemas import AttemptRead, JobList, JobRead, MetricRead, Metri
 from service.domain.supervisor import SubmitRejected, Supervisor
 from service.store import repository as repo
 from service.store.tables import Job
-from torchyard_contract.spec import LABEL_VALUE_CHARS, LABEL_VALUE_MAX, JobSpec
+from torchyard_contract.spec import JobSpec
+from torchyard_contract.spec_types import LABEL_VALUE_CHARS, LABEL_VALUE_MAX
 from torchyard_contract.state import TERMINAL_STATES, JobState
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
