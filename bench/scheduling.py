@@ -2,7 +2,7 @@
 
 * ``POST /jobs`` latency while the queue fills to 10,000 (4 concurrent clients), against a live
   server run without its supervisor loop (``bench.server``) so every job stays queued.
-* One scheduling pass over the full queue: ``Supervisor._launch_queued`` (read the queue, plan,
+* One scheduling pass over the full queue: ``Supervisor._schedule`` (read the queue, plan,
   record waiting reasons; nothing fits because a blocker job holds every CPU slot), and the pure
   ``service.domain.queue.scheduler.plan`` on its own.
 * ``GET /jobs`` page latency (50 per page): the newest page, ``state=queued``, and a page from
@@ -95,7 +95,7 @@ def scheduling_pass(home: Path, repeats: int) -> tuple[float, float, int]:
         for _ in range(repeats):
             supervisor._queue_dirty = True
             t0 = time.perf_counter()
-            supervisor._launch_queued()
+            supervisor._schedule()
             passes.append(time.perf_counter() - t0)
         waiting = len(supervisor._waiting)
         with factory() as session:

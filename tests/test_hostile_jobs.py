@@ -329,9 +329,9 @@ def test_finishing_runs_off_the_supervisor_loop(api: TestClient) -> None:
     run.exit_file.write_text('{"state": "succeeded", "exit_code": 0}')
     supervisor = api.app.state.supervisor
     assert supervisor.lease.renew()  # it acts only while it holds the lease (service.domain.lease)
-    supervisor._finisher.start()
+    supervisor.finisher.start()
     try:
-        supervisor._finish(job_id, 0)  # what the reap does when the shim exits
+        supervisor.reaper.finish(job_id, 0)  # what the reap does when the shim exits
         assert api.get("/resources").json()["cpu"]["allocated"] == 0, "slots free at once"
         started = time.monotonic()
         supervisor.tick()
@@ -341,7 +341,7 @@ def test_finishing_runs_off_the_supervisor_loop(api: TestClient) -> None:
             assert time.monotonic() < deadline
             time.sleep(0.1)
     finally:
-        supervisor._finisher.stop()
+        supervisor.finisher.stop()
     with api.app.state.session_factory() as session:
         assert stored_records(session, job_id) == 60_000
 

@@ -30,13 +30,13 @@ from pathlib import Path
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.domain import lossguard as guard
-from service.domain.recordscope import RecordScope, world_size
+from service.domain.recordscope import RecordScope, job_attempts, world_size
 from service.domain.spool import SpoolChunk, SpoolTally, read_rank_spool
 from service.store import repository as repo
 from service.store.db import is_busy
 from torchyard_contract.bounds import bounded_text
 from torchyard_contract.rundir import RunDir
-from torchyard_contract.runfiles import read_attempts, read_outcome
+from torchyard_contract.runfiles import read_outcome
 from torchyard_contract.state import ACTIVE_STATES, JobState
 
 logger = logging.getLogger(__name__)
@@ -136,8 +136,7 @@ class Finisher:
             repo.transition(session, job_id, JobState.starting, started_at=repo.utcnow())
             spec = dict(job.spec or {})
             ranks = world_size(spec)
-            max_attempts = int(spec.get("max_restarts", 0) or 0) + 1
-            repo.set_attempts(session, job_id, read_attempts(run, max_attempts, ranks))
+            repo.set_attempts(session, job_id, job_attempts(run, spec))
             session.commit()
         notes, added = [], 0
         for rank in range(ranks):

@@ -10,6 +10,8 @@ is over (docs/metrics.md: no record is stored once a job is terminal).
 from dataclasses import dataclass
 
 from service.store.tables import Job
+from torchyard_contract.rundir import RunDir
+from torchyard_contract.runfiles import read_attempts
 from torchyard_contract.state import ACTIVE_STATES, JobState
 
 
@@ -20,6 +22,20 @@ def world_size(spec: dict | None) -> int:
         return max(1, int(spec.get("nproc_per_node", 1))) * max(1, int(spec.get("nnodes", 1) or 1))
     except (TypeError, ValueError):
         return 1
+
+
+
+def attempt_limit(spec: dict | None) -> int:
+    """Attempts a job may have: its ``max_restarts + 1``."""
+    try:
+        return int((spec or {}).get("max_restarts", 0) or 0) + 1
+    except (TypeError, ValueError):
+        return 1
+
+
+def job_attempts(run: RunDir, spec: dict | None) -> list[dict]:
+    """The attempt records the job's run directory holds, within its limits (attempts, ranks)."""
+    return read_attempts(run, attempt_limit(spec), world_size(spec))
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,13 @@ class Executor(Protocol):
     """Runs jobs' attempt loops. Methods may be called from several threads."""
 
     name: str  # stored with each job: "local", "slurm"
+    # True: the executor queues and places jobs itself (Slurm): the supervisor hands it every
+    # queued job at once, books no resources of this host, and reads the job's place from it.
+    # False: the supervisor's scheduler places jobs on this host's inventory.
+    queues_jobs: bool
+    # Longest an ended job's outcome file (``exit.json``) may take to become visible to the
+    # server after the executor reports the end (a shared filesystem caches directory entries).
+    outcome_visible_within_s: float
 
     def dry_run(self, sub: Submission) -> DryRun:
         """What ``submit`` would run; pure: starts nothing, touches nothing."""

@@ -82,6 +82,8 @@ class LocalExecutor:
     """Jobs as local process groups. ``python``: the interpreter that runs the shim."""
 
     name = NAME
+    queues_jobs = False
+    outcome_visible_within_s = 0.0
 
     def __init__(
         self, python: str | None = None, warm: WarmPool | None = None, standby: bool = False

@@ -82,6 +82,8 @@ class SlurmExecutor:
     Every Slurm command runs by the absolute path ``cli`` found at start, with a timeout."""
 
     name = NAME
+    queues_jobs = True
+    outcome_visible_within_s = 30.0
 
     def __init__(
         self, cli: SlurmCli, python: str, server_env: Mapping[str, str], stop_grace_s: float,

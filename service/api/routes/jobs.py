@@ -23,7 +23,8 @@ from service.api.errors import ERROR_RESPONSES, ApiError
 from service.api.hotreads import HotReads
 from service.api.middleware.writegate import WriteSlotDep
 from service.api.schemas import AttemptRead, JobList, JobRead, MetricRead, MetricsPage
-from service.domain.supervisor import SubmitRejected, Supervisor
+from service.domain.intake import SubmitRejected
+from service.domain.supervisor import Supervisor
 from service.store import repository as repo
 from service.store.tables import Job
 from torchyard_contract.spec import JobSpec

@@ -1,0 +1,121 @@
+"""What ``POST /jobs`` goes through after its schema: admission, what this executor can run,
+capacity, the script and its secrets' names, the idempotency key; then the job is queued.
+
+Contract: :meth:`Intake.submit` stores a queued job and returns ``(job, created)``, or raises
+:class:`SubmitRejected` (its ``kind`` and ``status`` say why), ``AdmissionRefused`` (403) or
+``PathRefused`` (422) from ``service.domain.admission``. It never starts anything: the
+supervisor's loop does, on its next pass.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.domain import secretstore
+from service.domain.admission import admit
+from service.domain.placement import capacity_shortfall, resource_kind
+from service.domain.queue.inventory import Inventory
+from service.domain.scriptpath import ScriptRefused, ScriptsDisabled, script_program
+from service.domain.secretstore import SecretRefused
+from service.settings import Settings
+from service.store import repository as repo
+from service.store.tables import Job
+from torchyard_contract.spec import SLURM_FIELDS, JobSpec
+
+
+class SubmitRejected(Exception):
+    """A spec that is valid on its own but cannot be accepted here (``kind`` says why)."""
+
+    def __init__(self, kind: str, message: str, status: int = 422) -> None:
+        super().__init__(message)
+        self.kind, self.status = kind, status
+
+
+def check_local(spec: JobSpec, inventory: Inventory) -> None:
+    """Refuse what this host can never run: several nodes, fields only a cluster executor reads,
+    more GPUs or slots than it has (422, naming the field and why)."""
+    if spec.nnodes > 1:
+        raise SubmitRejected(
+            "unschedulable",
+            f"nnodes: {spec.nnodes} nodes need the slurm executor (TORCHYARD_EXECUTOR=slurm); "
+            "this server's local executor runs each job on this one host (nnodes 1)",
+        )
+    for name in SLURM_FIELDS:
+        if getattr(spec, name) is not None:
+            raise SubmitRejected(
+                "invalid_request",
+                f"{name}: only the slurm executor reads it; this server runs jobs locally",
+            )
+    kind = resource_kind(spec.device.value, inventory)
+    shortfall = capacity_shortfall(kind, spec.nproc_per_node, inventory)
+    if shortfall is not None:
+        raise SubmitRejected("unschedulable", shortfall)
+
+
+@dataclass
+class Intake:
+    settings: Settings
+    sessions: sessionmaker[Session]
+    inventory: Inventory
+    # True when the executor queues and places jobs itself (a job too big for the cluster is
+    # then refused by it); False: this host's limits are checked here.
+    executor_queues_jobs: bool
+    queued: Callable[[], None]  # wakes the loop
+
+    def submit(self, spec: JobSpec, idempotency_key: str | None = None) -> tuple[Job, bool]:
+        """Store a queued job; returns (job, created).
+
+        A repeated ``idempotency_key`` returns the job first stored with it (``created`` False),
+        so a retried request never launches twice; the same key with a different spec raises
+        ``SubmitRejected("idempotency_conflict")``. Also raises ``SubmitRejected`` for a job that
+        can never fit this host or names a job that does not exist.
+        """
+        spec = admit(spec, self.settings)  # 403 script jobs without tokens; 422 paths outside roots
+        if idempotency_key is not None:
+            existing = self._job_for_key(idempotency_key, spec)
+            if existing is not None:
+                return existing, False
+        if not self.executor_queues_jobs:
+            check_local(spec, self.inventory)
+        if spec.is_script:  # refuse what could never launch; resolved again at launch
+            self._check_script(spec)
+        with self.sessions() as session:
+            if spec.resume_from is not None and repo.get_job(session, spec.resume_from) is None:
+                raise SubmitRejected("invalid_request", f"resume_from: job {spec.resume_from} not found")
+            try:
+                job = repo.create_job(session, spec, idempotency_key)
+                session.commit()
+            except IntegrityError:
+                # Another request with the same key won the race between lookup and insert.
+                session.rollback()
+                existing = self._job_for_key(idempotency_key or "", spec)
+                if existing is None:
+                    raise
+                return existing, False
+        self.queued()
+        return job, True
+
+    def _check_script(self, spec: JobSpec) -> None:
+        try:
+            script_program(spec, self.settings.script_dir_list)
+        except ScriptsDisabled as exc:
+            raise SubmitRejected("scripts_disabled", str(exc), status=403) from exc
+        except ScriptRefused as exc:
+            raise SubmitRejected("invalid_request", str(exc)) from exc
+        try:  # names only; values are read at launch
+            secretstore.check_names(spec.secret_env, self.settings.secrets_file)
+        except SecretRefused as exc:
+            raise SubmitRejected("invalid_request", str(exc)) from exc
+
+    def _job_for_key(self, key: str, spec: JobSpec) -> Job | None:
+        with self.sessions() as session:
+            job = repo.job_by_idempotency_key(session, key)
+        if job is not None and job.spec != spec.model_dump(mode="json"):
+            raise SubmitRejected(
+                "idempotency_conflict",
+                f"Idempotency-Key: already used for job {job.id} with a different spec",
+                status=409,
+            )
+        return job

@@ -1,0 +1,158 @@
+"""Launching a job: what its ranks get (a pure builder) and handing it to the executor.
+
+:func:`launch_config` and :func:`rank_env` are pure: given the settings, the spec, the job's
+token and its placement they build the launch configuration (``torchyard_contract.launch``) and
+the rank environment (``torchyard_contract.envnames``), so a dry run can print them. They are the
+one place that chooses a rank's device and backend from its placement (``service.domain.placement``).
+:class:`Launcher` writes the run directory and submits: the only code that starts a job.
+"""
+
+import logging
+import sys
+import time
+from dataclasses import dataclass
+
+from sqlalchemy.orm import Session
+
+from service.domain import secretstore
+from service.domain.jobtoken import new_token
+from service.domain.loopcontext import LoopContext
+from service.domain.placement import Placement
+from service.domain.scriptpath import RankProgram, ScriptRefused, rank_program
+from service.domain.secretstore import SecretRefused
+from service.executor.base import Submission
+from service.settings import Settings
+from service.store import repository as repo
+from service.store.tables import Job
+from torchyard_contract import envnames as names
+from torchyard_contract.launch import LaunchConfig
+from torchyard_contract.rundir import RunDir
+from torchyard_contract.spec import Backend, Device, JobSpec
+from torchyard_contract.state import JobState
+
+logger = logging.getLogger(__name__)
+
+
+def launch_config(settings: Settings, job_id: int, spec: JobSpec, program: RankProgram) -> LaunchConfig:
+    """What the attempt loop reads from ``launch.json``: the rank program and its limits."""
+    return LaunchConfig(
+        job_id=job_id,
+        python=settings.python_executable or sys.executable,
+        nproc_per_node=spec.nproc_per_node,
+        max_restarts=spec.max_restarts,
+        max_runtime_s=spec.max_runtime_s,
+        heartbeat_timeout_s=spec.heartbeat_timeout_s,
+        stop_grace_s=settings.stop_grace_s,
+        program=list(program.argv),
+        pythonpath=program.pythonpath,
+        nnodes=spec.nnodes,
+    )
+
+
+def rank_env(
+    *, job_id: int, token: str, run: RunDir, spec: JobSpec, api_url: str, cpu_slots: int,
+    secrets: dict[str, str], resume_dir: str | None, placement: Placement | None,
+) -> dict[str, str]:
+    """Every rank's environment. ``placement`` None: the executor places the job (Slurm sets
+    CUDA_VISIBLE_DEVICES itself); the device and backend are then set only where the spec names
+    them, and each rank picks the rest (``worker.distributed``)."""
+    env = {
+        **spec.env,  # a script job's own variables; never torchyard's (JobSpec refuses them)
+        **secrets,  # only ever in a process environment (see service.domain.secretstore)
+        names.API_URL: api_url,
+        names.JOB_ID: str(job_id),
+        names.JOB_TOKEN: token,
+        names.RUN_DIR: str(run.root),
+        names.ERROR_FILE: str(run.error_file),
+        "PYTHONUNBUFFERED": "1",
+    }
+    if resume_dir is not None:
+        env[names.RESUME_DIR] = resume_dir
+    if placement is None:
+        if spec.device is not Device.auto:
+            env[names.DEVICE] = spec.device.value
+        if spec.backend is not Backend.auto:
+            env[names.BACKEND] = spec.backend.value
+        elif spec.device is Device.cpu:
+            env[names.BACKEND] = Backend.gloo.value
+        if spec.device is Device.cpu:
+            env["OMP_NUM_THREADS"] = "1"  # one CPU per rank (--cpus-per-task=nproc_per_node)
+        return env
+    # CPU jobs: one thread per slot held; GPU jobs: share the host's cores among the ranks.
+    threads = 1 if placement.device == "cpu" else max(1, cpu_slots // spec.nproc_per_node)
+    env.update({
+        names.DEVICE: placement.device,
+        names.BACKEND: placement.backend,
+        "OMP_NUM_THREADS": str(threads),
+        "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in placement.gpu_indices),
+    })
+    return env
+
+
+@dataclass
+class Launcher:
+    ctx: LoopContext
+
+    def start_run(self, job_id: int, token: str, spec: JobSpec, placement: Placement | None) -> str:
+        """Write the run directory and submit the job's attempt loop; its reference, or raises
+        (``ScriptRefused``: the script went away or out of bounds since submit;
+        ``SecretRefused``; ``OSError``; the executor's errors)."""
+        settings = self.ctx.settings
+        run = RunDir.for_job(settings.runs_dir, job_id)
+        run.prepare()
+        run.spec_file.write_text(spec.model_dump_json(indent=2))
+        program = rank_program(spec, settings.script_dir_list, run.spec_file)
+        launch_config(settings, job_id, spec, program).write(run)
+        resume_dir = None
+        if spec.resume_from is not None:
+            resume_dir = str(RunDir.for_job(settings.runs_dir, spec.resume_from).checkpoints_dir)
+        env = rank_env(
+            job_id=job_id, token=token, run=run, spec=spec, api_url=self.ctx.api_url,
+            cpu_slots=self.ctx.inventory.cpu_slots,
+            secrets=secretstore.resolve(spec.secret_env, settings.secrets_file),
+            resume_dir=resume_dir, placement=placement,
+        )
+        return self.ctx.executor.submit(Submission(
+            job_id=job_id, run=run, env=env, nproc_per_node=spec.nproc_per_node,
+            nnodes=spec.nnodes,
+        ))
+
+    def launch(self, session: Session, job: Job, spec: JobSpec, placement: Placement) -> None:
+        """queued → starting (compare-and-set, under the lease's fence) with its resources
+        booked, then start it; a launch that fails leaves the job failed with its resources
+        freed, never starting."""
+        ctx = self.ctx
+        token, token_hash = new_token()
+        if not ctx.lease.fence(session) or not repo.transition(
+            session, job.id, JobState.starting,
+            started_at=repo.utcnow(), devices=",".join(placement.resources), token_hash=token_hash,
+        ):
+            session.rollback()
+            return
+        repo.allocate(session, job.id, placement.resources)
+        session.commit()
+        try:
+            ref = self.start_run(job.id, token, spec, placement)
+        except Exception as exc:  # whatever failed, the job must not stay starting, holding slots
+            if not isinstance(exc, ScriptRefused | SecretRefused | OSError):
+                logger.exception("job %s: launch failed", job.id)
+            if ctx.lease.fence(session):  # else the next supervisor gives the launch up
+                repo.transition(session, job.id, JobState.failed, reason=f"could not start: {exc}")
+                repo.release(session, job.id)
+            session.commit()
+            ctx.queue_changed()
+            return
+        ctx.watched.refs[job.id] = ref
+        if ctx.settings.test_launch_pause_s:  # tests: a window to kill the server in
+            time.sleep(ctx.settings.test_launch_pause_s)
+        if not ctx.lease.fence(session):
+            # The next supervisor adopts the attempt loop from its claim (torchyard_contract.claim).
+            session.rollback()
+            logger.warning("job %s: lease lost while launching; left to the next supervisor", job.id)
+            return
+        job_row = repo.get_job(session, job.id)
+        if job_row is not None:
+            job_row.executor, job_row.executor_ref = ctx.executor.name, ref
+        session.commit()
+        logger.info("job %s: launched (%s %s) on %s", job.id, ctx.executor.name, ref,
+                    placement.resources)

@@ -1,0 +1,193 @@
+"""The scheduling pass: which queued jobs start now.
+
+Two strategies behind one method, chosen by the executor's capability (``queues_jobs``):
+
+* :class:`HostScheduling` — the supervisor places jobs on this host's inventory
+  (``service.domain.queue.scheduler``: priority, FIFO, gang allocation, backfill behind a
+  reservation) and launches them (``service.domain.launch``).
+* :class:`ExecutorQueueing` — the executor queues and places jobs itself (Slurm): every queued
+  job is handed to it at once, each on a submit thread (``service.domain.submits``), and stays
+  ``queued`` until the executor starts it (``service.domain.reaping``).
+"""
+
+import logging
+import math
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from datetime import UTC
+from functools import partial
+from typing import Protocol
+
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+
+from service.domain.jobtoken import new_token
+from service.domain.launch import Launcher
+from service.domain.loopcontext import LoopContext
+from service.domain.placement import capacity_shortfall, placement_for, resource_kind
+from service.domain.queue import scheduler
+from service.domain.scriptpath import ScriptRefused
+from service.domain.secretstore import SecretRefused
+from service.domain.submits import Submits
+from service.executor.base import ExecutorError
+from service.store import repository as repo
+from service.store.tables import Job
+from torchyard_contract.spec import JobSpec
+from torchyard_contract.state import JobState
+
+logger = logging.getLogger(__name__)
+
+
+class Scheduling(Protocol):
+    def run_pass(self, now: float) -> None:
+        """Start (or hand over) what may start now and record why the rest waits."""
+
+    def close(self) -> None: ...
+
+
+def stored_spec(session: Session, job: Job, ctx: LoopContext) -> JobSpec | None:
+    """The job's spec under today's rules; a queued job stored under older rules that no longer
+    validates fails with why (under the lease's fence) instead of holding the queue. None then."""
+    try:
+        return JobSpec.model_validate(job.spec)
+    except ValidationError as exc:
+        if ctx.lease.fence(session):
+            repo.transition(session, job.id, JobState.failed,
+                            reason=f"could not start: its stored spec is no longer valid: {exc}")
+            session.commit()
+        return None
+
+
+@dataclass
+class HostScheduling:
+    ctx: LoopContext
+    launcher: Launcher
+
+    def run_pass(self, now: float) -> None:
+        ctx = self.ctx
+        # Read without the write lock: only this thread allocates, so what it reads stays true
+        # until it launches (the launch itself is compare-and-set, so a job cancelled meanwhile
+        # is skipped, and the allocation's unique key would refuse a double booking anyway).
+        with ctx.read_sessions() as reader:
+            queue = [
+                scheduler.QueuedJob(
+                    id=job_id, priority=priority, kind=resource_kind(device, ctx.inventory),
+                    count=count, max_runtime_s=max_runtime_s,
+                )
+                for job_id, priority, device, count, max_runtime_s
+                in repo.queued_for_scheduling(reader)
+            ]
+            if not queue:
+                ctx.set_waiting({})
+                return
+            held = repo.allocated_resources(reader)
+            running = self._running_jobs(reader, held)
+        # Checked at submit, but a restart with fewer GPUs or slots can leave a job that never
+        # fits: it would hold the head of its kind's queue forever, so it fails instead.
+        queue = [job for job in queue if not self._fail_if_never_fits(job)]
+        free = {
+            kind: [r for r in ctx.inventory.resource_names(kind) if r not in held]
+            for kind in (scheduler.GPU, scheduler.CPU)
+        }
+        decision = scheduler.plan(queue, free, running, now)
+        with ctx.loop_sessions() as session:
+            for launch in decision.launches:
+                job = repo.get_job(session, launch.job_id)
+                spec = stored_spec(session, job, ctx) if job is not None else None
+                if job is None or spec is None:
+                    continue
+                self.launcher.launch(session, job, spec, placement_for(spec, launch.resources))
+        ctx.set_waiting(decision.waiting)
+
+    def close(self) -> None:
+        pass
+
+    def _fail_if_never_fits(self, job: scheduler.QueuedJob) -> bool:
+        shortfall = capacity_shortfall(job.kind, job.count, self.ctx.inventory)
+        if shortfall is None:
+            return False
+        with self.ctx.loop_sessions() as session:
+            if not self.ctx.lease.fence(session):
+                return True  # not ours to decide now; skipped this pass
+            repo.transition(session, job.id, JobState.failed, reason=shortfall)
+            session.commit()
+        logger.info("job %s: can never fit this host; failed", job.id)
+        return True
+
+    def _running_jobs(self, session: Session, held: dict[str, int]) -> list[scheduler.RunningJob]:
+        """Jobs holding resources, with the time by which their deadline ends them."""
+        by_job: dict[int, list[str]] = {}
+        for resource, job_id in held.items():
+            by_job.setdefault(job_id, []).append(resource)
+        running = []
+        for job_id, resources in by_job.items():
+            job = repo.get_job(session, job_id)
+            limit = (job.spec or {}).get("max_runtime_s") if job is not None else None
+            started = job.started_at if job is not None else None
+            # The attempt loop stops a job at its deadline with SIGTERM → grace → SIGKILL.
+            ends_by = (
+                started.replace(tzinfo=UTC).timestamp() + limit + self.ctx.settings.stop_grace_s
+                if limit is not None and started is not None
+                else math.inf
+            )
+            kind = scheduler.GPU if resources[0].startswith("gpu:") else scheduler.CPU
+            running.append(scheduler.RunningJob(job_id, kind, len(resources), ends_by))
+        return running
+
+
+@dataclass
+class ExecutorQueueing:
+    ctx: LoopContext
+    launcher: Launcher
+    # Submits in flight on their own threads: a slow ``sbatch`` holds neither the loop nor the
+    # other jobs.
+    submits: Submits = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.submits = Submits(wake=self.ctx.queue_changed)
+
+    def run_pass(self, now: float) -> None:
+        """Hand every queued job not yet submitted to the executor, highest priority first; the
+        answers of earlier submits are stored first. The job stays ``queued`` (the executor's
+        queue is the queue) and gets its token now: the token travels with the submission."""
+        ctx = self.ctx
+        for job_id, future in self.submits.finished():
+            self._submitted(job_id, future)
+        with ctx.loop_sessions() as session:
+            for job in repo.queued_unsubmitted(session):
+                if job.id in ctx.watched.refs or self.submits.busy(job.id):
+                    continue
+                if self.submits.full:
+                    break  # the next finished submit wakes the loop for more
+                spec = stored_spec(session, job, ctx)
+                if spec is None:
+                    continue
+                token, token_hash = new_token()
+                job.token_hash = token_hash
+                session.commit()
+                self.submits.start(job.id, partial(self.launcher.start_run, job.id, token, spec, None))
+
+    def close(self) -> None:
+        self.submits.close()
+
+    def _submitted(self, job_id: int, future: Future[str]) -> None:
+        """Store what a submit thread's ``executor.submit`` answered: the reference, or the job
+        fails with why (whatever failed, the job must not stay queued)."""
+        ctx = self.ctx
+        with ctx.loop_sessions() as session:
+            try:
+                ref = future.result()
+            except Exception as exc:
+                if not isinstance(exc, ScriptRefused | SecretRefused | OSError | ExecutorError
+                                  | ValueError):
+                    logger.exception("job %s: submit failed", job_id)
+                repo.transition(session, job_id, JobState.failed, reason=f"could not submit: {exc}")
+                session.commit()
+                logger.info("job %s: could not submit: %s", job_id, exc)
+                return
+            ctx.watched.refs[job_id] = ref  # a job cancelled meanwhile is stopped by the stops
+            job = repo.get_job(session, job_id)
+            if job is not None:
+                job.executor, job.executor_ref = ctx.executor.name, ref
+            session.commit()
+        logger.info("job %s: submitted (%s %s)", job_id, ctx.executor.name, ref)
