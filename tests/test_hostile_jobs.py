@@ -219,7 +219,7 @@ def test_an_error_finishing_one_job_fails_it_and_the_next_is_finished(api: TestC
     good_run.exit_file.write_text('{"state": "succeeded", "exit_code": 0}')
     # A fault no job can cause (a spec row the finisher cannot read) stands in for any error.
     with api.app.state.session_factory() as session:
-        session.execute(update(Job).where(Job.id == bad).values(spec={"max_restarts": "many"}))
+        session.execute(update(Job).where(Job.id == bad).values(spec=[1]))  # not a mapping
         session.commit()
     finisher = _finisher(api)
     finisher.start()

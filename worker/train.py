@@ -43,6 +43,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler, TensorDataset
 
+from torchyard_contract.placement import backend_for
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.spec import JobSpec, OptimizerName
 from worker import default_reporter
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(spec.seed)
 
     use_cuda = env.device == "cuda" if env.device else torch.cuda.is_available()
-    backend = env.backend or ("nccl" if use_cuda else "gloo")
+    backend = env.backend or backend_for("cuda" if use_cuda else "cpu")
     # A collective stuck past the heartbeat timeout raises instead of hanging forever.
     timeout = (
         timedelta(seconds=max(spec.heartbeat_timeout_s * 2, 60))

@@ -12,7 +12,9 @@ from typing import Any, Self
 import httpx
 from httpx_sse import connect_sse
 
-TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+from torchyard_contract.state import TERMINAL_STATES
+
+TERMINAL = frozenset(state.value for state in TERMINAL_STATES)
 WAIT_CHUNK_S = 30.0  # one long poll of GET /jobs/{id}/wait
 POLL_S = 1.0  # fallback polling interval when the server has no /wait
 # Event streams send a keep-alive comment every 15 s; a read silent for longer is a dead link.

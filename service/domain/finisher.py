@@ -29,8 +29,8 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.domain import lossguard as guard
-from service.domain.recordscope import RecordScope, job_attempts, world_size
+from service.domain.ingest import accept_records
+from service.domain.recordscope import job_attempts, world_size
 from service.domain.spool import SpoolChunk, SpoolTally, read_rank_spool
 from service.store import repository as repo
 from service.store.db import is_busy
@@ -162,13 +162,8 @@ class Finisher:
             job = repo.get_job(session, job_id)
             if job is None or JobState(job.state) not in ACTIVE_STATES:
                 return None
-            scope = RecordScope.of(job)
-            records = [r for r in chunk.records if scope.refusal(r.rank, r.attempt) is None]
-            added = repo.insert_records(session, job_id, records)
-            if added:
-                repo.mark_first_metric(session, job_id, records)
-                # Records that never reached the API are guarded too (service.domain.lossguard).
-                guard.check(session, job_id, job.spec, records)
+            # Records that never reached the API are checked and guarded alike.
+            added = accept_records(session, job, chunk.records, refuse_whole=False)
             session.commit()
             return added
 
@@ -208,8 +203,8 @@ class Finisher:
             won = repo.transition(session, job_id, state, exit_code=exit_code,
                                   reason=bounded_text(reason) if reason else None,
                                   ended_at=ended_at or repo.utcnow())
-            if not won and job is not None and job.exit_code is None:
-                job.exit_code = exit_code  # cancelled by the user: still say how it exited
+            if not won and job is not None:
+                repo.set_exit_code_if_unknown(session, job_id, exit_code)
             repo.release(session, job_id)
             session.commit()
 

@@ -150,9 +150,7 @@ class Launcher:
             session.rollback()
             logger.warning("job %s: lease lost while launching; left to the next supervisor", job.id)
             return
-        job_row = repo.get_job(session, job.id)
-        if job_row is not None:
-            job_row.executor, job_row.executor_ref = ctx.executor.name, ref
+        repo.set_executor_ref(session, job.id, ctx.executor.name, ref)
         session.commit()
         logger.info("job %s: launched (%s %s) on %s", job.id, ctx.executor.name, ref,
                     placement.resources)

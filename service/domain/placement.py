@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from service.domain.queue import scheduler
 from service.domain.queue.inventory import Inventory
-from torchyard_contract.spec import Backend, Device, JobSpec
+from torchyard_contract.placement import backend_for
+from torchyard_contract.spec import Device, JobSpec
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,6 @@ def placement_for(spec: JobSpec, resources: list[str]) -> Placement:
     """The device and backend that follow from the resources a job was given: GPUs → ``cuda``
     with NCCL (unless the spec asks for gloo); CPU slots → ``cpu`` with gloo."""
     if resources and resources[0].startswith("gpu:"):
-        backend = "gloo" if spec.backend is Backend.gloo else "nccl"
+        backend = backend_for("cuda", spec.backend.value)
         return Placement(resources, "cuda", backend, [int(r.split(":")[1]) for r in resources])
-    return Placement(resources, "cpu", "gloo", [])
+    return Placement(resources, "cpu", backend_for("cpu"), [])

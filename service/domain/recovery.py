@@ -45,7 +45,7 @@ class Recovery:
                 if job is not None:
                     jobs[job_id] = job
             for job in jobs.values():
-                ref = job.executor_ref
+                ref, executor = job.executor_ref, job.executor
                 if ref and not ctx.executor.reachable(ref):
                     logger.info("job %s: left alone: it runs where this server cannot adopt it "
                                 "(%s %s)", job.id, job.executor, ref)
@@ -55,10 +55,11 @@ class Recovery:
                     if ref is None:
                         dead[job.id] = NEVER_STARTED
                         continue
-                    job.executor, job.executor_ref = ctx.executor.name, ref
-                if job.executor == ctx.executor.name and ctx.executor.adopt(ref):
+                    executor = ctx.executor.name
+                    repo.set_executor_ref(session, job.id, executor, ref)
+                if executor == ctx.executor.name and ctx.executor.adopt(ref):
                     ctx.watched.refs[job.id] = ref
-                    logger.info("job %s: re-adopted (%s %s)", job.id, job.executor, ref)
+                    logger.info("job %s: re-adopted (%s %s)", job.id, executor, ref)
                     continue
                 dead[job.id] = None
             session.commit()

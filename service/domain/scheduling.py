@@ -163,7 +163,7 @@ class ExecutorQueueing:
                 if spec is None:
                     continue
                 token, token_hash = new_token()
-                job.token_hash = token_hash
+                repo.set_token_hash(session, job.id, token_hash)
                 session.commit()
                 self.submits.start(job.id, partial(self.launcher.start_run, job.id, token, spec, None))
 
@@ -186,8 +186,6 @@ class ExecutorQueueing:
                 logger.info("job %s: could not submit: %s", job_id, exc)
                 return
             ctx.watched.refs[job_id] = ref  # a job cancelled meanwhile is stopped by the stops
-            job = repo.get_job(session, job_id)
-            if job is not None:
-                job.executor, job.executor_ref = ctx.executor.name, ref
+            repo.set_executor_ref(session, job_id, ctx.executor.name, ref)
             session.commit()
         logger.info("job %s: submitted (%s %s)", job_id, ctx.executor.name, ref)

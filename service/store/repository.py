@@ -1,4 +1,6 @@
-"""All SQL lives here. State changes are compare-and-set: zero rows changed means someone else won."""
+"""Jobs, their records and their resources in SQL. State changes are compare-and-set: zero rows
+changed means someone else won. The other stores: the lease (``lease``), the queue snapshot
+(``queue``), the change feed (``changefeed``) and chart series (``series``)."""
 
 import math
 from collections.abc import Iterable, Sequence
@@ -156,6 +158,24 @@ def transition(session: Session, job_id: int, to: JobState, **fields: object) ->
         return False
     note_change(session, job_id)
     return True
+
+
+def set_executor_ref(session: Session, job_id: int, executor: str, reference: str) -> None:
+    """Which executor runs the job and its opaque reference to it."""
+    session.execute(
+        update(Job).where(Job.id == job_id).values(executor=executor, executor_ref=reference)
+    )
+
+
+def set_token_hash(session: Session, job_id: int, token_hash: str) -> None:
+    session.execute(update(Job).where(Job.id == job_id).values(token_hash=token_hash))
+
+
+def set_exit_code_if_unknown(session: Session, job_id: int, exit_code: int | None) -> None:
+    """A job already terminal (cancelled by the user) still says how its processes exited."""
+    session.execute(
+        update(Job).where(Job.id == job_id, Job.exit_code.is_(None)).values(exit_code=exit_code)
+    )
 
 
 def set_attempts(session: Session, job_id: int, attempts: list[dict]) -> None:
@@ -358,42 +378,6 @@ def stop_requested(session: Session) -> Sequence[tuple[int, str]]:
     active = [JobState.starting.value, JobState.running.value]
     q = select(Job.id, Job.stop_reason).where(Job.state.in_(active), Job.stop_reason.is_not(None))
     return session.execute(q).tuples().all()  # type: ignore[return-value]
-
-
-# --- chart series and progress (dashboard) -----------------------------------------------------
-
-
-def series_rows(
-    session: Session, job_id: int, name: str, steps: bool
-) -> Sequence[tuple[int, int, int, int, float | None, str | None]]:
-    """``(attempt, rank, epoch, step, value, nonfinite)`` of one metric of a job: the per-epoch
-    records, or with ``steps`` the per-step ones. Core rows, not ORM ones: 100k rows stay cheap."""
-    m = MetricRecord
-    step_filter = m.step != EPOCH_STEP if steps else m.step == EPOCH_STEP
-    q = (
-        select(m.attempt, m.rank, m.epoch, m.step, m.value, m.nonfinite)
-        .where(m.job_id == job_id, m.name == name, step_filter)
-        .order_by(m.attempt, m.rank, m.epoch, m.step)
-    )
-    return session.connection().execute(q).tuples().all()
-
-
-def metric_names(session: Session, job_id: int) -> list[str]:
-    """The distinct metric names a job has reported, sorted."""
-    q = select(MetricRecord.name).where(MetricRecord.job_id == job_id).distinct()
-    return sorted(session.scalars(q).all())
-
-
-def last_record(session: Session, job_id: int) -> tuple[int, int] | None:
-    """``(seq, epoch)`` of the job's newest record, or None: one indexed lookup (job_id, seq)."""
-    q = (
-        select(MetricRecord.seq, MetricRecord.epoch)
-        .where(MetricRecord.job_id == job_id)
-        .order_by(MetricRecord.seq.desc())
-        .limit(1)
-    )
-    row = session.execute(q).first()
-    return (row[0], row[1]) if row else None
 
 
 def count_jobs_by_state(session: Session) -> dict[str, int]:

@@ -26,8 +26,7 @@ from service.api.errors import ERROR_RESPONSES, RETRY_LATER, ApiError
 from service.api.middleware.auth import WorkerJobDep
 from service.api.middleware.writegate import WriteSlotDep
 from service.api.schemas import IngestResult, RecordBatch, parse_record_batch
-from service.domain import lossguard as guard
-from service.domain.recordscope import RecordScope
+from service.domain.ingest import RecordsRefused, accept_records
 from service.store import repository as repo
 from service.store.repository import RecordIn
 
@@ -97,23 +96,15 @@ def post_records(
     job = repo.get_job(session, job_id)
     if job is None:
         raise ApiError(404, "not_found", f"job {job_id} not found")
-    scope = RecordScope.of(job)
-    checked: set[tuple[int, int]] = set()
-    for index, r in enumerate(records):
-        if (r.rank, r.attempt) in checked:  # one check per (rank, attempt), not per record
-            continue
-        checked.add((r.rank, r.attempt))
-        refused = scope.refusal(r.rank, r.attempt, where=f"records.{index}.")
-        if refused is not None:
-            headers = {"Retry-After": "1"} if refused.status == 503 else None
-            error = {409: "conflict", 503: "unavailable"}.get(refused.status, "invalid_request")
-            message = f"{refused.field}: {refused.message}" if refused.field else refused.message
-            raise ApiError(refused.status, error, message, headers)
-    added = repo.insert_records(session, job_id, records)
+    try:
+        added = accept_records(session, job, records, refuse_whole=True)
+    except RecordsRefused as exc:
+        refused = exc.refusal
+        headers = {"Retry-After": "1"} if refused.status == 503 else None
+        error = {409: "conflict", 503: "unavailable"}.get(refused.status, "invalid_request")
+        message = f"{refused.field}: {refused.message}" if refused.field else refused.message
+        raise ApiError(refused.status, error, message, headers) from None
     _test_pause(request.app.state.settings.test_record_pause_s, job_id, records)
-    if added:
-        repo.mark_first_metric(session, job_id, records)
-        guard.check(session, job_id, job.spec, records)  # a loss gone bad stops the job
     session.commit()
     request.app.state.telemetry.records_ingested.inc(added)
     return IngestResult(accepted=added, duplicates=len(records) - added)

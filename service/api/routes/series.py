@@ -8,7 +8,7 @@ from pydantic import BaseModel, Field
 from service.api.deps import JOB_ID_MAX, JobDep, SessionDep
 from service.api.schemas import MetricValue
 from service.domain.downsample import Line, build_lines
-from service.store import repository as repo
+from service.store import series
 from torchyard_contract.records import decode_value, to_wire
 from torchyard_contract.state import JobState
 
@@ -73,8 +73,8 @@ def read_series(
     state = JobState(job.state)
     # Read the cursor before the rows: a record stored in between is in the rows and makes the
     # next progress poll look newer, so the client re-reads once; it is never missed.
-    last = repo.last_record(session, job_id)
-    rows = repo.series_rows(session, job_id, name, steps=level == "step")
+    last = series.last_record(session, job_id)
+    rows = series.series_rows(session, job_id, name, steps=level == "step")
     attempt, rank, epoch, step, value, nonfinite = zip(*rows, strict=True) if rows else ((),) * 6
     values = [decode_value(n) if n else v for v, n in zip(value, nonfinite, strict=True)]
     x = step if level == "step" else epoch
@@ -85,7 +85,7 @@ def read_series(
             first_x[line.attempt] = min(first_x.get(line.attempt, line.x[0]), line.x[0])
     return SeriesPage(
         job_id=job_id, state=state, name=name, level=level, max_points=max_points,
-        last_seq=last[0] if last else 0, names=repo.metric_names(session, job_id),
+        last_seq=last[0] if last else 0, names=series.metric_names(session, job_id),
         lines=[_line(line) for line in lines], mean=_line(mean),
         attempts=[AttemptStart(number=n, first_x=x) for n, x in sorted(first_x.items())],
     )
@@ -103,7 +103,7 @@ def read_progress(
     come back with ``last_seq`` 0, like jobs that reported nothing yet."""
     items = []
     for jid in dict.fromkeys(job_id):
-        last = repo.last_record(session, jid)
+        last = series.last_record(session, jid)
         items.append(Progress(job_id=jid, last_seq=last[0] if last else 0,
                               epoch=last[1] if last else None))
     return ProgressList(items=items)

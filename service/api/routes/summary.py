@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from service.api.deps import JobDep, SessionDep
 from service.api.schemas import MetricValue
 from service.domain.metricsummary import DEFAULT_THRESHOLD, EpochValue, summarize
-from service.store import repository as repo
+from service.store import series
 from torchyard_contract.records import decode_value, to_wire
 
 router = APIRouter(prefix="/jobs", tags=["metrics"])
@@ -56,7 +56,7 @@ def metric_summary(
     values = [
         EpochValue(attempt, rank, epoch, _float(value, nonfinite))
         for attempt, rank, epoch, _step, value, nonfinite
-        in repo.series_rows(session, job_id, name, steps=False)
+        in series.series_rows(session, job_id, name, steps=False)
     ]
     items = [
         EpochSummaryRead(
