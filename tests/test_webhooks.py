@@ -305,3 +305,37 @@ def test_slack_format_is_one_signed_line() -> None:
     assert SECRET not in repr(Endpoint("ci", "http://x/", SECRET))
 
 
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("store", ["postgresql"], indirect=True)
+def test_a_receiver_down_across_a_leader_failover_gets_every_event(
+    live_server_factory, tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    """Two servers on one PostgreSQL: the leader stores the events and fails to send them; it is
+    SIGKILLed; the standby takes the lease and delivers them, under the same webhook-ids."""
+    from tests.test_failover import _pair
+
+    receiver = Receiver(free_port())  # down: connections are refused
+    hooks = _hooks_file(tmp_path, receiver.url)
+    leader, standby = _pair(live_server_factory, TORCHYARD_WEBHOOKS_FILE=str(hooks),
+                            **FAST_RETRIES)
+    job = _submit(leader, notify=["ci"])
+    leader.wait_for(job, {"succeeded"}, timeout_s=120)
+    deadline = time.monotonic() + 30
+    while True:  # both events stored and tried by the leader
+        items = _deliveries(standby, job)
+        if len(items) == 2 and all(i["attempts"] >= 1 for i in items):
+            break
+        assert time.monotonic() < deadline, items
+        time.sleep(0.2)
+    ids = {i["webhook_id"] for i in items}
+    leader.proc.send_signal(signal.SIGKILL)
+    leader.proc.wait()
+    receiver.start()
+    try:
+        receiver.wait_for({(job, "running"), (job, "succeeded")}, timeout_s=60)
+        assert {i for got in receiver.events().values() for i in got} == ids
+        _wait_delivered(standby, job, {"running", "succeeded"})
+    finally:
+        receiver.stop()
