@@ -9,6 +9,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from service.domain.jobtoken import hash_token
+from service.domain.webhookconf import read_endpoints
 from torchyard_contract.spec_types import SLURM_CONSTRAINT_PATTERN, SLURM_NAME_PATTERN
 
 API_TOKEN_MIN_CHARS = 16
@@ -255,6 +256,42 @@ class Settings(BaseSettings):
         description="JSON object of secret name → value that script jobs name in secret_env; "
         "read at each submit and launch; unset = no secrets (docs/security.md)",
     )
+    # --- webhooks (docs/webhooks.md) ------------------------------------------------------------
+    webhooks_file: Path | None = Field(
+        default=None,
+        description="JSON object of endpoint name → {url, secret 'whsec_<base64>', events?, "
+        "all_jobs?, format?} that jobs name in notify; read at each submit and delivery round; "
+        "unset = no webhooks (docs/webhooks.md)",
+    )
+    webhook_timeout_s: float = Field(
+        default=10.0, gt=0, le=300, allow_inf_nan=False,
+        description="a receiver that has not answered a delivery after this long is timed out "
+        "(the delivery is retried)",
+    )
+    webhook_concurrency: int = Field(
+        default=8, ge=1, le=256,
+        description="deliveries the supervisor sends at once (its own threads; never the loop's)",
+    )
+    webhook_retry_first_s: float = Field(
+        default=5.0, gt=0, le=3600, allow_inf_nan=False,
+        description="wait before a failed delivery's first retry; each later wait doubles",
+    )
+    webhook_retry_max_interval_s: float = Field(
+        default=3600.0, gt=0, le=86400, allow_inf_nan=False,
+        description="longest wait between two tries of one delivery",
+    )
+    webhook_retry_for_s: float = Field(
+        default=24 * 3600.0, gt=0, le=30 * 86400, allow_inf_nan=False,
+        description="a delivery still failing this long after its event is given up (failed)",
+    )
+
+    @field_validator("webhooks_file")
+    @classmethod
+    def _webhooks_file_reads(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            read_endpoints(value)  # raises WebhookConfigError (a ValueError) naming the problem
+        return value
+
     worker_token_grace_s: float = Field(
         default=60.0,
         ge=0,

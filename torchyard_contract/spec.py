@@ -23,6 +23,7 @@ from torchyard_contract.spec_types import (
     ENV_MAX,
     LABELS_MAX,
     NNODES_MAX,
+    NOTIFY_MAX,
     PATIENCE_MAX,
     PRIORITY_MAX,
     PRIORITY_MIN,
@@ -42,6 +43,7 @@ from torchyard_contract.spec_types import (
     SecretName,
     SlurmConstraint,
     SlurmName,
+    WebhookName,
     env_name_reserved,
     keys_by_name_pattern,
     refuse_coercion,
@@ -223,6 +225,13 @@ class JobSpec(BaseModel):
         json_schema_extra=keys_by_name_pattern,
         description="script job: variable → name of a secret in the server's "
         "TORCHYARD_SECRETS_FILE; the value reaches only the ranks' environment (docs/security.md)",
+    )
+    notify: list[WebhookName] = Field(
+        default_factory=list,
+        max_length=NOTIFY_MAX,
+        description="names of webhook endpoints in the server's TORCHYARD_WEBHOOKS_FILE to tell "
+        "of this job's state changes (running, succeeded, failed, cancelled, restarted); an "
+        "unknown name is 422. URLs never come from a spec (docs/webhooks.md)",
     )
     nonfinite_patience: int | None = Field(
         default=1,

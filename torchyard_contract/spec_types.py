@@ -132,6 +132,12 @@ SecretName = Annotated[
     str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 ]
 PATIENCE_MAX = 10_000
+# The name of a webhook endpoint in the server's webhooks file (service.domain.webhookconf);
+# a job names endpoints, never URLs.
+WebhookName = Annotated[
+    str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+]
+NOTIFY_MAX = 16
 
 
 def keys_by_name_pattern(schema: dict) -> None:

@@ -33,6 +33,7 @@ from service.api.openapi import build_openapi
 from service.api.routes import (
     apidocs,
     dashboard,
+    deliveries,
     events,
     jobs,
     logs,
@@ -161,6 +162,7 @@ def create_app(
     app.include_router(summary.router)
     app.include_router(logs.router)
     app.include_router(events.router)
+    app.include_router(deliveries.router)
     app.include_router(prometheus_router)
 
     @app.get("/healthz", tags=["meta"])

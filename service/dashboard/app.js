@@ -235,6 +235,24 @@
         h("td", {class: "reason"}, a.reason || ""))))));
   }
 
+  // The job's webhook deliveries (GET /jobs/{id}/deliveries): endpoint names only, never URLs.
+  function renderDeliveries(el, items) {
+    el.hidden = !items.length;
+    if (!items.length) return;
+    el.replaceChildren(h("h2", {}, "Webhooks"), h("table", {class: "deliveries"},
+      h("thead", {}, h("tr", {}, ["event", "endpoint", "state", "tries", "last answer", "when"]
+        .map((c) => h("th", {}, c)))),
+      h("tbody", {}, items.map((d) => h("tr", {},
+        h("td", {}, d.event),
+        h("td", {}, d.endpoint),
+        h("td", {}, d.state),
+        h("td", {}, d.attempts),
+        h("td", {class: "reason"}, d.last_status_code !== null ? `HTTP ${d.last_status_code}`
+                                   : (d.last_error || "")),
+        h("td", {}, (parseTime(d.delivered_at || d.last_attempt_at || d.created_at))
+          .toLocaleTimeString()))))));
+  }
+
   function toNumber(v) {
     return typeof v === "number" ? v : null;  // "NaN"/"Infinity" are gaps in the line
   }
@@ -446,6 +464,7 @@
     const divergence = h("div", {id: "divergence"},
       h("p", {class: "quiet"}, "Waiting for metrics."));
     const logs = h("div", {id: "logs"});
+    const deliveries = h("section", {id: "deliveries", hidden: true});
     view.replaceChildren(
       h("div", {class: "job-head"}, title, badge, h("span", {class: "spacer"}), cancelBtn),
       reason,
@@ -457,6 +476,7 @@
         h("section", {}, h("h2", {}, "Phases"), phases),
         h("section", {}, h("h2", {}, "Divergence"), divergence),
         h("section", {}, h("h2", {}, "Attempts"), attempts)),
+      deliveries,
       h("section", {}, h("h2", {}, "Logs"), logs));
 
     let job = null;
@@ -499,6 +519,11 @@
       renderPhases(phases, job);
       renderAttempts(attempts, job);
       logPanel.update(job);
+      try {
+        renderDeliveries(deliveries, (await api(`/jobs/${jobId}/deliveries`)).items);
+      } catch (err) {  // an older server has no such route (404): nothing to show
+        if (!(err instanceof ApiFailure) || err.status === 401) throw err;
+      }
 
       const name = metricSel.value || "loss";
       const progress = (await api(`/progress?job_id=${jobId}`)).items[0];

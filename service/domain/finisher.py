@@ -57,6 +57,9 @@ class Ended:
     # When the supervisor saw its processes end (and freed its resources): the job's ended_at,
     # not the later moment its spools were stored. None: now (it ended while no one watched).
     ended_at: datetime | None = None
+    # The executor cancelled it (Slurm: an operator's scancel, maybe while pending): without an
+    # outcome file it ends ``cancelled`` (issue 25, item 5), not ``failed``.
+    cancelled: bool = False
 
 
 @dataclass
@@ -89,14 +92,14 @@ class Finisher:
 
     def enqueue(
         self, job_id: int, shim_code: int | None, why: str | None = None,
-        reason: str | None = None, ended_at: datetime | None = None,
+        reason: str | None = None, ended_at: datetime | None = None, cancelled: bool = False,
     ) -> None:
         """Finish ``job_id`` soon (once: a job already waiting is not queued twice)."""
         with self._lock:
             if job_id in self._pending:
                 return
             self._pending.add(job_id)
-        self._queue.put(Ended(job_id, shim_code, why, reason, ended_at))
+        self._queue.put(Ended(job_id, shim_code, why, reason, ended_at, cancelled))
 
     def is_pending(self, job_id: int) -> bool:
         with self._lock:
@@ -105,7 +108,8 @@ class Finisher:
     def _run(self) -> None:
         while isinstance(item := self._queue.get(), Ended) and not self._halt.is_set():
             try:
-                self.finish(item.job_id, item.shim_code, item.why, item.reason, item.ended_at)
+                self.finish(item.job_id, item.shim_code, item.why, item.reason, item.ended_at,
+                            item.cancelled)
             except Exception as exc:  # one job's failure must not stop the others'
                 if is_busy(exc):
                     logger.warning("job %s: finishing again in %gs, the database is busy: %s",
@@ -121,7 +125,7 @@ class Finisher:
 
     def finish(
         self, job_id: int, shim_code: int | None, why: str | None = None,
-        reason: str | None = None, ended_at: datetime | None = None,
+        reason: str | None = None, ended_at: datetime | None = None, cancelled: bool = False,
     ) -> None:
         """Steps 1–3 of the module docstring, for one job (callable directly, e.g. by tests)."""
         run = RunDir.for_job(self.runs_dir, job_id)
@@ -151,7 +155,7 @@ class Finisher:
                 added += stored
             if note := tally.describe(run.spool_file(rank)):
                 notes.append(note)
-        self._end(job_id, run, shim_code, notes, why, reason, ended_at)
+        self._end(job_id, run, shim_code, notes, why, reason, ended_at, cancelled)
         logger.info("job %s: finished; %d spooled records recovered", job_id, added)
 
     def _store(self, job_id: int, chunk: SpoolChunk) -> int | None:
@@ -169,10 +173,13 @@ class Finisher:
 
     def _end(
         self, job_id: int, run: RunDir, shim_code: int | None, notes: list[str], why: str | None,
-        known: str | None = None, ended_at: datetime | None = None,
+        known: str | None = None, ended_at: datetime | None = None, cancelled: bool = False,
     ) -> None:
         outcome = read_outcome(run)
-        if outcome is None:
+        if outcome is None and cancelled:
+            state, exit_code = JobState.cancelled, None
+            reason = f"cancelled outside torchyard ({why})" if why else "cancelled outside torchyard"
+        elif outcome is None:
             state = JobState.failed
             exit_code = None
             reason = known or (

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.domain import secretstore
+from service.domain import secretstore, webhookconf
 from service.domain.admission import admit
 from service.domain.placement import capacity_shortfall, resource_kind
 from service.domain.queue.inventory import Inventory
@@ -81,11 +81,15 @@ class Intake:
             check_local(spec, self.inventory)
         if spec.is_script:  # refuse what could never launch; resolved again at launch
             self._check_script(spec)
+        try:  # names only; URLs and secrets are read when each delivery is sent
+            webhooks = webhookconf.subscriptions(spec.notify, self.settings.webhooks_file)
+        except webhookconf.NotifyRefused as exc:
+            raise SubmitRejected("invalid_request", str(exc)) from exc
         with self.sessions() as session:
             if spec.resume_from is not None and repo.get_job(session, spec.resume_from) is None:
                 raise SubmitRejected("invalid_request", f"resume_from: job {spec.resume_from} not found")
             try:
-                job = repo.create_job(session, spec, idempotency_key)
+                job = repo.create_job(session, spec, idempotency_key, webhooks)
                 session.commit()
             except IntegrityError:
                 # Another request with the same key won the race between lookup and insert.

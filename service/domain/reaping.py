@@ -44,7 +44,7 @@ class Reaper:
             if status.phase is not Phase.ended or self._outcome_pending(job_id):
                 continue
             watched.forget(job_id)
-            self.finish(job_id, status.exit_code, status.reason)
+            self.finish(job_id, status.exit_code, status.reason, cancelled=status.cancelled)
 
     def _outcome_pending(self, job_id: int) -> bool:
         """The job ended but its outcome file is not visible here yet, and the executor's
@@ -78,13 +78,13 @@ class Reaper:
 
     def finish(
         self, job_id: int, loop_code: int | None, why: str | None = None,
-        reason: str | None = None,
+        reason: str | None = None, cancelled: bool = False,
     ) -> None:
         """Free the job's resources now; the finisher re-ingests its spools and makes it
         terminal, off this thread. ``loop_code``: the attempt loop's exit code, None when unknown
         (it ended unwatched); ``why``: the executor's account of the end (Slurm's state), used
         when there is no outcome file; ``reason``: why it failed if it left no outcome, when
-        known better than that."""
+        known better than that; ``cancelled``: the executor cancelled it (see ``Status``)."""
         ctx = self.ctx
         ended = repo.utcnow()  # before the release: a job started on its slots starts after
         try:
@@ -99,7 +99,7 @@ class Reaper:
             # The job is no longer watched: the finisher (fenced too) frees them as it ends it.
             logger.warning("job %s: resources not freed yet, the database is busy: %s",
                            job_id, getattr(exc, "orig", exc))
-        self.finisher.enqueue(job_id, loop_code, why, reason, ended_at=ended)
+        self.finisher.enqueue(job_id, loop_code, why, reason, ended_at=ended, cancelled=cancelled)
         ctx.queue_changed()
 
     def mark_running(self) -> None:

@@ -5,7 +5,8 @@ to stop and stop the groups of cancelled and failed jobs (``service.domain.stops
 ones and mark started ones running (``service.domain.reaping``: resources are freed at once;
 ``service.domain.finisher`` re-ingests their spools and makes them terminal on a thread of its
 own), then run a scheduling pass (``service.domain.scheduling``: priority, FIFO, gang allocation,
-backfill behind a reservation; launches through ``service.domain.launch``). Submissions go through
+backfill behind a reservation; launches through ``service.domain.launch``). The webhook outbox
+is sent by ``service.domain.webhooks`` on threads of its own. Submissions go through
 ``service.domain.intake``; each lease term starts with ``service.domain.recovery``. Each step,
 and each job within a step, is isolated: whatever one job left in its run directory cannot stop
 the loop. It is the only code that allocates resources, so two jobs never share one. Routes call ``submit``, ``cancel``,
@@ -41,6 +42,7 @@ from service.domain.reaping import Reaper
 from service.domain.recovery import Recovery
 from service.domain.scheduling import ExecutorQueueing, HostScheduling, Scheduling
 from service.domain.stops import Stops
+from service.domain.webhooks import Dispatcher
 from service.executor.base import Executor, NodeRow
 from service.settings import Settings
 from service.store import queue as queuerepo
@@ -122,6 +124,9 @@ class Supervisor:
         self.stops = Stops(self.ctx, self._wake.set)
         self.recovery = Recovery(self.ctx, self.reaper)
         self._snapshot = SnapshotReader(self.ctx.read_sessions)
+        # The webhook outbox is sent from threads of its own, only while this process acts.
+        self.webhooks = Dispatcher(self.settings, loop_sessions, self.ctx.read_sessions,
+                                   self.lease)
 
     @property
     def slurm(self) -> bool:
@@ -177,6 +182,7 @@ class Supervisor:
         """Start standing by; if the lease is free now, recover at once (before serving)."""
         self.executor.watch(self._wake.set)  # reap at once when a job ends, not a poll later
         self.finisher.start()
+        self.webhooks.start()
         if self.ctx.lease.renew():
             try:
                 self._begin_term()
@@ -197,6 +203,7 @@ class Supervisor:
             self._thread.join(timeout=10)
         self.scheduling.close()
         self.finisher.stop()
+        self.webhooks.stop()
         self.ctx.lease.stop(release=True)
 
     def _run(self) -> None:

@@ -68,6 +68,9 @@ class Status:
     phase: Phase
     exit_code: int | None = None
     reason: str | None = None
+    # Ended because the executor's own scheduler cancelled it (Slurm: CANCELLED, an operator's
+    # scancel), maybe before it ever ran: with no outcome file it ends ``cancelled``, not failed.
+    cancelled: bool = False
 
 
 @dataclass(frozen=True)

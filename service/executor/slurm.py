@@ -354,7 +354,8 @@ class SlurmExecutor:
 def _ended_status(state: str, code: tuple[int, int] | None) -> Status:
     detail = f"Slurm: {state}" + (f" (exit {code[0]}:{code[1]})" if code else "")
     exit_code = None if code is None else (-code[1] if code[1] else code[0])
-    return Status(Phase.ended, exit_code=exit_code, reason=detail)
+    return Status(Phase.ended, exit_code=exit_code, reason=detail,
+                  cancelled=state.startswith("CANCELLED"))
 
 
 def _inside(path: Path, root: Path) -> bool:

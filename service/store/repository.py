@@ -2,7 +2,9 @@
 changed means someone else won. The other stores: the lease (``lease``), the queue snapshot
 (``queue``), the change feed (``changefeed``) and chart series (``series``)."""
 
+import json
 import math
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -13,7 +15,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from service.store.changefeed import note_change
-from service.store.tables import Allocation, Job, JobLabel, MetricRecord
+from service.store.tables import Allocation, Job, JobLabel, MetricRecord, WebhookDelivery
 from torchyard_contract.bounds import bounded_text
 from torchyard_contract.records import decode_value, nonfinite_name
 from torchyard_contract.spec import JobSpec
@@ -37,8 +39,13 @@ class RecordIn:
     time: float
 
 
-def create_job(session: Session, spec: JobSpec, idempotency_key: str | None = None) -> Job:
+def create_job(
+    session: Session, spec: JobSpec, idempotency_key: str | None = None,
+    webhooks: dict[str, list[str]] | None = None,
+) -> Job:
+    """A queued job; ``webhooks``: endpoint name → events it is told of (``queue_webhook``)."""
     job = Job(
+        webhooks=webhooks or None,
         name=spec.name,
         state=JobState.queued.value,
         priority=spec.priority,
@@ -144,18 +151,27 @@ def queued_unsubmitted(session: Session) -> Sequence[Job]:
 def transition(session: Session, job_id: int, to: JobState, **fields: object) -> bool:
     """Move a job to ``to`` only from a state allowed by ``ALLOWED_FROM``; True if this call won.
 
-    A ``reason`` is stored cut to ``REASON_MAX_CHARS`` (it may come from the job: bounded)."""
+    A ``reason`` is stored cut to ``REASON_MAX_CHARS`` (it may come from the job: bounded). The
+    webhook outbox (``queue_webhook``) gets the change in the same transaction when the job's
+    subscriptions name its event: every state change goes through here, so none is missed."""
     allowed = [s.value for s in ALLOWED_FROM[to]]
     if isinstance(fields.get("reason"), str):
         fields["reason"] = bounded_text(fields["reason"])  # type: ignore[arg-type]
     values: dict[str, object] = {"state": to.value, **fields}
     if to in TERMINAL_STATES:
         values.setdefault("ended_at", utcnow())
-    result = session.execute(
+    rows = session.execute(
         update(Job).where(Job.id == job_id, Job.state.in_(allowed)).values(**values)
-    )
-    if result.rowcount != 1:
+        .returning(Job.name, Job.webhooks, Job.reason, Job.exit_code)
+    ).all()
+    if len(rows) != 1:
         return False
+    name, webhooks, reason, exit_code = rows[0]
+    if webhooks and to.value in WEBHOOK_EVENTS:
+        data: dict[str, object] = {"state": to.value}
+        if to in TERMINAL_STATES:
+            data.update(reason=reason, exit_code=exit_code)
+        queue_webhook(session, job_id, name, webhooks, to.value, data)
     note_change(session, job_id)
     return True
 
@@ -179,13 +195,127 @@ def set_exit_code_if_unknown(session: Session, job_id: int, exit_code: int | Non
 
 
 def set_attempts(session: Session, job_id: int, attempts: list[dict]) -> None:
-    """Store the job's attempt records; each ``reason`` cut to ``REASON_MAX_CHARS``."""
+    """Store the job's attempt records; each ``reason`` cut to ``REASON_MAX_CHARS``.
+
+    An attempt numbered above every stored one, after the first, is a restart: the outbox gets
+    a ``restarted`` event for it in this transaction (when the job's subscriptions name it)."""
     attempts = [
         {**a, "reason": bounded_text(a["reason"])} if isinstance(a.get("reason"), str) else a
         for a in attempts
     ]
+    before = session.execute(
+        select(Job.name, Job.webhooks, Job.attempts).where(Job.id == job_id)
+    ).first()
     session.execute(update(Job).where(Job.id == job_id).values(attempts=attempts))
+    if before is not None and before.webhooks:
+        _queue_restarts(session, job_id, before.name, before.webhooks, before.attempts or [],
+                        attempts)
     note_change(session, job_id)
+
+
+def _queue_restarts(
+    session: Session, job_id: int, name: str, webhooks: dict, old: list[dict], new: list[dict]
+) -> None:
+    seen = max((a.get("number", 0) for a in old), default=0)
+    previous = {a.get("number"): a for a in new}
+    for attempt in new:
+        number = attempt.get("number", 0)
+        if not isinstance(number, int) or number <= max(seen, 1):
+            continue
+        prior = previous.get(number - 1) or {}
+        queue_webhook(session, job_id, name, webhooks, "restarted", {
+            "state": "running", "attempt": number, "previous_attempt_reason": prior.get("reason"),
+        })
+
+
+# --- webhook outbox (service.domain.webhooks sends it) -----------------------------------------
+
+WEBHOOK_EVENTS = frozenset({"running", "succeeded", "failed", "cancelled", "restarted"})
+DELIVERY_PENDING, DELIVERY_DELIVERED, DELIVERY_FAILED = "pending", "delivered", "failed"
+
+
+def queue_webhook(
+    session: Session, job_id: int, name: str, webhooks: dict, event: str, data: dict
+) -> None:
+    """One outbox row per subscribed endpoint whose events include ``event``; the body is the
+    Standard Webhooks JSON payload (``type``, ``timestamp``, ``data``), fixed now and sent byte
+    for byte on every try under one ``webhook-id``."""
+    endpoints = [e for e, events in webhooks.items() if event in (events or ())]
+    if not endpoints:
+        return
+    now = utcnow()
+    body = json.dumps({
+        "type": f"job.{event}",
+        "timestamp": now.isoformat(timespec="milliseconds") + "Z",
+        "data": {"job_id": job_id, "name": name, "event": event, **data},
+    }, separators=(",", ":"))
+    session.add_all(
+        WebhookDelivery(
+            job_id=job_id, endpoint=endpoint, event=event, webhook_id=f"msg_{uuid.uuid4().hex}",
+            body=body, created_at=now, state=DELIVERY_PENDING, attempts=0, next_attempt_at=now,
+        )
+        for endpoint in endpoints
+    )
+    session.flush()
+
+
+def due_deliveries(
+    session: Session, now: datetime, limit: int, skip: Iterable[int] = ()
+) -> Sequence[WebhookDelivery]:
+    """Pending deliveries whose next try is due, oldest due first, at most ``limit``, leaving
+    out ``skip`` (those being sent); an index range scan (state, next_attempt_at)."""
+    q = select(WebhookDelivery).where(
+        WebhookDelivery.state == DELIVERY_PENDING, WebhookDelivery.next_attempt_at <= now
+    )
+    skip = list(skip)
+    if skip:
+        q = q.where(WebhookDelivery.id.not_in(skip))
+    return session.scalars(q.order_by(WebhookDelivery.next_attempt_at).limit(limit)).all()
+
+
+def next_delivery_due(session: Session) -> datetime | None:
+    """When the earliest pending delivery is due, or None when none is pending."""
+    q = select(func.min(WebhookDelivery.next_attempt_at)).where(
+        WebhookDelivery.state == DELIVERY_PENDING
+    )
+    return session.scalar(q)
+
+
+def record_delivery_try(
+    session: Session, delivery_id: int, at: datetime, status_code: int | None,
+    error: str | None, next_at: datetime | None,
+) -> None:
+    """One try of a pending delivery: delivered (``error`` None), retried at ``next_at``, or
+    given up (``next_at`` None). A delivery no longer pending (another supervisor's try) keeps
+    its outcome."""
+    values: dict[str, object] = {
+        "attempts": WebhookDelivery.attempts + 1, "last_attempt_at": at,
+        "last_status_code": status_code,
+        "last_error": bounded_text(error) if error else None,
+    }
+    if error is None:
+        values.update(state=DELIVERY_DELIVERED, delivered_at=at)
+    elif next_at is None:
+        values.update(state=DELIVERY_FAILED)
+    else:
+        values.update(next_attempt_at=next_at)
+    session.execute(
+        update(WebhookDelivery)
+        .where(WebhookDelivery.id == delivery_id, WebhookDelivery.state == DELIVERY_PENDING)
+        .values(**values)
+    )
+
+
+def job_deliveries(session: Session, job_id: int) -> Sequence[WebhookDelivery]:
+    """A job's webhook deliveries in the order their events happened."""
+    q = select(WebhookDelivery).where(WebhookDelivery.job_id == job_id)
+    return session.scalars(q.order_by(WebhookDelivery.id)).all()
+
+
+def delete_deliveries(session: Session, job_id: int) -> int:
+    """Remove a job's webhook deliveries (sent or not); for deleting the job. Rows removed."""
+    result = session.execute(delete(WebhookDelivery).where(WebhookDelivery.job_id == job_id))
+    return result.rowcount
 
 
 def allocated_resources(session: Session) -> dict[str, int]:

@@ -60,6 +60,9 @@ class Job(Base):
     stop_reason: Mapped[str | None] = mapped_column(Text)
     # Attempt records as the job's shim wrote them (see service.run.attemptloop); [] before launch.
     attempts: Mapped[list | None] = mapped_column(JSON)
+    # Webhook endpoint name → the events it is told of, fixed at submit (service.domain.webhookconf);
+    # null = none. Read by ``repository.transition`` to write the outbox in the same transaction.
+    webhooks: Mapped[dict | None] = mapped_column(JSON)
 
 
 Index("ix_jobs_queue", Job.state, Job.priority, Job.id)
@@ -145,3 +148,35 @@ class QueueSnapshot(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     waiting: Mapped[str] = mapped_column(Text, default="{}", server_default="{}")
+
+
+class WebhookDelivery(Base):
+    """The webhook outbox: one row per (event, endpoint), written in the transaction of the
+    state change it tells of (``repository.transition``, ``repository.set_attempts``), sent and
+    retried by the supervisor (``service.domain.webhooks``) until ``state`` is not ``pending``.
+
+    ``body`` is the JSON body as first built, sent byte for byte on every try; ``webhook_id``
+    (the ``webhook-id`` header) is the same on every try, so receivers can drop duplicates.
+    Times are UTC, like the jobs' own."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        Index("ix_webhook_deliveries_due", "state", "next_attempt_at"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(Int64, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    endpoint: Mapped[str] = mapped_column(String(64))
+    event: Mapped[str] = mapped_column(String(16))
+    webhook_id: Mapped[str] = mapped_column(String(64), unique=True)
+    body: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    # pending (to be sent), delivered (a 2xx answer), failed (given up).
+    state: Mapped[str] = mapped_column(String(12), default="pending", server_default="pending")
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    next_attempt_at: Mapped[datetime] = mapped_column(DateTime)
+    last_attempt_at: Mapped[datetime | None] = mapped_column(DateTime)
+    last_status_code: Mapped[int | None] = mapped_column(Integer)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    delivered_at: Mapped[datetime | None] = mapped_column(DateTime)
