@@ -40,6 +40,7 @@ from service.api.routes import (
     resources,
     series,
     summary,
+    sweeps,
 )
 from service.api.routes.prometheus import PROMETHEUS_DIR_VARIABLE, RequestTimer, Telemetry
 from service.api.routes.prometheus import router as prometheus_router
@@ -153,6 +154,7 @@ def create_app(
         read_session_factory, supervisor.inventory, warm, prometheus_multiprocess_dir
     )
     app.include_router(jobs.router)
+    app.include_router(sweeps.router)
     app.include_router(records.router)
     app.include_router(resources.router)
     app.include_router(series.router)

@@ -77,10 +77,7 @@ class Intake:
             existing = self._job_for_key(idempotency_key, spec)
             if existing is not None:
                 return existing, False
-        if not self.executor_queues_jobs:
-            check_local(spec, self.inventory)
-        if spec.is_script:  # refuse what could never launch; resolved again at launch
-            self._check_script(spec)
+        self.check_runnable(spec)
         with self.sessions() as session:
             if spec.resume_from is not None and repo.get_job(session, spec.resume_from) is None:
                 raise SubmitRejected("invalid_request", f"resume_from: job {spec.resume_from} not found")
@@ -96,6 +93,14 @@ class Intake:
                 return existing, False
         self.queued()
         return job, True
+
+    def check_runnable(self, spec: JobSpec) -> None:
+        """Raise ``SubmitRejected`` for an admitted spec this server could never run (also the
+        check of a sweep's trials, ``service.domain.sweeps``)."""
+        if not self.executor_queues_jobs:
+            check_local(spec, self.inventory)
+        if spec.is_script:  # refuse what could never launch; resolved again at launch
+            self._check_script(spec)
 
     def _check_script(self, spec: JobSpec) -> None:
         try:
