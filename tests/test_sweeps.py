@@ -3,7 +3,10 @@ a script with placeholders whose ranks disagree, ASHA pruning, a server killed m
 the 422s of bad sweep specs. One warm-rank server is shared by the module."""
 
 import math
+import re
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -222,3 +225,23 @@ def test_sweep_survives_a_server_kill(tmp_path: Path) -> None:
     assert len({t["params"]["lr"] for t in trials}) == 4  # no point drawn twice
     assert all(t["outcome"] == "completed" for t in trials), trials
     assert all(math.isfinite(t["value"]) for t in trials)
+
+
+def test_cli_sweep_create_follow_and_show(server: LiveServer, tmp_path: Path) -> None:
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(
+        "name: cli\nmethod: grid\nparallel: 2\n"
+        "spec: {dataset: digits, epochs: 1, batch_size: 256, device: cpu, checkpoint_every: 0}\n"
+        "space: {lr: {type: choice, values: [0.01, 0.2]}}\n"
+    )
+    cli = [sys.executable, "-m", "service", "sweep"]
+    auth = ["--url", server.url, "--token", server.token or ""]
+    done = subprocess.run([*cli, "create", str(spec), "--follow", *auth],
+                          capture_output=True, text=True, timeout=SWEEP_TIMEOUT_S)
+    assert done.returncode == 0, done.stdout + done.stderr
+    sweep_id = int(re.search(r"sweep (\d+) created", done.stdout)[1])  # type: ignore[index]
+    assert "succeeded" in done.stdout and "best" in done.stdout
+    shown = subprocess.run([*cli, "show", str(sweep_id), *auth],
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "completed 2" in shown.stdout and "lr=0.2" in shown.stdout

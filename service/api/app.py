@@ -154,7 +154,6 @@ def create_app(
         read_session_factory, supervisor.inventory, warm, prometheus_multiprocess_dir
     )
     app.include_router(jobs.router)
-    app.include_router(sweeps.router)
     app.include_router(records.router)
     app.include_router(resources.router)
     app.include_router(series.router)
@@ -163,6 +162,7 @@ def create_app(
     app.include_router(summary.router)
     app.include_router(logs.router)
     app.include_router(events.router)
+    app.include_router(sweeps.router)
     app.include_router(prometheus_router)
 
     @app.get("/healthz", tags=["meta"])
