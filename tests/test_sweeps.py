@@ -76,6 +76,7 @@ def create(server: LiveServer, body: dict) -> dict:
     return r.json()
 
 
+@pytest.mark.slow
 def test_grid_of_four_completes_with_the_right_best(server: LiveServer) -> None:
     lrs = [0.001, 0.01, 0.1, 0.5]
     sweep = create(server, {
@@ -128,6 +129,7 @@ def _at(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
+@pytest.mark.slow
 def test_random_sweep_with_asha_prunes_and_refills_at_once(server: LiveServer) -> None:
     sweep = create(server, {
         "name": "asha", "method": "random", "max_trials": 12, "parallel": 2, "seed": 1,
@@ -199,6 +201,7 @@ def test_bad_sweep_specs_are_422_naming_the_field(
     assert field in fields, r.json()
 
 
+@pytest.mark.slow
 def test_sweep_survives_a_server_kill(tmp_path: Path) -> None:
     """SIGKILL the server mid-sweep, start it again on the same home: the sweep finishes with
     max_trials distinct trials, none lost, none run twice."""
@@ -228,6 +231,7 @@ def test_sweep_survives_a_server_kill(tmp_path: Path) -> None:
     assert all(math.isfinite(t["value"]) for t in trials)
 
 
+@pytest.mark.slow
 def test_cli_sweep_create_follow_and_show(server: LiveServer, tmp_path: Path) -> None:
     spec = tmp_path / "sweep.yaml"
     spec.write_text(
