@@ -13,5 +13,6 @@ ATTEMPT = "TORCHYARD_ATTEMPT"  # 1-based; set by the shim for each attempt
 RESUME_DIR = "TORCHYARD_RESUME_DIR"  # checkpoints of the job named by the spec's resume_from
 DEVICE = "TORCHYARD_DEVICE"  # cpu | cuda, as placed by the supervisor
 BACKEND = "TORCHYARD_BACKEND"  # gloo | nccl
+PARAMS = "TORCHYARD_PARAMS"  # a sweep's trial: its parameters as a JSON object (worker.params)
 # torch's own: where @record writes the first failing rank's exception.
 ERROR_FILE = "TORCHELASTIC_ERROR_FILE"

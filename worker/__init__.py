@@ -25,6 +25,8 @@ SDK (cheap to import: no torch import here, on purpose)::
   done": the job turns ``running`` once rank 0 is ready, a failure before every rank is ready
   is a *start-up failure* (never retried), and ``heartbeat_timeout_s`` counts from the last
   touch. A script that never reports has no heartbeat and every failure of it is a start-up one.
+* :func:`params` returns a sweep trial's parameters (``{"lr": 0.01, …}``, from
+  ``TORCHYARD_PARAMS``; docs/sweeps.md); ``{}`` in a job that is not a trial.
 * Outside torchyard (no ``TORCHYARD_*`` variables: plain ``torchrun`` or ``python``) all of this
   is a no-op with one logged warning per process, so the same file runs anywhere.
 """
@@ -39,7 +41,7 @@ from worker.env import WorkerEnv
 from worker.heartbeat import Heartbeat
 from worker.reporter import Reporter
 
-__all__ = ["Reporter", "WorkerEnv", "default_reporter", "ready", "record", "report"]
+__all__ = ["Reporter", "WorkerEnv", "default_reporter", "params", "ready", "record", "report"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -77,6 +79,11 @@ def report(*, epoch: int | None = None, step: int | None = None, **metrics: Any)
     """Report ``metrics`` for this rank (see :meth:`Reporter.report`); also :func:`ready`."""
     ready()
     default_reporter().report(epoch=epoch, step=step, **metrics)
+
+
+def params() -> dict[str, Any]:
+    """A sweep trial's parameters (name → value); ``{}`` when this job is not a trial."""
+    return dict(WorkerEnv.current().params)
 
 
 def record(fn: F) -> F:

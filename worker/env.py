@@ -7,9 +7,10 @@ naming the variable. The variable names are the contract's (``torchyard_contract
 This module must stay free of torch imports (the reporter uses it).
 """
 
+import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchyard_contract import envnames as names
@@ -32,6 +33,16 @@ def _choice(environ: Mapping[str, str], name: str, allowed: tuple[str, ...]) -> 
     if raw not in allowed:
         raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {raw!r}")
     return raw
+
+
+def _params(environ: Mapping[str, str]) -> dict:
+    raw = environ.get(names.PARAMS)
+    if not raw:
+        return {}
+    value = json.loads(raw)
+    if not isinstance(value, dict):
+        raise ValueError(f"{names.PARAMS}: must be a JSON object, got {raw[:100]!r}")
+    return value
 
 
 def _str(environ: Mapping[str, str], name: str) -> str | None:
@@ -61,6 +72,8 @@ class WorkerEnv:
     resume_dir: Path | None = None  # TORCHYARD_RESUME_DIR: checkpoints of the job named by resume_from
     device: str | None = None
     backend: str | None = None
+    # TORCHYARD_PARAMS: a sweep trial's parameters (name → value); empty for other jobs.
+    params: dict = field(default_factory=dict)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> "WorkerEnv":
@@ -81,6 +94,7 @@ class WorkerEnv:
             resume_dir=Path(p) if (p := _str(environ, names.RESUME_DIR)) else None,
             device=_choice(environ, names.DEVICE, ("cpu", "cuda")),
             backend=_choice(environ, names.BACKEND, ("gloo", "nccl")),
+            params=_params(environ),
         )
 
     @classmethod

@@ -41,6 +41,7 @@ from service.api.routes import (
     resources,
     series,
     summary,
+    sweeps,
 )
 from service.api.routes.prometheus import PROMETHEUS_DIR_VARIABLE, RequestTimer, Telemetry
 from service.api.routes.prometheus import router as prometheus_router
@@ -163,6 +164,7 @@ def create_app(
     app.include_router(logs.router)
     app.include_router(events.router)
     app.include_router(deliveries.router)
+    app.include_router(sweeps.router)
     app.include_router(prometheus_router)
 
     @app.get("/healthz", tags=["meta"])

@@ -82,6 +82,15 @@ class TorchyardClient:
     def cancel(self, job_id: int) -> dict[str, Any]:
         return self._call("POST", f"/jobs/{job_id}/cancel")
 
+    def create_sweep(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return self._call("POST", "/sweeps", json=spec)
+
+    def sweep(self, sweep_id: int) -> dict[str, Any]:
+        return self._call("GET", f"/sweeps/{sweep_id}")
+
+    def cancel_sweep(self, sweep_id: int) -> dict[str, Any]:
+        return self._call("POST", f"/sweeps/{sweep_id}/cancel")
+
     def metrics(self, job_id: int, **params: Any) -> dict[str, Any]:
         params = {k: v for k, v in params.items() if v is not None}
         return self._call("GET", f"/jobs/{job_id}/metrics", params=params)

@@ -282,3 +282,6 @@ def register(app: typer.Typer) -> None:
     """Add the client commands to the ``torchyard`` app."""
     for command in COMMANDS:
         app.command()(command)
+    from service.client.sweep import sweep_app  # it imports this module's helpers
+
+    app.add_typer(sweep_app, name="sweep")

@@ -77,10 +77,7 @@ class Intake:
             existing = self._job_for_key(idempotency_key, spec)
             if existing is not None:
                 return existing, False
-        if not self.executor_queues_jobs:
-            check_local(spec, self.inventory)
-        if spec.is_script:  # refuse what could never launch; resolved again at launch
-            self._check_script(spec)
+        self.check_runnable(spec)
         try:  # names only; URLs and secrets are read when each delivery is sent
             webhooks = webhookconf.subscriptions(spec.notify, self.settings.webhooks_file)
         except webhookconf.NotifyRefused as exc:
@@ -100,6 +97,14 @@ class Intake:
                 return existing, False
         self.queued()
         return job, True
+
+    def check_runnable(self, spec: JobSpec) -> None:
+        """Raise ``SubmitRejected`` for an admitted spec this server could never run (also the
+        check of a sweep's trials, ``service.domain.sweeps``)."""
+        if not self.executor_queues_jobs:
+            check_local(spec, self.inventory)
+        if spec.is_script:  # refuse what could never launch; resolved again at launch
+            self._check_script(spec)
 
     def _check_script(self, spec: JobSpec) -> None:
         try:

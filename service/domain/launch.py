@@ -7,6 +7,7 @@ one place that chooses a rank's device and backend from its placement (``service
 :class:`Launcher` writes the run directory and submits: the only code that starts a job.
 """
 
+import json
 import logging
 import sys
 import time
@@ -52,6 +53,7 @@ def launch_config(settings: Settings, job_id: int, spec: JobSpec, program: RankP
 def rank_env(
     *, job_id: int, token: str, run: RunDir, spec: JobSpec, api_url: str, cpu_slots: int,
     secrets: dict[str, str], resume_dir: str | None, placement: Placement | None,
+    params: dict | None = None,
 ) -> dict[str, str]:
     """Every rank's environment. ``placement`` None: the executor places the job (Slurm sets
     CUDA_VISIBLE_DEVICES itself); the device and backend are then set only where the spec names
@@ -68,6 +70,8 @@ def rank_env(
     }
     if resume_dir is not None:
         env[names.RESUME_DIR] = resume_dir
+    if params is not None:  # a sweep's trial: its parameters, for worker.params()
+        env[names.PARAMS] = json.dumps(params, sort_keys=True)
     if placement is None:
         if spec.device is not Device.auto:
             env[names.DEVICE] = spec.device.value
@@ -93,7 +97,10 @@ def rank_env(
 class Launcher:
     ctx: LoopContext
 
-    def start_run(self, job_id: int, token: str, spec: JobSpec, placement: Placement | None) -> str:
+    def start_run(
+        self, job_id: int, token: str, spec: JobSpec, placement: Placement | None,
+        params: dict | None = None,
+    ) -> str:
         """Write the run directory and submit the job's attempt loop; its reference, or raises
         (``ScriptRefused``: the script went away or out of bounds since submit;
         ``SecretRefused``; ``OSError``; the executor's errors)."""
@@ -110,7 +117,7 @@ class Launcher:
             job_id=job_id, token=token, run=run, spec=spec, api_url=self.ctx.api_url,
             cpu_slots=self.ctx.inventory.cpu_slots,
             secrets=secretstore.resolve(spec.secret_env, settings.secrets_file),
-            resume_dir=resume_dir, placement=placement,
+            resume_dir=resume_dir, placement=placement, params=params,
         )
         return self.ctx.executor.submit(Submission(
             job_id=job_id, run=run, env=env, nproc_per_node=spec.nproc_per_node,
@@ -132,7 +139,7 @@ class Launcher:
         repo.allocate(session, job.id, placement.resources)
         session.commit()
         try:
-            ref = self.start_run(job.id, token, spec, placement)
+            ref = self.start_run(job.id, token, spec, placement, job.params)
         except Exception as exc:  # whatever failed, the job must not stay starting, holding slots
             if not isinstance(exc, ScriptRefused | SecretRefused | OSError):
                 logger.exception("job %s: launch failed", job.id)

@@ -165,7 +165,8 @@ class ExecutorQueueing:
                 token, token_hash = new_token()
                 repo.set_token_hash(session, job.id, token_hash)
                 session.commit()
-                self.submits.start(job.id, partial(self.launcher.start_run, job.id, token, spec, None))
+                self.submits.start(job.id, partial(
+                    self.launcher.start_run, job.id, token, spec, None, job.params))
 
     def close(self) -> None:
         self.submits.close()

@@ -4,9 +4,10 @@ One background thread runs ``tick()``, each step a part of its own: fail jobs a 
 to stop and stop the groups of cancelled and failed jobs (``service.domain.stops``), reap finished
 ones and mark started ones running (``service.domain.reaping``: resources are freed at once;
 ``service.domain.finisher`` re-ingests their spools and makes them terminal on a thread of its
-own), then run a scheduling pass (``service.domain.scheduling``: priority, FIFO, gang allocation,
-backfill behind a reservation; launches through ``service.domain.launch``). The webhook outbox
-is sent by ``service.domain.webhooks`` on threads of its own. Submissions go through
+own), then advance the sweeps (``service.domain.sweepdriver``: new trials, pruning), then run a
+scheduling pass (``service.domain.scheduling``: priority, FIFO, gang allocation, backfill behind a
+reservation; launches through ``service.domain.launch``). The webhook outbox is sent by
+``service.domain.webhooks`` on threads of its own. Submissions go through
 ``service.domain.intake``; each lease term starts with ``service.domain.recovery``. Each step,
 and each job within a step, is isolated: whatever one job left in its run directory cannot stop
 the loop. It is the only code that allocates resources, so two jobs never share one. Routes call ``submit``, ``cancel``,
@@ -42,6 +43,8 @@ from service.domain.reaping import Reaper
 from service.domain.recovery import Recovery
 from service.domain.scheduling import ExecutorQueueing, HostScheduling, Scheduling
 from service.domain.stops import Stops
+from service.domain.sweepdriver import SweepDriver
+from service.domain.sweeps import Sweeps
 from service.domain.webhooks import Dispatcher
 from service.executor.base import Executor, NodeRow
 from service.settings import Settings
@@ -123,6 +126,8 @@ class Supervisor:
         self.reaper = Reaper(self.ctx, self.finisher)
         self.stops = Stops(self.ctx, self._wake.set)
         self.recovery = Recovery(self.ctx, self.reaper)
+        self.sweeps = Sweeps(self.session_factory, self.intake, self._queue_changed)
+        self.sweep_driver = SweepDriver(self.ctx)
         self._snapshot = SnapshotReader(self.ctx.read_sessions)
         # The webhook outbox is sent from threads of its own, only while this process acts.
         self.webhooks = Dispatcher(self.settings, loop_sessions, self.ctx.read_sessions,
@@ -230,6 +235,7 @@ class Supervisor:
 
     def _begin_term(self) -> None:
         generation = self.ctx.lease.generation
+        self.sweep_driver.reset()  # each term rebuilds the sweeps' studies from the database
         if self.recovery.recover():
             self._term = generation
             self._queue_changed()
@@ -240,13 +246,15 @@ class Supervisor:
             logger.warning("supervisor: standing by (lease generation %s ended)", self._term)
         self._term = None
         self.ctx.watched.clear()
+        self.sweep_driver.reset()
         self._waiting = self._published = None
 
     def tick(self) -> None:
         # Each step on its own: one that fails (a bug, a database error) must not starve the
         # others, or a stuck reap would hold every queued job.
         for step in (self.stops.fail_stop_requests, self.stops.stop_ended,
-                     self.reaper.reap_finished, self.reaper.mark_running, self._schedule,
+                     self.reaper.reap_finished, self.reaper.mark_running,
+                     self.sweep_driver.step, self._schedule,
                      self._publish_waiting):
             try:
                 step()

@@ -63,9 +63,32 @@ class Job(Base):
     # Webhook endpoint name → the events it is told of, fixed at submit (service.domain.webhookconf);
     # null = none. Read by ``repository.transition`` to write the outbox in the same transaction.
     webhooks: Mapped[dict | None] = mapped_column(JSON)
+    # A sweep's trial (service.domain.sweepdriver): its sweep, the parameters it was given, and
+    # the epoch its sweep's early-stopping rule pruned it at (state ``cancelled``); else null.
+    # No foreign key: added in place (migration 0011_sweeps), the sweeps are never deleted.
+    sweep_id: Mapped[int | None] = mapped_column(Integer, index=True)
+    params: Mapped[dict | None] = mapped_column(JSON)
+    pruned_epoch: Mapped[int | None] = mapped_column(Integer)
 
 
 Index("ix_jobs_queue", Job.state, Job.priority, Job.id)
+
+
+class Sweep(Base):
+    """A sweep: its request as submitted (``spec``, see ``service.domain.sweepspec``) and its
+    state (running, then succeeded, failed or cancelled). Its trials are jobs
+    (``Job.sweep_id``)."""
+
+    __tablename__ = "sweeps"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(100))
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    spec: Mapped[dict] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime)
+    reason: Mapped[str | None] = mapped_column(Text)
 
 
 class JobLabel(Base):

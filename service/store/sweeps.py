@@ -1,0 +1,105 @@
+"""SQL of sweeps and their trials (a trial is a job with ``sweep_id``). State changes are
+compare-and-set, as for jobs (``service.store.repository``)."""
+
+from collections.abc import Sequence
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from service.store.changefeed import note_change
+from service.store.repository import EPOCH_STEP, utcnow
+from service.store.tables import Job, MetricRecord, Sweep
+from torchyard_contract.bounds import bounded_text
+from torchyard_contract.records import decode_value
+from torchyard_contract.state import ACTIVE_STATES, JobState
+
+RUNNING = "running"
+SWEEP_STATES = ("running", "succeeded", "failed", "cancelled")
+_LIVE_JOB_STATES = [JobState.queued.value, *(s.value for s in ACTIVE_STATES)]
+
+
+def create_sweep(session: Session, name: str, priority: int, spec: dict) -> Sweep:
+    sweep = Sweep(name=name, state=RUNNING, priority=priority, spec=spec, created_at=utcnow())
+    session.add(sweep)
+    session.flush()
+    return sweep
+
+
+def get_sweep(session: Session, sweep_id: int) -> Sweep | None:
+    return session.get(Sweep, sweep_id)
+
+
+def list_sweeps(
+    session: Session, state: str | None, limit: int, before_id: int | None
+) -> Sequence[Sweep]:
+    """Newest first; ``before_id``: the cursor (sweeps with a smaller id)."""
+    q = select(Sweep).order_by(Sweep.id.desc()).limit(limit)
+    if state is not None:
+        q = q.where(Sweep.state == state)
+    if before_id is not None:
+        q = q.where(Sweep.id < before_id)
+    return session.scalars(q).all()
+
+
+def running_sweeps(session: Session) -> Sequence[Sweep]:
+    return session.scalars(select(Sweep).where(Sweep.state == RUNNING).order_by(Sweep.id)).all()
+
+
+def end_sweep(session: Session, sweep_id: int, state: str, reason: str | None) -> bool:
+    """running → ``state`` (succeeded, failed, cancelled); True if this call won."""
+    result = session.execute(
+        update(Sweep).where(Sweep.id == sweep_id, Sweep.state == RUNNING).values(
+            state=state, reason=bounded_text(reason) if reason else None, ended_at=utcnow(),
+        )
+    )
+    return result.rowcount == 1
+
+
+def trials(session: Session, sweep_id: int) -> Sequence[Job]:
+    """The sweep's trials, oldest first (their order of creation is the study's order)."""
+    return session.scalars(select(Job).where(Job.sweep_id == sweep_id).order_by(Job.id)).all()
+
+
+def mark_trial(session: Session, job_id: int, sweep_id: int, params: dict) -> None:
+    session.execute(update(Job).where(Job.id == job_id).values(sweep_id=sweep_id, params=params))
+
+
+def prune_trial(session: Session, job_id: int, epoch: int, reason: str) -> bool:
+    """A running trial → ``cancelled`` with ``pruned_epoch`` and the rule's reason (CAS: a trial
+    that ended meanwhile stays as it ended). True if this call won."""
+    allowed = [s.value for s in ACTIVE_STATES]
+    result = session.execute(
+        update(Job).where(Job.id == job_id, Job.state.in_(allowed)).values(
+            state=JobState.cancelled.value, reason=bounded_text(reason), pruned_epoch=epoch,
+            ended_at=utcnow(),
+        )
+    )
+    if result.rowcount != 1:
+        return False
+    note_change(session, job_id)
+    return True
+
+
+def live_trials_of_ended_sweeps(session: Session) -> Sequence[int]:
+    """Trials still queued or running whose sweep has ended (a cancel that did not reach them)."""
+    ended = select(Sweep.id).where(Sweep.state != RUNNING)
+    q = select(Job.id).where(Job.sweep_id.in_(ended), Job.state.in_(_LIVE_JOB_STATES))
+    return session.scalars(q).all()
+
+
+def epoch_values(
+    session: Session, job_ids: Sequence[int], name: str, after_epoch: int = 0
+) -> list[tuple[int, int, int, int, float]]:
+    """``(job_id, attempt, rank, epoch, value)`` of the per-epoch records named ``name`` of
+    ``job_ids`` with ``epoch > after_epoch``; non-finite values as floats."""
+    if not job_ids:
+        return []
+    m = MetricRecord
+    q = select(m.job_id, m.attempt, m.rank, m.epoch, m.value, m.nonfinite).where(
+        m.job_id.in_(job_ids), m.name == name, m.step == EPOCH_STEP, m.epoch > after_epoch,
+    )
+    return [
+        (j, a, r, e, decode_value(nf) if nf else float(v))
+        for j, a, r, e, v, nf in session.execute(q).tuples().all()
+    ]
+
