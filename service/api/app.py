@@ -36,6 +36,7 @@ from service.api.routes import (
     events,
     jobs,
     logs,
+    packages,
     records,
     resources,
     series,
@@ -161,6 +162,7 @@ def create_app(
     app.include_router(summary.router)
     app.include_router(logs.router)
     app.include_router(events.router)
+    app.include_router(packages.router)
     app.include_router(prometheus_router)
 
     @app.get("/healthz", tags=["meta"])
@@ -171,8 +173,9 @@ def create_app(
         return {"status": "ok", "role": "supervisor" if supervisor.acting else "standby"}
 
     # add_middleware wraps: the last one added runs first.
-    app.add_middleware(JsonBodyMiddleware)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    streamed = frozenset({("POST", packages.UPLOAD_PATH)})  # an archive, streamed to disk
+    app.add_middleware(JsonBodyMiddleware, binary=streamed)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, streamed=streamed)
     app.add_middleware(
         # Token checks only read: they never wait for (or hold up) a metric write.
         AuthMiddleware, tokens=tokens, session_factory=read_session_factory,

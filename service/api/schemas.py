@@ -298,3 +298,11 @@ class ErrorBody(BaseModel):
     error: str
     message: str
     details: list[ErrorDetail] = []
+
+
+class PackageRead(BaseModel):
+    """An uploaded package (``POST /packages``); a job names it by ``digest``."""
+
+    digest: str = Field(description="'sha256:' and the hex SHA-256 of the uploaded bytes")
+    size: int = Field(description="bytes uploaded (the archive)")
+    files: int = Field(description="members unpacked (files and directories)")
