@@ -204,6 +204,11 @@ class Settings(BaseSettings):
         description="terminal jobs that ended longer ago than this are deleted in the "
         "background (records, logs, run directory, outputs); unset = kept forever",
     )
+    retention_sweep_s: float = Field(
+        default=300.0, ge=0.1, le=86400,
+        description="seconds between the supervisor's clean-up passes (retention, unused "
+        "packages, run directories left without a job)",
+    )
     disk_free_floor_bytes: int = Field(
         default=256 * 1024**2, ge=0, le=1024**5,
         description="below this much free space under HOME, new jobs and uploads are refused "

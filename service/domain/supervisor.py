@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.domain.cleanup import Cleanup
 from service.domain.finisher import Finisher
 from service.domain.intake import Intake
 from service.domain.launch import Launcher
@@ -121,6 +122,7 @@ class Supervisor:
         self.reaper = Reaper(self.ctx, self.finisher)
         self.stops = Stops(self.ctx, self._wake.set)
         self.recovery = Recovery(self.ctx, self.reaper)
+        self.cleanup = Cleanup(self.settings, self.session_factory)
         self._snapshot = SnapshotReader(self.ctx.read_sessions)
 
     @property
@@ -240,7 +242,7 @@ class Supervisor:
         # others, or a stuck reap would hold every queued job.
         for step in (self.stops.fail_stop_requests, self.stops.stop_ended,
                      self.reaper.reap_finished, self.reaper.mark_running, self._schedule,
-                     self._publish_waiting):
+                     self._publish_waiting, self._sweep):
             try:
                 step()
             except Exception as exc:
@@ -249,6 +251,16 @@ class Supervisor:
                 else:  # a lock held elsewhere: this step runs again on the next pass
                     logger.warning("supervisor: %s: database busy, retrying: %s",
                                    step.__name__, getattr(exc, "orig", exc))
+
+    def _sweep(self) -> None:
+        """Retention, unused packages, orphaned run directories (``service.domain.cleanup``),
+        at most every ``TORCHYARD_RETENTION_SWEEP_S``; on this thread, so no launch races it."""
+        self.cleanup.sweep()
+
+    def delete(self, job_id: int) -> None:
+        """See :meth:`service.domain.cleanup.Cleanup.delete`."""
+        self.cleanup.delete(job_id)
+        self._queue_changed()
 
     def _queue_changed(self) -> None:
         self._queue_dirty = True
