@@ -61,6 +61,7 @@ class WorkerEnv:
     resume_dir: Path | None = None  # TORCHYARD_RESUME_DIR: checkpoints of the job named by resume_from
     device: str | None = None
     backend: str | None = None
+    output_dir: Path | None = None  # TORCHYARD_OUTPUT_DIR: what the job keeps (artifacts)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> "WorkerEnv":
@@ -81,6 +82,7 @@ class WorkerEnv:
             resume_dir=Path(p) if (p := _str(environ, names.RESUME_DIR)) else None,
             device=_choice(environ, names.DEVICE, ("cpu", "cuda")),
             backend=_choice(environ, names.BACKEND, ("gloo", "nccl")),
+            output_dir=Path(p) if (p := _str(environ, names.OUTPUT_DIR)) else None,
         )
 
     @classmethod

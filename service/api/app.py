@@ -32,6 +32,7 @@ from service.api.middleware.writegate import WriteGate
 from service.api.openapi import build_openapi
 from service.api.routes import (
     apidocs,
+    artifacts,
     dashboard,
     events,
     jobs,
@@ -165,6 +166,7 @@ def create_app(
     app.include_router(logs.router)
     app.include_router(events.router)
     app.include_router(packages.router)
+    app.include_router(artifacts.router)
     app.include_router(prometheus_router)
 
     @app.get("/healthz", tags=["meta"])
