@@ -177,6 +177,45 @@ class Settings(BaseSettings):
     def script_dir_list(self) -> list[Path]:
         """The resolved script directories, in order; empty = script jobs disabled."""
         return [Path(part).resolve() for part in split_dirs(self.script_dirs)]
+    # --- packages, retention, disk (docs/packages.md) -----------------------------------------
+    packages_enabled: bool = Field(
+        default=True,
+        description="accept code uploads (POST /packages) and jobs that name a package; they "
+        "need API tokens too; false = 403 for both",
+    )
+    package_max_upload_bytes: int = Field(
+        default=1024**3, ge=1024, le=1024**4,
+        description="largest archive POST /packages accepts (413 beyond it, while it streams)",
+    )
+    package_max_files: int = Field(
+        default=20_000, ge=1, le=10_000_000,
+        description="most members (files and directories) an uploaded archive may hold",
+    )
+    package_max_unpacked_bytes: int = Field(
+        default=4 * 1024**3, ge=1024, le=1024**4,
+        description="most bytes an uploaded archive may unpack to, counted as it inflates",
+    )
+    package_grace_s: float = Field(
+        default=86400.0, ge=0, le=365 * 86400,
+        description="a package no queued or running job names is removed once it has not been "
+        "uploaded, checked (HEAD) or used for this long",
+    )
+    retention_days: float | None = Field(
+        default=None, gt=0, le=36500,
+        description="terminal jobs that ended longer ago than this are deleted in the "
+        "background (records, logs, run directory, outputs); unset = kept forever",
+    )
+    retention_sweep_s: float = Field(
+        default=300.0, ge=0.1, le=86400,
+        description="seconds between the supervisor's clean-up passes (retention, unused "
+        "packages, run directories left without a job)",
+    )
+    disk_free_floor_bytes: int = Field(
+        default=256 * 1024**2, ge=0, le=1024**5,
+        description="below this much free space under HOME, new jobs and uploads are refused "
+        "with 507 (running jobs carry on); 0 = no floor",
+    )
+
     # --- Slurm executor (docs/slurm.md) ---------------------------------------------------------
     slurm_partition: str | None = Field(
         default=None,
@@ -351,6 +390,10 @@ class Settings(BaseSettings):
     def data_roots(self) -> list[Path]:
         """Directories a job's ``dataset_root`` must lie in (``HOME/data`` if none configured)."""
         return list(self.data_dirs) or [self.home / "data"]
+
+    @property
+    def packages_dir(self) -> Path:
+        return self.home / "packages"
 
     @property
     def runs_dir(self) -> Path:

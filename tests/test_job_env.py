@@ -28,6 +28,7 @@ with open(os.path.join(os.environ["TORCHYARD_RUN_DIR"], f"env-rank-{rank}.json")
 JOB_VARIABLES = {
     "TORCHYARD_API_URL", "TORCHYARD_JOB_ID", "TORCHYARD_JOB_TOKEN", "TORCHYARD_RUN_DIR",
     "TORCHYARD_ATTEMPT", "TORCHYARD_DEVICE", "TORCHYARD_BACKEND", "TORCHYARD_RESUME_DIR",
+    "TORCHYARD_OUTPUT_DIR",  # the job's own outputs (issue 24)
 }
 TEST_HOOK_PREFIX = "TORCHYARD_TEST_"
 # Server-only, by name: each is set on the server below (or by ``serve --workers``).

@@ -150,6 +150,8 @@ def _matrix(server: InProcessServer, api_tokens: bool) -> list[str]:
                     ok = got == {"job": 200, "none": 401}.get(who, 403)
                 elif is_public(template):
                     ok = got not in (401, 403)
+                elif not api_tokens and (method, template) == ("POST", "/packages"):
+                    ok = got == 403  # uploads are code: refused without API tokens
                 elif not api_tokens:
                     ok = got not in (401, 403)  # open API (loopback only, see serve)
                 elif who == "api":

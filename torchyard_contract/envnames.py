@@ -10,6 +10,7 @@ JOB_ID = "TORCHYARD_JOB_ID"
 JOB_TOKEN = "TORCHYARD_JOB_TOKEN"  # bearer token for this job's record endpoint
 RUN_DIR = "TORCHYARD_RUN_DIR"  # see torchyard_contract.rundir
 ATTEMPT = "TORCHYARD_ATTEMPT"  # 1-based; set by the shim for each attempt
+OUTPUT_DIR = "TORCHYARD_OUTPUT_DIR"  # the job's outputs (one per job, shared by its ranks)
 RESUME_DIR = "TORCHYARD_RESUME_DIR"  # checkpoints of the job named by the spec's resume_from
 DEVICE = "TORCHYARD_DEVICE"  # cpu | cuda, as placed by the supervisor
 BACKEND = "TORCHYARD_BACKEND"  # gloo | nccl

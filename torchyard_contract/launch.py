@@ -28,6 +28,9 @@ class LaunchConfig:
     pythonpath: str | None = None  # ``-m`` script jobs: the script directory holding the module
     nnodes: int = 1  # > 1 only under the slurm launcher
     gpus_per_node: int = 0  # slurm launcher: GPUs each node's step asks for (0 = CPUs)
+    # Package jobs: the job's copy of its package, the ranks' working directory and first on
+    # their PYTHONPATH; None = the run directory (and nothing added to the path).
+    workdir: str | None = None
 
     @property
     def world_size(self) -> int:
@@ -44,8 +47,14 @@ class LaunchConfig:
             return ("-m", "worker", "--spec", str(run.spec_file))
         return tuple(self.program)
 
+    def cwd(self, run: RunDir) -> str:
+        """Where torchrun (and so every rank) starts."""
+        return self.workdir or str(run.root)
+
     def rank_env(self, inherited: str | None) -> dict[str, str]:
         """Extra variables of torchrun and the ranks (``inherited``: the shim's PYTHONPATH)."""
+        if self.workdir is not None:  # the job's own copy: the working directory is meant
+            return {"PYTHONPATH": os.pathsep.join(p for p in (self.workdir, inherited) if p)}
         if self.pythonpath is None:
             return {}
         path = os.pathsep.join(p for p in (self.pythonpath, inherited) if p)

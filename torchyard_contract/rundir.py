@@ -65,6 +65,16 @@ class RunDir:
         return self.root / "checkpoints"
 
     @property
+    def work_dir(self) -> Path:
+        """A package job's own copy of its package: the ranks' working directory."""
+        return self.root / "work"
+
+    @property
+    def output_dir(self) -> Path:
+        """``TORCHYARD_OUTPUT_DIR``: what the job keeps (GET /jobs/{id}/artifacts)."""
+        return self.root / "outputs"
+
+    @property
     def attempts_dir(self) -> Path:
         return self.root / "attempts"
 

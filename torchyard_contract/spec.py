@@ -24,6 +24,7 @@ from torchyard_contract.spec_types import (
     LABELS_MAX,
     NNODES_MAX,
     NOTIFY_MAX,
+    PACKAGE_PATTERN,
     PATIENCE_MAX,
     PRIORITY_MAX,
     PRIORITY_MIN,
@@ -208,6 +209,14 @@ class JobSpec(BaseModel):
         "segment), or '-m package.module'; null = the built-in trainer. Script jobs need API "
         "tokens (403 otherwise) and a file that exists (422 otherwise)",
     )
+    package: str | None = Field(
+        default=None,
+        pattern=PACKAGE_PATTERN,
+        description="script job: digest of uploaded code ('sha256:<hex>', from POST /packages); "
+        "the entrypoint is then a path or module inside it, the ranks run in a copy of it (their "
+        "working directory, first on sys.path) and TORCHYARD_SCRIPT_DIRS is not needed. 422 "
+        "when the server does not hold it",
+    )
     args: list[NoNul] = Field(
         default_factory=list, max_length=ARGS_MAX, description="script job: argv after the script"
     )
@@ -298,7 +307,7 @@ class JobSpec(BaseModel):
         schema = handler(core_schema)
         target = handler.resolve_ref_schema(schema)
         if handler.mode == "serialization":
-            optional = BUILTIN_ONLY_FIELDS | {"nnodes", *SLURM_FIELDS}
+            optional = BUILTIN_ONLY_FIELDS | {"nnodes", "package", *SLURM_FIELDS}
             target["required"] = [n for n in cls.model_fields if n not in optional]
             target["title"] = "JobSpecOutput"  # generators name classes by title: no clash
         else:  # the model validators' rules, so a schema-valid spec is one they accept
@@ -307,7 +316,7 @@ class JobSpec(BaseModel):
                     "if": {"properties": {"entrypoint": {"type": "string"}},
                            "required": ["entrypoint"]},
                     "then": {"properties": dict.fromkeys(sorted(BUILTIN_ONLY_FIELDS), False)},
-                    "else": {"properties": {"args": {"maxItems": 0},
+                    "else": {"properties": {"args": {"maxItems": 0}, "package": {"type": "null"},
                                             "env": {"maxProperties": 0},
                                             "secret_env": {"maxProperties": 0}}},
                 },
@@ -325,7 +334,7 @@ class JobSpec(BaseModel):
         if isinstance(data, dict):
             if data.get("nnodes") == 1:
                 data.pop("nnodes")
-            for name in SLURM_FIELDS:
+            for name in (*SLURM_FIELDS, "package"):
                 if data.get(name) is None:
                     data.pop(name, None)
         if self.is_script and isinstance(data, dict):
@@ -336,10 +345,12 @@ class JobSpec(BaseModel):
     @model_validator(mode="after")
     def _check_script(self) -> "JobSpec":
         if self.entrypoint is None:
-            for name in ("args", "env", "secret_env"):
+            for name in ("args", "env", "secret_env", "package"):
                 if getattr(self, name):
                     raise ValueError(f"{name}: only allowed with 'entrypoint' (a script job)")
             return self
+        if self.package is not None and self.entrypoint.startswith("/"):
+            raise ValueError("entrypoint: a path inside the package, not an absolute one")
         both = sorted(self.env.keys() & self.secret_env.keys())
         if both:
             raise ValueError(f"secret_env: {', '.join(both)} also set in 'env'; set it in one")

@@ -100,6 +100,7 @@ ENTRYPOINT_PATTERN = (
     r"|-m [A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)$"
 )
 ENTRYPOINT_MAX = 1024
+PACKAGE_PATTERN = r"^sha256:[0-9a-f]{64}$"  # a package's digest (POST /packages)
 ARGS_MAX, ARG_LEN_MAX = 256, 4096
 ENV_MAX, ENV_VALUE_LEN_MAX = 64, 4096
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"

@@ -74,6 +74,7 @@ class WorkerEnv:
     backend: str | None = None
     # TORCHYARD_PARAMS: a sweep trial's parameters (name → value); empty for other jobs.
     params: dict = field(default_factory=dict)
+    output_dir: Path | None = None  # TORCHYARD_OUTPUT_DIR: what the job keeps (artifacts)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> "WorkerEnv":
@@ -95,6 +96,7 @@ class WorkerEnv:
             device=_choice(environ, names.DEVICE, ("cpu", "cuda")),
             backend=_choice(environ, names.BACKEND, ("gloo", "nccl")),
             params=_params(environ),
+            output_dir=Path(p) if (p := _str(environ, names.OUTPUT_DIR)) else None,
         )
 
     @classmethod

@@ -31,6 +31,7 @@ The RNG states are rank 0's; every rank seeds identically, so they are the same 
 
 import argparse
 import logging
+import os
 import random
 import time
 from datetime import timedelta
@@ -154,8 +155,18 @@ def _run(spec: JobSpec, env: WorkerEnv, run_dir: Path, use_cuda: bool) -> None:
                     _checkpoint_state(model, optimizer, device if use_cuda else None),
                     keep=spec.keep_checkpoints,
                 )
+        if env.rank == 0 and env.output_dir is not None:
+            _save_model(env.output_dir, model)
     finally:
         reporter.close(timeout_s=10.0)
+
+
+def _save_model(output_dir: Path, model: nn.Module) -> None:
+    """The trained weights as ``OUTPUT_DIR/model.pt`` (a state dict; temp file + rename)."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    tmp = output_dir / ".model.pt.tmp"
+    torch.save(model.state_dict(), tmp)
+    os.replace(tmp, output_dir / "model.pt")
 
 
 def _checkpoint_due(spec: JobSpec, epoch: int) -> bool:

@@ -32,11 +32,13 @@ from service.api.middleware.writegate import WriteGate
 from service.api.openapi import build_openapi
 from service.api.routes import (
     apidocs,
+    artifacts,
     dashboard,
     deliveries,
     events,
     jobs,
     logs,
+    packages,
     records,
     resources,
     series,
@@ -45,6 +47,7 @@ from service.api.routes import (
 )
 from service.api.routes.prometheus import PROMETHEUS_DIR_VARIABLE, RequestTimer, Telemetry
 from service.api.routes.prometheus import router as prometheus_router
+from service.domain.diskspace import free_bytes
 from service.domain.queue.inventory import make_inventory
 from service.domain.supervisor import LOOP_LOCK_TIMEOUT_S, Supervisor
 from service.executor import Executor, make_executor
@@ -152,7 +155,8 @@ def create_app(
     app.state.warm = warm
     errors.install(app)
     app.state.telemetry = Telemetry(
-        read_session_factory, supervisor.inventory, warm, prometheus_multiprocess_dir
+        read_session_factory, supervisor.inventory, warm, prometheus_multiprocess_dir,
+        home=settings.home,
     )
     app.include_router(jobs.router)
     app.include_router(records.router)
@@ -165,18 +169,26 @@ def create_app(
     app.include_router(events.router)
     app.include_router(deliveries.router)
     app.include_router(sweeps.router)
+    app.include_router(packages.router)
+    app.include_router(artifacts.router)
     app.include_router(prometheus_router)
 
     @app.get("/healthz", tags=["meta"])
-    async def healthz() -> dict[str, str]:
+    async def healthz() -> dict[str, str | int | bool]:
         """``role``: ``supervisor`` in the process that holds the supervisor lease, ``standby``
-        in the others (docs/operations.md)."""
+        in the others (docs/operations.md). ``disk_free_bytes``: free space under
+        ``TORCHYARD_HOME``; ``disk_low``: below ``TORCHYARD_DISK_FREE_FLOOR_BYTES`` (new jobs
+        and uploads are refused with 507, running jobs carry on)."""
         # On the event loop: answered even when every thread of the pool waits on the database.
-        return {"status": "ok", "role": "supervisor" if supervisor.acting else "standby"}
+        free = free_bytes(settings.home)
+        return {"status": "ok", "role": "supervisor" if supervisor.acting else "standby",
+                "disk_free_bytes": free,
+                "disk_low": free < settings.disk_free_floor_bytes}
 
     # add_middleware wraps: the last one added runs first.
-    app.add_middleware(JsonBodyMiddleware)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    streamed = frozenset({("POST", packages.UPLOAD_PATH)})  # an archive, streamed to disk
+    app.add_middleware(JsonBodyMiddleware, binary=streamed)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, streamed=streamed)
     app.add_middleware(
         # Token checks only read: they never wait for (or hold up) a metric write.
         AuthMiddleware, tokens=tokens, session_factory=read_session_factory,
@@ -189,7 +201,7 @@ def create_app(
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware, allow_origins=settings.cors_origins, allow_credentials=False,
-            allow_methods=["GET", "POST"],
+            allow_methods=["GET", "POST", "DELETE"],
             allow_headers=["Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID"],
         )
     # HEAD on every GET route, checked as the GET it becomes (service.api.middleware.head).

@@ -382,3 +382,24 @@ class SweepRead(BaseModel):
 class SweepList(BaseModel):
     items: list[SweepRead]
     next_before: int | None = Field(description="pass as ?before= for the next page; null at the end")
+
+
+class PackageRead(BaseModel):
+    """An uploaded package (``POST /packages``); a job names it by ``digest``."""
+
+    digest: str = Field(description="'sha256:' and the hex SHA-256 of the uploaded bytes")
+    size: int = Field(description="bytes uploaded (the archive)")
+    files: int = Field(description="members unpacked (files and directories)")
+
+
+class ArtifactRead(BaseModel):
+    path: str = Field(description="relative to the job's output directory; checkpoints under "
+                      "'checkpoints/'")
+    size: int = Field(description="bytes")
+    modified: float = Field(description="last modification, Unix seconds")
+
+
+class ArtifactList(BaseModel):
+    job_id: int
+    items: list[ArtifactRead]
+    next_after: str | None = Field(description="pass as ?after= for the next page; null = last")

@@ -70,6 +70,48 @@ class TorchyardClient:
         _raise_for(response)
         return response.json()
 
+    def has_package(self, digest: str) -> bool:
+        """``HEAD /packages/{digest}``: whether the server holds it already."""
+        try:
+            response = self._http.head(f"/packages/{digest}")
+        except httpx.TransportError as exc:
+            raise ClientError(0, "unreachable", f"cannot reach {self.url}: {exc}") from exc
+        if response.status_code == 404:
+            return False
+        _raise_for(response)
+        return True
+
+    def upload_package(self, chunks: Iterator[bytes], size: int) -> dict[str, Any]:
+        return self._call("POST", "/packages", content=chunks, timeout=None, headers={
+            "Content-Type": "application/octet-stream", "Content-Length": str(size)})
+
+    def delete(self, job_id: int) -> None:
+        try:
+            response = self._http.delete(f"/jobs/{job_id}")
+        except httpx.TransportError as exc:
+            raise ClientError(0, "unreachable", f"cannot reach {self.url}: {exc}") from exc
+        _raise_for(response)
+
+    def artifacts(self, job_id: int, after: str | None = None) -> dict[str, Any]:
+        params = {"limit": 1000, **({"after": after} if after else {})}
+        return self._call("GET", f"/jobs/{job_id}/artifacts", params=params)
+
+    def download(self, job_id: int, path: str, out: Any) -> int:
+        """Stream one artifact into the binary file ``out``; bytes written."""
+        written = 0
+        try:
+            with self._http.stream("GET", f"/jobs/{job_id}/artifacts/{path}",
+                                   timeout=None) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    _raise_for(response)
+                for chunk in response.iter_bytes(1024 * 1024):
+                    out.write(chunk)
+                    written += len(chunk)
+        except httpx.TransportError as exc:
+            raise ClientError(0, "unreachable", f"cannot reach {self.url}: {exc}") from exc
+        return written
+
     def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", "/jobs", json=spec)
 

@@ -18,10 +18,12 @@ from typing import Annotated, Any
 import typer
 import yaml
 from rich.console import Console
+from rich.progress import Progress
 
 from service.client import render
 from service.client.api import TERMINAL, ClientError, TorchyardClient
 from service.client.follow import follow
+from service.client.workdir import pack
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -31,6 +33,7 @@ EXIT_ERROR = 5
 STATE_EXIT = {"succeeded": EXIT_OK, "failed": EXIT_FAILED, "cancelled": EXIT_CANCELLED}
 DEFAULT_URL = "http://127.0.0.1:8000"
 LOG_POLL_S = 0.5
+PROGRESS_MIN_BYTES = 8 * 1024 * 1024  # a progress bar for uploads this big
 
 UrlOpt = Annotated[str, typer.Option("--url", envvar="TORCHYARD_URL", help="server URL")]
 TokenOpt = Annotated[
@@ -100,9 +103,22 @@ def load_spec_file(path: Path) -> dict[str, Any]:
 
 
 def submit(
-    spec_file: Annotated[
-        Path | None, typer.Argument(exists=True, dir_okay=False, help="JSON or YAML job spec")
+    target: Annotated[
+        str | None, typer.Argument(
+            metavar="[SPEC_FILE | ENTRYPOINT]",
+            help="JSON or YAML job spec; with --workdir: the script (or '-m pkg.mod') inside it")
     ] = None,
+    script_args: Annotated[
+        list[str] | None, typer.Argument(help="with --workdir: the script's arguments, after --")
+    ] = None,
+    workdir: Annotated[
+        Path | None, typer.Option(
+            exists=True, file_okay=False, help="pack this directory (honouring its .gitignore), "
+            "upload it unless the server has it, and run ENTRYPOINT inside it")
+    ] = None,
+    exclude: Annotated[
+        list[str], typer.Option(help="with --workdir: shell pattern to leave out, repeatable")
+    ] = [],  # noqa: B006
     name: Annotated[str | None, typer.Option(help="job name")] = None,
     model: Annotated[str | None, typer.Option(help="mlp | cnn | resnet18")] = None,
     dataset: Annotated[str | None, typer.Option(help="digits | synthetic | mnist | ...")] = None,
@@ -121,8 +137,21 @@ def submit(
     url: UrlOpt = DEFAULT_URL,
     token: TokenOpt = None,
 ) -> None:
-    """Submit a job (spec file, then flags on top); with --follow, exit as `wait` does."""
-    spec = load_spec_file(spec_file) if spec_file else {}
+    """Submit a job (spec file, then flags on top); with --follow, exit as `wait` does.
+
+    With --workdir DIR ENTRYPOINT [-- ARGS]: DIR is packed and uploaded (only when HEAD says the
+    server lacks it) and the job runs ENTRYPOINT in its own copy of it."""
+    spec: dict[str, Any] = {}
+    if workdir is None:
+        if script_args:
+            raise typer.BadParameter("script arguments need --workdir", param_hint="ARGS")
+        if target is not None:
+            spec_file = Path(target)
+            if not spec_file.is_file():
+                raise typer.BadParameter(f"{target} is not a file", param_hint="SPEC_FILE")
+            spec = load_spec_file(spec_file)
+    elif target is None:
+        raise typer.BadParameter("--workdir needs the ENTRYPOINT to run", param_hint="ENTRYPOINT")
     flags = {"name": name, "model": model, "dataset": dataset, "epochs": epochs,
              "batch_size": batch_size, "lr": lr, "nproc_per_node": nproc, "priority": priority}
     spec.update({k: v for k, v in flags.items() if v is not None})
@@ -130,6 +159,10 @@ def submit(
     if label:
         spec["labels"] = {**spec.get("labels", {}), **_parse_pairs(label, "--label")}
     with _client(url, token) as client:
+        if workdir is not None:
+            spec.update(entrypoint=target, package=_upload_workdir(client, workdir, exclude))
+            if script_args:
+                spec["args"] = list(script_args)
         job = client.submit(spec)
         _job_line(job)
         if not follow_:
@@ -141,6 +174,65 @@ def submit(
         _warn_divergence(client, job["id"])
     _job_line(final)
     raise typer.Exit(_exit_for(final))
+
+
+def _upload_workdir(client: TorchyardClient, workdir: Path, exclude: list[str]) -> str:
+    """Pack ``workdir``; upload it unless the server has it; its digest."""
+    archive, digest = pack(workdir, exclude)
+    try:
+        if client.has_package(digest):
+            err_console.print(f"package {digest[:19]}… already on the server")
+            return digest
+        size = archive.stat().st_size
+        with Progress(transient=True, console=err_console, disable=size < PROGRESS_MIN_BYTES) as bar:
+            task = bar.add_task("uploading", total=size)
+
+            def chunks() -> Iterator[bytes]:
+                with archive.open("rb") as f:
+                    while chunk := f.read(1024 * 1024):
+                        bar.advance(task, len(chunk))
+                        yield chunk
+
+            info = client.upload_package(chunks(), size)
+        err_console.print(f"uploaded {digest[:19]}… ({size} bytes, {info['files']} files)")
+        return digest
+    finally:
+        archive.unlink(missing_ok=True)
+
+
+def artifacts(
+    job_id: JobArg,
+    path: Annotated[str | None, typer.Argument(help="an artifact to download")] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="file to write (default: its name)")
+    ] = None,
+    url: UrlOpt = DEFAULT_URL,
+    token: TokenOpt = None,
+) -> None:
+    """List a job's artifacts, or download one (JOB PATH -o FILE)."""
+    with _client(url, token) as client:
+        if path is None:
+            after = None
+            while True:
+                page = client.artifacts(job_id, after)
+                for item in page["items"]:
+                    console.print(f"{item['size']:>12}  {item['path']}", highlight=False)
+                after = page["next_after"]
+                if after is None:
+                    return
+        target = output or Path(path.rsplit("/", 1)[-1])
+        tmp = target.with_name(f".{target.name}.part")
+        with tmp.open("wb") as out:
+            written = client.download(job_id, path, out)
+        tmp.replace(target)
+    err_console.print(f"wrote {target} ({written} bytes)")
+
+
+def delete(job_id: JobArg, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
+    """Delete a finished job with its records, logs, run directory and outputs."""
+    with _client(url, token) as client:
+        client.delete(job_id)
+    console.print(f"job {job_id} deleted")
 
 
 def _warn_divergence(client: TorchyardClient, job_id: int) -> None:
@@ -275,7 +367,9 @@ def summary(
         raise typer.Exit(EXIT_FAILED)
 
 
-COMMANDS: list[Callable[..., None]] = [submit, jobs, show, metrics, logs, cancel, wait, summary]
+COMMANDS: list[Callable[..., None]] = [
+    submit, jobs, show, metrics, logs, cancel, wait, summary, artifacts, delete,
+]
 
 
 def register(app: typer.Typer) -> None:

@@ -15,9 +15,16 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.domain import secretstore, webhookconf
 from service.domain.admission import admit
+from service.domain.diskspace import DiskFull, check_floor
+from service.domain.packagestore import package_store
 from service.domain.placement import capacity_shortfall, resource_kind
 from service.domain.queue.inventory import Inventory
-from service.domain.scriptpath import ScriptRefused, ScriptsDisabled, script_program
+from service.domain.scriptpath import (
+    ScriptRefused,
+    ScriptsDisabled,
+    package_program,
+    script_program,
+)
 from service.domain.secretstore import SecretRefused
 from service.settings import Settings
 from service.store import repository as repo
@@ -73,6 +80,10 @@ class Intake:
         can never fit this host or names a job that does not exist.
         """
         spec = admit(spec, self.settings)  # 403 script jobs without tokens; 422 paths outside roots
+        try:
+            check_floor(self.settings)
+        except DiskFull as exc:
+            raise SubmitRejected("insufficient_storage", str(exc), status=507) from exc
         if idempotency_key is not None:
             existing = self._job_for_key(idempotency_key, spec)
             if existing is not None:
@@ -108,7 +119,10 @@ class Intake:
 
     def _check_script(self, spec: JobSpec) -> None:
         try:
-            script_program(spec, self.settings.script_dir_list)
+            if spec.package is not None:
+                self._check_package(spec, spec.package)
+            else:
+                script_program(spec, self.settings.script_dir_list)
         except ScriptsDisabled as exc:
             raise SubmitRejected("scripts_disabled", str(exc), status=403) from exc
         except ScriptRefused as exc:
@@ -117,6 +131,18 @@ class Intake:
             secretstore.check_names(spec.secret_env, self.settings.secrets_file)
         except SecretRefused as exc:
             raise SubmitRejected("invalid_request", str(exc)) from exc
+
+    def _check_package(self, spec: JobSpec, digest: str) -> None:
+        if not self.settings.packages_enabled:
+            raise SubmitRejected(
+                "packages_disabled", "package: packages are turned off on this server "
+                "(TORCHYARD_PACKAGES_ENABLED=false)", status=403)
+        store = package_store(self.settings)
+        if store.get(digest) is None:
+            raise SubmitRejected(
+                "invalid_request", f"package: {digest} is not on this server; upload it with "
+                "POST /packages first")
+        package_program(spec, store.tree(digest))  # the entrypoint exists inside it
 
     def _job_for_key(self, key: str, spec: JobSpec) -> Job | None:
         with self.sessions() as session:

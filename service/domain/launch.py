@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from service.domain import secretstore
 from service.domain.jobtoken import new_token
 from service.domain.loopcontext import LoopContext
+from service.domain.packagestore import PackageMissing, package_store
 from service.domain.placement import Placement
 from service.domain.scriptpath import RankProgram, ScriptRefused, rank_program
 from service.domain.secretstore import SecretRefused
@@ -47,6 +48,7 @@ def launch_config(settings: Settings, job_id: int, spec: JobSpec, program: RankP
         program=list(program.argv),
         pythonpath=program.pythonpath,
         nnodes=spec.nnodes,
+        workdir=program.workdir,
     )
 
 
@@ -65,6 +67,7 @@ def rank_env(
         names.JOB_ID: str(job_id),
         names.JOB_TOKEN: token,
         names.RUN_DIR: str(run.root),
+        names.OUTPUT_DIR: str(run.output_dir),
         names.ERROR_FILE: str(run.error_file),
         "PYTHONUNBUFFERED": "1",
     }
@@ -103,12 +106,17 @@ class Launcher:
     ) -> str:
         """Write the run directory and submit the job's attempt loop; its reference, or raises
         (``ScriptRefused``: the script went away or out of bounds since submit;
-        ``SecretRefused``; ``OSError``; the executor's errors)."""
+        ``PackageMissing``; ``SecretRefused``; ``OSError``; the executor's errors)."""
         settings = self.ctx.settings
         run = RunDir.for_job(settings.runs_dir, job_id)
         run.prepare()
         run.spec_file.write_text(spec.model_dump_json(indent=2))
-        program = rank_program(spec, settings.script_dir_list, run.spec_file)
+        run.output_dir.mkdir(exist_ok=True)
+        package_root = None
+        if spec.package is not None:  # the job's own copy: its writes reach no other job
+            package_store(settings).copy_for_job(spec.package, run.work_dir)
+            package_root = run.work_dir
+        program = rank_program(spec, settings.script_dir_list, run.spec_file, package_root)
         launch_config(settings, job_id, spec, program).write(run)
         resume_dir = None
         if spec.resume_from is not None:
@@ -141,7 +149,7 @@ class Launcher:
         try:
             ref = self.start_run(job.id, token, spec, placement, job.params)
         except Exception as exc:  # whatever failed, the job must not stay starting, holding slots
-            if not isinstance(exc, ScriptRefused | SecretRefused | OSError):
+            if not isinstance(exc, ScriptRefused | SecretRefused | OSError | PackageMissing):
                 logger.exception("job %s: launch failed", job.id)
             if ctx.lease.fence(session):  # else the next supervisor gives the launch up
                 repo.transition(session, job.id, JobState.failed, reason=f"could not start: {exc}")

@@ -15,6 +15,9 @@ Contract:
   outside the script directories are refused even when the target exists.
 * Raises :class:`ScriptsDisabled` when no script directory is configured, :class:`ScriptRefused`
   (a ``ValueError`` naming the field) for an entrypoint that is outside them or missing.
+* A package job (``spec.package``) resolves its entrypoint the same way inside its own copy of
+  the package (:func:`package_program`), which becomes the ranks' working directory and the
+  first entry of ``PYTHONPATH`` (``LaunchConfig.workdir``); no script directory is needed.
 * Reads only file metadata; never imports or runs the script. Called at submit (to refuse early)
   and again at launch (what runs is what exists then).
 """
@@ -55,16 +58,37 @@ class RankProgram:
 
     argv: tuple[str, ...]
     pythonpath: str | None = None
+    workdir: str | None = None  # package jobs: the job's copy of its package
+
+
+def package_program(spec: JobSpec, root: Path) -> RankProgram:
+    """The rank program of a package job whose copy of the package is ``root``: the
+    entrypoint resolved (and confined) inside it; the ranks start there, with it first on
+    ``PYTHONPATH``. Raises ``ScriptRefused``."""
+    try:
+        program = script_program(spec, [root])
+    except ScriptRefused as exc:
+        raise ScriptRefused(
+            str(exc).removeprefix(f"{FIELD}: ").replace("the script directories", "the package")
+        ) from None
+    return RankProgram(program.argv, workdir=str(root))
 
 
 def builtin_program(spec_file: Path) -> RankProgram:
     return RankProgram(("-m", "worker", "--spec", str(spec_file)))
 
 
-def rank_program(spec: JobSpec, script_dirs: Sequence[Path], spec_file: Path) -> RankProgram:
-    """The rank program for ``spec`` (see the module docstring)."""
+def rank_program(
+    spec: JobSpec, script_dirs: Sequence[Path], spec_file: Path, package_root: Path | None = None,
+) -> RankProgram:
+    """The rank program for ``spec`` (see the module docstring); ``package_root``: the job's
+    copy of its package, for a spec that names one."""
     if spec.entrypoint is None:
         return builtin_program(spec_file)
+    if spec.package is not None:
+        if package_root is None:
+            raise ScriptRefused("a package job needs its copy of the package", "package")
+        return package_program(spec, package_root)
     return script_program(spec, script_dirs)
 
 

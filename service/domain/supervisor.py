@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.domain.cleanup import Cleanup
 from service.domain.finisher import Finisher
 from service.domain.intake import Intake
 from service.domain.launch import Launcher
@@ -128,6 +129,7 @@ class Supervisor:
         self.recovery = Recovery(self.ctx, self.reaper)
         self.sweeps = Sweeps(self.session_factory, self.intake, self._queue_changed)
         self.sweep_driver = SweepDriver(self.ctx)
+        self.cleanup = Cleanup(self.settings, self.session_factory)
         self._snapshot = SnapshotReader(self.ctx.read_sessions)
         # The webhook outbox is sent from threads of its own, only while this process acts.
         self.webhooks = Dispatcher(self.settings, loop_sessions, self.ctx.read_sessions,
@@ -255,7 +257,7 @@ class Supervisor:
         for step in (self.stops.fail_stop_requests, self.stops.stop_ended,
                      self.reaper.reap_finished, self.reaper.mark_running,
                      self.sweep_driver.step, self._schedule,
-                     self._publish_waiting):
+                     self._publish_waiting, self._clean_up):
             try:
                 step()
             except Exception as exc:
@@ -264,6 +266,16 @@ class Supervisor:
                 else:  # a lock held elsewhere: this step runs again on the next pass
                     logger.warning("supervisor: %s: database busy, retrying: %s",
                                    step.__name__, getattr(exc, "orig", exc))
+
+    def _clean_up(self) -> None:
+        """Retention, unused packages, orphaned run directories (``service.domain.cleanup``),
+        at most every ``TORCHYARD_RETENTION_SWEEP_S``; on this thread, so no launch races it."""
+        self.cleanup.sweep()
+
+    def delete(self, job_id: int) -> None:
+        """See :meth:`service.domain.cleanup.Cleanup.delete`."""
+        self.cleanup.delete(job_id)
+        self._queue_changed()
 
     def _queue_changed(self) -> None:
         self._queue_dirty = True

@@ -164,6 +164,7 @@ class Shim:
                 program=program,
                 env=env,
                 relay=(str(RELAY_PATH), self.warm_socket) if self.warm_socket else None,
+                cwd=Path(self.config.cwd(self.run)),
             )
             return LocalTorchrunLauncher().start(req, new_session=False)
         step = StepRequest(
@@ -180,7 +181,7 @@ class Shim:
         with open(logs / "srun.log", "ab") as log:
             popen = subprocess.Popen(
                 build_srun_command(step),
-                cwd=self.run.root,
+                cwd=self.config.cwd(self.run),
                 env={**os.environ, **env},
                 stdin=subprocess.DEVNULL,
                 stdout=log,

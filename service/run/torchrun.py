@@ -28,6 +28,7 @@ class LaunchRequest:
     env: dict[str, str] = field(default_factory=dict)
     # Warm ranks (``service.run.warm``): (relay program, warm server socket); None = cold.
     relay: tuple[str, str] | None = None
+    cwd: Path | None = None  # where torchrun and the ranks start; None = run_dir
 
 
 def build_command(req: LaunchRequest) -> list[str]:
@@ -70,7 +71,7 @@ class LocalTorchrunLauncher:
         with open(req.logs_dir / "torchrun.log", "ab") as log:
             popen = subprocess.Popen(
                 build_command(req),
-                cwd=req.run_dir,
+                cwd=req.cwd or req.run_dir,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,

@@ -14,11 +14,16 @@ from service.api.errors import error_body
 
 
 class BodyLimitMiddleware:
-    def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    """``streamed``: (method, path) pairs whose route reads its body as a stream and enforces
+    its own limit (``POST /packages``); passed through untouched."""
+
+    def __init__(
+        self, app: ASGIApp, *, max_bytes: int, streamed: frozenset[tuple[str, str]] = frozenset(),
+    ) -> None:
+        self.app, self.max_bytes, self.streamed = app, max_bytes, streamed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or (scope.get("method"), scope.get("path")) in self.streamed:
             await self.app(scope, receive, send)
             return
         declared = _content_length(scope)

@@ -115,13 +115,15 @@ class BrowserGuardMiddleware:
 class JsonBodyMiddleware:
     """415 for a state-changing request whose body is not JSON (see the module docstring).
 
-    Inside auth and the body limit, so a caller without a token learns 401 first."""
+    Inside auth and the body limit, so a caller without a token learns 401 first.
+    ``binary``: (method, path) pairs that take an archive, not JSON (``POST /packages``)."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
+    def __init__(self, app: ASGIApp, binary: frozenset[tuple[str, str]] = frozenset()) -> None:
+        self.app, self.binary = app, binary
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope.get("method", "GET") not in SAFE_METHODS:
+        if (scope["type"] == "http" and scope.get("method", "GET") not in SAFE_METHODS
+                and (scope.get("method"), scope.get("path")) not in self.binary):
             content_type = _header(scope, b"content-type")
             has_body = _header(scope, b"content-length") not in (None, "0") or (
                 _header(scope, b"transfer-encoding") is not None)

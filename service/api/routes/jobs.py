@@ -23,6 +23,7 @@ from service.api.errors import ERROR_RESPONSES, ApiError
 from service.api.hotreads import HotReads
 from service.api.middleware.writegate import WriteSlotDep
 from service.api.schemas import AttemptRead, JobList, JobRead, MetricRead, MetricsPage
+from service.domain.cleanup import JobLive, JobNotFound
 from service.domain.intake import SubmitRejected
 from service.domain.supervisor import Supervisor
 from service.store import repository as repo
@@ -175,8 +176,31 @@ def get_attempts(job: JobDep) -> list[AttemptRead]:
 @router.post("/{job_id}/cancel", response_model=JobRead)
 def cancel_job(_write: WriteSlotDep, job: JobDep, supervisor: SupervisorDep) -> JobRead:
     """Cancel a queued or running job; cancelling a finished job returns it unchanged (200)."""
-    cancelled = supervisor.cancel(job.id) or job  # jobs are never deleted: None cannot happen
+    cancelled = supervisor.cancel(job.id) or job  # None: deleted meanwhile; answer what we read
     return _job_read(cancelled, supervisor)
+
+
+@router.delete(
+    "/{job_id}",
+    status_code=204,
+    response_class=Response,
+    responses={
+        404: {**ERROR_RESPONSES[404], "description": "no such job (or it was deleted already)"},
+        409: {**ERROR_RESPONSES[409], "description": "the job is queued or running: cancel it "
+              "first"},
+    },
+)
+def delete_job(job_id: JobId, _write: WriteSlotDep, supervisor: SupervisorDep) -> Response:
+    """Delete a finished job with everything it left: its records, labels, logs, run
+    directory, checkpoints and outputs (and, with webhooks, its deliveries). Nothing of it
+    remains; its id answers 404 from then on."""
+    try:
+        supervisor.delete(job_id)
+    except JobNotFound as exc:
+        raise ApiError(404, "not_found", str(exc)) from exc
+    except JobLive as exc:
+        raise ApiError(409, "conflict", str(exc)) from exc
+    return Response(status_code=204)
 
 
 @router.get("/{job_id}/metrics", response_model=MetricsPage)

@@ -33,6 +33,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.domain.diskspace import free_bytes
 from service.domain.queue.inventory import Inventory
 from service.executor.warmpool import WarmPool, WarmStatus
 from service.store import repository as repo
@@ -49,11 +50,12 @@ class StateCollector(Collector):
 
     def __init__(
         self, session_factory: sessionmaker[Session], inventory: Inventory,
-        warm: WarmPool | None = None,
+        warm: WarmPool | None = None, home: Path | None = None,
     ) -> None:
         self._session_factory = session_factory
         self._inventory = inventory
         self._warm = warm
+        self._home = home
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         with self._session_factory() as session:
@@ -77,6 +79,12 @@ class StateCollector(Collector):
             allocated.add_metric([kind], sum(1 for r in held if r.startswith(f"{kind}:")))
         yield total
         yield allocated
+        if self._home is not None:
+            yield GaugeMetricFamily(
+                "torchyard_disk_free_bytes",
+                "Free space under TORCHYARD_HOME (new jobs and uploads get 507 below "
+                "TORCHYARD_DISK_FREE_FLOOR_BYTES).", value=free_bytes(self._home),
+            )
         if self._warm is not None:
             yield from _warm_metrics(self._warm.status())
 
@@ -114,8 +122,9 @@ class Telemetry:
     def __init__(
         self, session_factory: sessionmaker[Session], inventory: Inventory,
         warm: WarmPool | None = None, multiprocess_dir: Path | None = None,
+        home: Path | None = None,
     ) -> None:
-        state = StateCollector(session_factory, inventory, warm)
+        state = StateCollector(session_factory, inventory, warm, home)
         self.registry = CollectorRegistry()  # no auto_describe: it would query the DB at startup
         if multiprocess_dir is None:
             self.registry.register(state)

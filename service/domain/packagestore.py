@@ -1,0 +1,163 @@
+"""The package store: uploaded code, content-addressed, unpacked once, copied per job.
+
+Layout under ``TORCHYARD_HOME/packages`` (on Slurm the home is shared, so every node sees it)::
+
+    sha256/<hex>/tree/       the unpacked archive (read-only to jobs: each job gets a copy)
+    sha256/<hex>/meta.json   {"digest", "size", "files", "unpacked_bytes"}
+    staging/<random>/        an upload in progress (removed on failure, renamed when complete)
+
+Contract:
+
+* :meth:`PackageStore.add` takes a complete archive file (its SHA-256 already computed while
+  it streamed in) and returns ``(info, created)``. It unpacks into a staging directory and
+  renames it into place in one step, so a digest is either absent or complete; two uploads of
+  the same content race harmlessly (the loser's copy is discarded, both answer the same digest).
+  Raises :class:`service.domain.unpack.ArchiveRefused` with nothing stored.
+* :meth:`PackageStore.get` reads a package's metadata (None when absent) and marks it used now.
+* :meth:`PackageStore.copy_for_job` copies a package's tree into a job's run directory, so what
+  one job writes never changes what another sees.
+* :meth:`PackageStore.collect` removes packages not used for ``grace_s`` that no waiting job
+  names (``service.domain.retention`` calls it).
+"""
+
+import json
+import logging
+import os
+import re
+import shutil
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from service.domain.unpack import ArchiveRefused, Limits, unpack
+from service.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
+
+
+class PackageMissing(LookupError):
+    """The job names a package this server does not hold (any more)."""
+
+
+@dataclass(frozen=True)
+class PackageInfo:
+    digest: str
+    size: int
+    files: int
+    unpacked_bytes: int
+
+
+@dataclass(frozen=True)
+class PackageStore:
+    root: Path  # HOME/packages
+    limits: Limits
+
+    @property
+    def staging(self) -> Path:
+        return self.root / "staging"
+
+    def _dir(self, digest: str) -> Path:
+        if not re.fullmatch(DIGEST_PATTERN, digest):
+            raise ValueError(f"package: {digest[:80]!r} is not 'sha256:' and 64 hex digits")
+        return self.root / "sha256" / digest.removeprefix("sha256:")
+
+    def tree(self, digest: str) -> Path:
+        return self._dir(digest) / "tree"
+
+    def new_upload(self) -> Path:
+        """A fresh file in the staging area for an upload to stream into."""
+        self.staging.mkdir(parents=True, exist_ok=True)
+        return self.staging / f"{uuid.uuid4().hex}.upload"
+
+    def add(self, upload: Path, digest: str, size: int) -> tuple[PackageInfo, bool]:
+        """Store the archive ``upload`` (removed here, whatever happens) as ``digest``."""
+        final = self._dir(digest)
+        try:
+            existing = self.get(digest)
+            if existing is not None:
+                return existing, False
+            work = self.staging / uuid.uuid4().hex
+            work.mkdir(parents=True)
+            try:
+                files, unpacked = unpack(upload, work / "tree", self.limits)
+                info = PackageInfo(digest=digest, size=size, files=files, unpacked_bytes=unpacked)
+                (work / "meta.json").write_text(json.dumps(asdict(info)))
+                final.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    os.rename(work, final)  # atomic: the digest appears complete or not at all
+                except OSError:
+                    if not final.is_dir():
+                        raise
+                    return self.get(digest) or info, False  # a concurrent upload won
+                return info, True
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+        finally:
+            upload.unlink(missing_ok=True)
+
+    def get(self, digest: str) -> PackageInfo | None:
+        meta = self._dir(digest) / "meta.json"
+        try:
+            info = PackageInfo(**json.loads(meta.read_text()))
+        except FileNotFoundError:
+            return None
+        try:
+            os.utime(meta)  # used now: collect() keeps it for another grace period
+        except OSError:
+            pass
+        return info
+
+    def copy_for_job(self, digest: str, dest: Path) -> None:
+        """Copy the package's tree to ``dest`` (replaced if there: a relaunch starts clean)."""
+        tree = self.tree(digest)
+        if not tree.is_dir():
+            raise PackageMissing(f"package: {digest} is not on this server (upload it again)")
+        self.get(digest)
+        if dest.exists():
+            shutil.rmtree(dest)
+        shutil.copytree(tree, dest, symlinks=True)
+
+    def collect(self, grace_s: float, in_use: set[str], now: float | None = None) -> list[str]:
+        """Remove packages unused for ``grace_s`` and not in ``in_use``; returns their digests.
+        Leftover staging entries older than the grace go too."""
+        now = time.time() if now is None else now
+        removed = []
+        base = self.root / "sha256"
+        for entry in sorted(base.iterdir()) if base.is_dir() else []:
+            digest = f"sha256:{entry.name}"
+            if digest in in_use:
+                continue
+            try:
+                last_used = (entry / "meta.json").stat().st_mtime
+            except FileNotFoundError:
+                last_used = entry.stat().st_mtime
+            if now - last_used < grace_s:
+                continue
+            gone = entry.with_name(f".{entry.name}.{uuid.uuid4().hex}.gone")
+            try:
+                os.rename(entry, gone)  # a job copying it now fails cleanly, never half-way
+            except OSError:
+                continue
+            shutil.rmtree(gone, ignore_errors=True)
+            removed.append(digest)
+            logger.info("package %s: collected (unused for %.0f s)", digest, now - last_used)
+        for stale in self.staging.iterdir() if self.staging.is_dir() else []:
+            if now - stale.stat().st_mtime >= grace_s:
+                if stale.is_dir():
+                    shutil.rmtree(stale, ignore_errors=True)
+                else:
+                    stale.unlink(missing_ok=True)
+        return removed
+
+
+def package_store(settings: Settings) -> PackageStore:
+    return PackageStore(settings.packages_dir, Limits(
+        max_files=settings.package_max_files,
+        max_unpacked_bytes=settings.package_max_unpacked_bytes,
+    ))
+
+
+__all__ = ["ArchiveRefused", "PackageInfo", "PackageMissing", "PackageStore", "DIGEST_PATTERN", "package_store"]
