@@ -28,9 +28,10 @@ from sqlalchemy import text
 from service.api.middleware.writegate import WRITE_SLOTS
 from service.domain.finisher import Finisher
 from service.domain.jobtoken import new_token
+from service.store import records as recordstore
 from service.store import repository as repo
 from service.store.db import is_busy, make_engine, make_session_factory, upgrade, with_lock_timeout
-from service.store.repository import RecordIn
+from service.store.records import RecordIn
 from tests.conftest import LiveServer, both_stores, every_record
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.spec import JobSpec
@@ -289,13 +290,13 @@ def test_a_write_waits_for_a_held_lock_at_most_its_timeout(
         other = make_engine(url)
         holder = other.connect()
         holder.execute(text("SELECT pg_advisory_xact_lock(:c, :j)"),
-                       {"c": repo._RECORDS_LOCK_CLASS, "j": job_id})
+                       {"c": recordstore._RECORDS_LOCK_CLASS, "j": job_id})
     try:
         for factory, limit_s in ((writes, 1.0), (loop_writes, 0.3)):
             started = time.monotonic()
             with pytest.raises(Exception) as caught, factory() as session:
                 assert repo.get_job(session, job_id) is not None
-                repo.insert_records(session, job_id, _records(job_id))
+                recordstore.insert_records(session, job_id, _records(job_id))
             took_s = time.monotonic() - started
             assert is_busy(caught.value), caught.value
             assert limit_s * 0.8 <= took_s < limit_s + 1.0, (limit_s, took_s)
@@ -308,7 +309,7 @@ def test_a_write_waits_for_a_held_lock_at_most_its_timeout(
         if store != "sqlite":
             other.dispose()
     with writes() as session:  # the lock is free again
-        assert repo.insert_records(session, job_id, _records(job_id)) == 1
+        assert recordstore.insert_records(session, job_id, _records(job_id)) == 1
         session.commit()
     engine.dispose()
     reader.dispose()
@@ -325,10 +326,10 @@ def test_an_idle_postgresql_transaction_is_ended_and_its_locks_freed(
     job_id, _token = _running_job(url, 1)
     writes = make_session_factory(engine)
     paused = writes()
-    repo.insert_records(paused, job_id, _records(job_id))  # takes the record lock, then idles
+    recordstore.insert_records(paused, job_id, _records(job_id))  # takes the record lock, then idles
     time.sleep(0.5 * 3 + 1.0)
     with writes() as session:  # not blocked: the idle one was ended
-        repo.insert_records(session, job_id, _records(job_id))
+        recordstore.insert_records(session, job_id, _records(job_id))
         session.commit()
     with pytest.raises(Exception) as caught:
         paused.commit()

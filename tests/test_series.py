@@ -9,6 +9,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import insert
 
 from service.domain.downsample import build_lines, downsample_indices, epoch_mean
+from service.store import records as recordstore
 from service.store import repository as repo
 from service.store.tables import MetricRecord
 from torchyard_contract.spec import JobSpec
@@ -69,7 +70,7 @@ def _job_with_points(api: TestClient, points_per_rank: int, ranks: int = 2) -> i
     with factory() as session:
         job = repo.create_job(session, JobSpec(epochs=points_per_rank, nproc_per_node=ranks))
         rows = [
-            {"job_id": job.id, "attempt": 1, "rank": r, "epoch": e + 1, "step": repo.EPOCH_STEP,
+            {"job_id": job.id, "attempt": 1, "rank": r, "epoch": e + 1, "step": recordstore.EPOCH_STEP,
              "name": "loss", "value": ys[e] + r * 0.01, "nonfinite": None, "time": 0.0}
             for r in range(ranks) for e in range(points_per_rank)
         ]

@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.store import records as recordstore
 from service.store import repository as repo
 from service.store.db import make_engine, make_session_factory, upgrade
 from service.store.tables import MetricRecord
@@ -48,8 +49,8 @@ def _job(factory: sessionmaker[Session], **spec: object) -> int:
         return job.id
 
 
-def _record(epoch: int, rank: int = 0, step: int | None = None, value: float = 1.0) -> repo.RecordIn:
-    return repo.RecordIn(1, rank, epoch, step, "loss", value, 1.0 + epoch)
+def _record(epoch: int, rank: int = 0, step: int | None = None, value: float = 1.0) -> recordstore.RecordIn:
+    return recordstore.RecordIn(1, rank, epoch, step, "loss", value, 1.0 + epoch)
 
 
 def test_batched_insert_counts_only_new_rows(factories) -> None:  # type: ignore[no-untyped-def]
@@ -57,12 +58,12 @@ def test_batched_insert_counts_only_new_rows(factories) -> None:  # type: ignore
     job_id = _job(writer)
     first = [_record(e) for e in range(5)]
     with writer() as s:
-        assert repo.insert_records(s, job_id, first) == 5
+        assert recordstore.insert_records(s, job_id, first) == 5
         s.commit()
     # Half replayed, half new, and one new key twice within the batch.
     mixed = first[3:] + [_record(e) for e in range(5, 8)] + [_record(9), _record(9)]
     with writer() as s:
-        assert repo.insert_records(s, job_id, mixed) == 4
+        assert recordstore.insert_records(s, job_id, mixed) == 4
         s.commit()
     with writer() as s:
         assert stored_records(s, job_id) == 9
@@ -73,10 +74,10 @@ def test_large_steps_and_nonfinite_values_round_trip(factories) -> None:  # type
     job_id = _job(writer)
     batch = [_record(1, step=2**62, value=math.nan), _record(1, step=2**62 - 1, value=-math.inf)]
     with writer() as s:
-        assert repo.insert_records(s, job_id, batch) == 2
+        assert recordstore.insert_records(s, job_id, batch) == 2
         s.commit()
     with reader() as s:
-        rows = repo.read_records(s, job_id, after=0, limit=10)
+        rows = recordstore.read_records(s, job_id, after=0, limit=10)
     assert [(r.step, r.value, r.nonfinite) for r in rows] == [
         (2**62, None, "NaN"), (2**62 - 1, None, "-Infinity")
     ]
@@ -135,8 +136,8 @@ def test_a_cursor_reader_never_skips_a_record_of_concurrent_writers(factories) -
     def write(rank: int) -> None:
         for b in range(batches):
             with writer() as s:
-                repo.insert_records(s, job_id, [
-                    repo.RecordIn(1, rank, b, i, "loss", 0.5, 1.0) for i in range(size)
+                recordstore.insert_records(s, job_id, [
+                    recordstore.RecordIn(1, rank, b, i, "loss", 0.5, 1.0) for i in range(size)
                 ])
                 s.commit()
 
@@ -147,7 +148,7 @@ def test_a_cursor_reader_never_skips_a_record_of_concurrent_writers(factories) -
         while True:
             finished = done.is_set()
             with reader() as s:
-                rows = repo.read_records(s, job_id, after=after, limit=1000)
+                rows = recordstore.read_records(s, job_id, after=after, limit=1000)
             seen.extend(r.seq for r in rows)
             after = rows[-1].seq if rows else after
             if finished and not rows:
@@ -174,7 +175,7 @@ def test_the_reader_refuses_writes_and_reads_the_last_commit(factories) -> None:
         assert repo.job_state(s, job_id) == "queued"
         # (PostgreSQL's COPY runs on the driver's cursor: psycopg's own error, not wrapped.)
         with pytest.raises(Exception, match="(?i)read.?only"):
-            repo.insert_records(s, job_id, [_record(1)])
+            recordstore.insert_records(s, job_id, [_record(1)])
     with reader.kw["bind"].connect() as conn:  # a plain connection, as the metrics route uses
         assert repo.job_state(conn, job_id) == "queued"
-        assert repo.read_records(conn, job_id, after=0, limit=10) == []
+        assert recordstore.read_records(conn, job_id, after=0, limit=10) == []

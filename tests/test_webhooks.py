@@ -24,6 +24,7 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from service.domain.webhookconf import Endpoint
 from service.domain.webhooks import Outgoing, build_request
+from service.store import outbox
 from service.store import repository as repo
 from service.store.db import make_engine, make_session_factory, upgrade
 from service.store.tables import WebhookDelivery
@@ -247,7 +248,7 @@ def sessions(tmp_path: Path, database_url: str | None) -> Iterator[sessionmaker[
 
 def _outbox(factory: sessionmaker[Session], job_id: int) -> list[tuple[str, str]]:
     with factory() as s:
-        return [(d.event, d.endpoint) for d in repo.job_deliveries(s, job_id)]
+        return [(d.event, d.endpoint) for d in outbox.job_deliveries(s, job_id)]
 
 
 @both_stores
@@ -279,12 +280,12 @@ def test_the_outbox_row_commits_or_rolls_back_with_the_state_change(
         ("running", "ci"), ("restarted", "ci"), ("failed", "ci"), ("failed", "chat")]
     assert _outbox(sessions, other) == []
     with sessions() as s:
-        rows = repo.job_deliveries(s, job_id)
+        rows = outbox.job_deliveries(s, job_id)
         restarted = json.loads(rows[1].body)["data"]
         assert restarted["attempt"] == 2 and restarted["previous_attempt_reason"] == "rank 0 died"
         assert json.loads(rows[2].body)["data"]["reason"] == "boom"
         assert rows[2].body == rows[3].body and rows[2].webhook_id != rows[3].webhook_id
-        assert repo.delete_deliveries(s, job_id) == 4
+        assert outbox.delete_deliveries(s, job_id) == 4
         s.commit()
         assert s.scalar(select(func.count()).select_from(WebhookDelivery)) == 0
 

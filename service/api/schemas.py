@@ -1,6 +1,5 @@
 """HTTP shapes (apart from the ORM tables). The job spec itself is ``torchyard_contract.spec.JobSpec``."""
 
-import math
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
@@ -18,10 +17,8 @@ from pydantic import (
 )
 
 from service.domain.queue.scheduler import Waiting
-from service.domain.sweeps import SweepView, TrialView
-from service.domain.sweepspec import SweepSpec
 from service.executor.local import shim_pid
-from service.store.repository import EPOCH_STEP, RecordIn
+from service.store.records import EPOCH_STEP, RecordIn
 from service.store.tables import Job, MetricRecord
 from torchyard_contract.bounds import bounded_text
 
@@ -307,81 +304,6 @@ class ErrorBody(BaseModel):
     error: str
     message: str
     details: list[ErrorDetail] = []
-
-
-# --- sweeps (docs/sweeps.md) --------------------------------------------------------------------
-
-
-def _finite(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) else None
-
-
-class EpochValue(BaseModel):
-    epoch: int
-    value: float | None = Field(description="the objective reduced across ranks; null when "
-                                "not finite")
-
-
-class TrialRead(BaseModel):
-    job_id: int
-    params: dict[str, bool | int | float | str]
-    state: JobState
-    outcome: Literal["completed", "pruned", "failed", "cancelled"] | None = Field(
-        description="null while queued or running; a pruned trial's job is 'cancelled'")
-    value: float | None = Field(description="completed trials: the objective at the last epoch")
-    reason: str | None = Field(description="why it ended (a pruned one: the rule, the epoch, "
-                               "the comparison)")
-    epochs: list[EpochValue] = Field(description="the objective per epoch, reduced across "
-                                     "ranks; only epochs every rank reported")
-
-    @classmethod
-    def from_view(cls, t: TrialView) -> "TrialRead":
-        return cls(
-            job_id=t.job_id, params=t.params, state=JobState(t.state),
-            outcome=t.outcome,  # type: ignore[arg-type]
-            value=_finite(t.value), reason=bounded_text(t.reason) if t.reason else None,
-            epochs=[EpochValue(epoch=e, value=_finite(v)) for e, v in t.epochs.items()],
-        )
-
-
-class BestTrial(BaseModel):
-    job_id: int
-    params: dict[str, bool | int | float | str]
-    value: float
-
-
-class SweepRead(BaseModel):
-    """A sweep: its request, state, counts of its trials by outcome, the best so far, and every
-    trial (``GET /sweeps/{id}``; the list leaves ``trials`` empty)."""
-
-    id: int
-    name: str
-    state: Literal["running", "succeeded", "failed", "cancelled"]
-    reason: str | None
-    created_at: UtcDatetime
-    ended_at: UtcDatetime | None
-    spec: SweepSpec
-    counts: dict[str, int] = Field(description="trials by outcome: queued, running, "
-                                   "completed, pruned, failed, cancelled")
-    best: BestTrial | None
-    trials: list[TrialRead]
-
-    @classmethod
-    def from_view(cls, v: SweepView, with_trials: bool = True) -> "SweepRead":
-        best = v.best
-        return cls(
-            id=v.sweep.id, name=v.sweep.name, state=v.sweep.state,  # type: ignore[arg-type]
-            reason=v.sweep.reason, created_at=v.sweep.created_at, ended_at=v.sweep.ended_at,
-            spec=SweepSpec.model_validate(v.sweep.spec), counts=v.counts,
-            best=BestTrial(job_id=best.job_id, params=best.params, value=best.value)
-            if best is not None and best.value is not None else None,
-            trials=[TrialRead.from_view(t) for t in v.trials] if with_trials else [],
-        )
-
-
-class SweepList(BaseModel):
-    items: list[SweepRead]
-    next_before: int | None = Field(description="pass as ?before= for the next page; null at the end")
 
 
 class PackageRead(BaseModel):

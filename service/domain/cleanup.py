@@ -3,8 +3,8 @@
 Contract:
 
 * :meth:`Cleanup.delete` removes a terminal job with everything it left: its rows in every
-  job-owned table (``service.store.repository.JOB_OWNED_TABLES``: records, labels, allocations,
-  and what later features add there), its run directory (logs, checkpoints, outputs, its copy of
+  job-owned table (``service.store.deletion.JOB_OWNED_TABLES``: records, labels, allocations,
+  webhook deliveries), its run directory (logs, checkpoints, outputs, its copy of
   a package). Raises :class:`JobNotFound` or :class:`JobLive` (a job still queued or running:
   cancel it first). The run directory is first renamed aside, then the rows go in one
   transaction, then the files: a failure leaves either the whole job or nothing behind (a
@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.domain.packagestore import package_store
 from service.settings import Settings
+from service.store import deletion
 from service.store import repository as repo
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.state import TERMINAL_STATES, JobState
@@ -75,12 +76,12 @@ class Cleanup:
         try:
             while True:  # a long history goes in short transactions
                 with self.sessions() as session:
-                    n = repo.delete_record_batch(session, job_id, RECORD_BATCH)
+                    n = deletion.delete_record_batch(session, job_id, RECORD_BATCH)
                     session.commit()
                 if n < RECORD_BATCH:
                     break
             with self.sessions() as session:
-                deleted = repo.delete_job_rows(session, job_id)
+                deleted = deletion.delete_job_rows(session, job_id)
                 session.commit()
         except BaseException:
             if moved:
@@ -104,15 +105,15 @@ class Cleanup:
         if self.settings.retention_days is not None:
             cutoff = repo.utcnow() - timedelta(days=self.settings.retention_days)
             with self.sessions() as session:
-                old = repo.terminal_jobs_ended_before(session, cutoff, SWEEP_JOBS)
+                old = deletion.terminal_jobs_ended_before(session, cutoff, SWEEP_JOBS)
             for job_id in old:
                 try:
                     self._delete_terminal(job_id)
                 except JobNotFound:
                     pass  # deleted meanwhile
         with self.sessions() as session:
-            in_use = repo.packages_in_use(session)
-            known = repo.job_ids(session)
+            in_use = deletion.packages_in_use(session)
+            known = deletion.job_ids(session)
         package_store(self.settings).collect(self.settings.package_grace_s, in_use, now)
         self._remove_orphans(known)
 

@@ -11,8 +11,8 @@ from sqlalchemy.orm import Session
 
 from service.domain import lossguard as guard
 from service.domain.recordscope import RecordScope, Refusal
-from service.store import repository as repo
-from service.store.repository import RecordIn
+from service.store import records as recordstore
+from service.store.records import RecordIn
 from service.store.tables import Job
 
 
@@ -45,8 +45,8 @@ def accept_records(
                 raise RecordsRefused(refused)
     else:
         records = [r for r in records if scope.refusal(r.rank, r.attempt) is None]
-    added = repo.insert_records(session, job.id, records)
+    added = recordstore.insert_records(session, job.id, records)
     if added:
-        repo.mark_first_metric(session, job.id, records)
+        recordstore.mark_first_metric(session, job.id, records)
         guard.check(session, job.id, job.spec, records)  # a loss gone bad stops the job
     return added

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from sqlalchemy.orm import Session
 
 from service.domain.metricsummary import DEFAULT_THRESHOLD, diverged_ranks
+from service.store import records as recordstore
 from service.store import repository as repo
 from torchyard_contract.records import nonfinite_name
 from torchyard_contract.spec import JobSpec
@@ -80,7 +81,7 @@ def divergence_trip(
     return None
 
 
-def check(session: Session, job_id: int, spec: dict, records: Sequence[repo.RecordIn]) -> str | None:
+def check(session: Session, job_id: int, spec: dict, records: Sequence[recordstore.RecordIn]) -> str | None:
     """Run the job's guards over a batch just stored in ``session``'s transaction; when one trips,
     note its reason (compare-and-set, see the module doc). Returns the reason noted now, if any.
 
@@ -103,7 +104,7 @@ def check(session: Session, job_id: int, spec: dict, records: Sequence[repo.Reco
 
 
 def _check_nonfinite(
-    session: Session, job_id: int, losses: Sequence[repo.RecordIn], patience: int
+    session: Session, job_id: int, losses: Sequence[recordstore.RecordIn], patience: int
 ) -> str | None:
     bad = [r for r in losses if not math.isfinite(r.value)]
     if not bad:
@@ -113,7 +114,7 @@ def _check_nonfinite(
         return nonfinite_reason(first.rank, first.epoch or 0, first.value, 1)
     for attempt, rank in sorted({(r.attempt, r.rank) for r in bad}):
         epochs = [r.epoch or 0 for r in bad if (r.attempt, r.rank) == (attempt, rank)]
-        rows = repo.epoch_losses(
+        rows = recordstore.epoch_losses(
             session, job_id, attempt, min(epochs) - patience + 1, max(epochs) + patience - 1, rank
         )
         values = {epoch: value for _rank, epoch, value in rows}
@@ -124,7 +125,7 @@ def _check_nonfinite(
 
 
 def _check_divergence(
-    session: Session, job_id: int, losses: Sequence[repo.RecordIn], patience: int,
+    session: Session, job_id: int, losses: Sequence[recordstore.RecordIn], patience: int,
     world_size: int,
 ) -> str | None:
     if world_size < 2:
@@ -133,7 +134,7 @@ def _check_divergence(
     for r in losses:
         touched[r.attempt].append(r.epoch or 0)
     for attempt, epochs in sorted(touched.items()):
-        rows = repo.epoch_losses(
+        rows = recordstore.epoch_losses(
             session, job_id, attempt, min(epochs) - patience + 1, max(epochs) + patience - 1
         )
         by_epoch: dict[int, dict[int, float]] = defaultdict(dict)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from service.store.repository import RecordIn
+from service.store.records import RecordIn
 from torchyard_contract.records import RecordPost
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.safefile import open_regular, read_bytes

@@ -38,7 +38,7 @@ from service import __version__
 from service.domain.lease import Lease
 from service.domain.webhookconf import SETTING, Endpoint, WebhookConfigError, read_endpoints
 from service.settings import Settings
-from service.store import repository as repo
+from service.store import outbox
 from service.store.db import is_busy
 
 logger = logging.getLogger(__name__)
@@ -173,7 +173,7 @@ class Dispatcher:
         if room <= 0:
             return 0
         with self.read_sessions() as session:
-            rows = repo.due_deliveries(session, utcnow(), room, busy)
+            rows = outbox.due_deliveries(session, utcnow(), room, busy)
             due = [Outgoing(r.id, r.job_id, r.endpoint, r.event, r.webhook_id, r.body,
                             r.created_at, r.attempts) for r in rows]
         if not due:
@@ -225,7 +225,7 @@ class Dispatcher:
         with self.sessions() as session:
             if not self.lease.fence(session):
                 return  # deposed: the next supervisor sends it again
-            repo.record_delivery_try(session, item.id, at, status, error, next_at)
+            outbox.record_delivery_try(session, item.id, at, status, error, next_at)
             session.commit()
 
     def _post(self, request: Outbound) -> tuple[int | None, str | None]:

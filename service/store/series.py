@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.store.repository import EPOCH_STEP
+from service.store.records import EPOCH_STEP
 from service.store.tables import MetricRecord
 
 

@@ -7,7 +7,8 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from service.store.changefeed import note_change
-from service.store.repository import EPOCH_STEP, utcnow
+from service.store.records import EPOCH_STEP
+from service.store.repository import utcnow
 from service.store.tables import Job, MetricRecord, Sweep
 from torchyard_contract.bounds import bounded_text
 from torchyard_contract.records import decode_value

@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 
 from service.api.deps import JobDep, SessionDep
 from service.api.schemas import UtcDatetime
-from service.store import repository as repo
+from service.store import outbox
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -42,13 +42,13 @@ class DeliveryList(BaseModel):
 @router.get("/{job_id}/deliveries", response_model=DeliveryList)
 def list_deliveries(job: JobDep, session: SessionDep) -> DeliveryList:
     """The job's webhook deliveries in the order their events happened."""
-    rows = repo.job_deliveries(session, job.id)
+    rows = outbox.job_deliveries(session, job.id)
     return DeliveryList(items=[
         DeliveryRead(
             event=r.event, endpoint=r.endpoint, webhook_id=r.webhook_id, state=r.state,
             attempts=r.attempts, last_status_code=r.last_status_code, last_error=r.last_error,
             created_at=r.created_at, last_attempt_at=r.last_attempt_at,
-            next_attempt_at=r.next_attempt_at if r.state == repo.DELIVERY_PENDING else None,
+            next_attempt_at=r.next_attempt_at if r.state == outbox.DELIVERY_PENDING else None,
             delivered_at=r.delivered_at,
         )
         for r in rows

@@ -34,6 +34,7 @@ from service.api.deps import JobDep, get_changes, get_session_factory
 from service.api.drain import draining
 from service.api.hotreads import HotReads
 from service.api.schemas import JobRead, MetricRead
+from service.store import records as recordstore
 from service.store import repository as repo
 from torchyard_contract.state import TERMINAL_STATES, JobState
 
@@ -89,7 +90,7 @@ def _read_tail(factory: sessionmaker[Session], job_id: int, after: int) -> Tail:
     """The job, then the records after ``after``: state first, as ``GET /metrics`` reads them."""
     with factory() as session:
         job = JobRead.from_row(repo.get_job(session, job_id))  # type: ignore[arg-type]
-        rows = repo.read_records(session, job_id, after, EVENTS_PAGE)
+        rows = recordstore.read_records(session, job_id, after, EVENTS_PAGE)
         records = [(r.seq, MetricRead.from_row(r).model_dump_json()) for r in rows]
     return Tail(stage_of(job.state), job.model_dump_json(), records)
 

@@ -26,6 +26,7 @@ from service.api.schemas import AttemptRead, JobList, JobRead, MetricRead, Metri
 from service.domain.cleanup import JobLive, JobNotFound
 from service.domain.intake import SubmitRejected
 from service.domain.supervisor import Supervisor
+from service.store import records as recordstore
 from service.store import repository as repo
 from service.store.tables import Job
 from torchyard_contract.spec import JobSpec
@@ -232,7 +233,7 @@ def _metrics_page(
         state = repo.job_state(conn, job_id)
         if state is None:
             raise ApiError(404, "not_found", f"job {job_id} not found")
-        rows = repo.read_records(conn, job_id, after, limit, rank, name)
+        rows = recordstore.read_records(conn, job_id, after, limit, rank, name)
     items = [MetricRead.from_row(r) for r in rows]  # type: ignore[arg-type]
     page = MetricsPage(
         job_id=job_id, state=JobState(state), items=items,

@@ -28,7 +28,7 @@ from service.api.middleware.writegate import WriteSlotDep
 from service.api.schemas import IngestResult, RecordBatch, parse_record_batch
 from service.domain.ingest import RecordsRefused, accept_records
 from service.store import repository as repo
-from service.store.repository import RecordIn
+from service.store.records import RecordIn
 
 logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/jobs", tags=["workers"])

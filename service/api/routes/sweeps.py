@@ -9,7 +9,7 @@ from fastapi import APIRouter, Path, Query, Response
 from service.api.deps import SessionDep, SupervisorDep
 from service.api.errors import ERROR_RESPONSES, ApiError
 from service.api.middleware.writegate import WriteSlotDep
-from service.api.schemas import SweepList, SweepRead
+from service.api.sweepschemas import SweepList, SweepRead
 from service.domain import sweeps as domain
 from service.domain.intake import SubmitRejected
 from service.domain.sweepspec import SweepSpec
