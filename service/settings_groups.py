@@ -1,0 +1,134 @@
+"""Settings of the optional parts (Slurm, packages and clean-up, webhooks), one class each;
+:class:`service.settings.Settings` combines them, so every field is still read once from
+``TORCHYARD_*`` and injected as one object."""
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field, field_validator
+
+from service.domain.webhookconf import read_endpoints
+from torchyard_contract.spec_types import SLURM_CONSTRAINT_PATTERN, SLURM_NAME_PATTERN
+
+
+class SlurmSettings(BaseModel):
+    """The Slurm executor (docs/slurm.md)."""
+
+    slurm_partition: str | None = Field(
+        default=None,
+        pattern=SLURM_NAME_PATTERN,
+        description="slurm executor: partition of jobs that name none; unset = the cluster's "
+        "default partition",
+    )
+    slurm_account: str | None = Field(
+        default=None, pattern=SLURM_NAME_PATTERN,
+        description="slurm executor: account of jobs that name none; unset = the user's default",
+    )
+    slurm_qos: str | None = Field(
+        default=None, pattern=SLURM_NAME_PATTERN,
+        description="slurm executor: QOS of jobs that name none; unset = the default",
+    )
+    slurm_constraint: str | None = Field(
+        default=None, pattern=SLURM_CONSTRAINT_PATTERN,
+        description="slurm executor: node features of jobs that name none (--constraint)",
+    )
+    slurm_bin_dir: Path | None = Field(
+        default=None,
+        description="slurm executor: directory of sbatch, squeue, scontrol, scancel, sinfo and "
+        "sacct; unset = found on the server's PATH, once, at start (absolute paths from then on)",
+    )
+    slurm_command_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=600,
+        allow_inf_nan=False,
+        description="slurm executor: a Slurm command (sbatch, squeue, …) that has not answered "
+        "after this long is killed; an sbatch that timed out is looked up by its job's name and "
+        "adopted, or its job fails saying so",
+    )
+    slurm_shared_runs: bool = Field(
+        default=False,
+        description="slurm executor: HOME/runs is on a filesystem every node mounts at the same "
+        "path, though its type is not one torchyard recognises as shared (NFS, Lustre, GPFS, "
+        "BeeGFS, CephFS, …); the server refuses to start otherwise",
+    )
+
+
+class PackageSettings(BaseModel):
+    """Packages, retention and the disk floor (docs/packages.md)."""
+
+    packages_enabled: bool = Field(
+        default=True,
+        description="accept code uploads (POST /packages) and jobs that name a package; they "
+        "need API tokens too; false = 403 for both",
+    )
+    package_max_upload_bytes: int = Field(
+        default=1024**3, ge=1024, le=1024**4,
+        description="largest archive POST /packages accepts (413 beyond it, while it streams)",
+    )
+    package_max_files: int = Field(
+        default=20_000, ge=1, le=10_000_000,
+        description="most members (files and directories) an uploaded archive may hold",
+    )
+    package_max_unpacked_bytes: int = Field(
+        default=4 * 1024**3, ge=1024, le=1024**4,
+        description="most bytes an uploaded archive may unpack to, counted as it inflates",
+    )
+    package_grace_s: float = Field(
+        default=86400.0, ge=0, le=365 * 86400,
+        description="a package no queued or running job names is removed once it has not been "
+        "uploaded, checked (HEAD) or used for this long",
+    )
+    retention_days: float | None = Field(
+        default=None, gt=0, le=36500,
+        description="terminal jobs that ended longer ago than this are deleted in the "
+        "background (records, logs, run directory, outputs); unset = kept forever",
+    )
+    retention_sweep_s: float = Field(
+        default=300.0, ge=0.1, le=86400,
+        description="seconds between the supervisor's clean-up passes (retention, unused "
+        "packages, run directories left without a job)",
+    )
+    disk_free_floor_bytes: int = Field(
+        default=256 * 1024**2, ge=0, le=1024**5,
+        description="below this much free space under HOME, new jobs and uploads are refused "
+        "with 507 (running jobs carry on); 0 = no floor",
+    )
+
+
+class WebhookSettings(BaseModel):
+    """Webhooks (docs/webhooks.md)."""
+
+    webhooks_file: Path | None = Field(
+        default=None,
+        description="JSON object of endpoint name → {url, secret 'whsec_<base64>', events?, "
+        "all_jobs?, format?} that jobs name in notify; read at each submit and delivery round; "
+        "unset = no webhooks (docs/webhooks.md)",
+    )
+    webhook_timeout_s: float = Field(
+        default=10.0, gt=0, le=300, allow_inf_nan=False,
+        description="a receiver that has not answered a delivery after this long is timed out "
+        "(the delivery is retried)",
+    )
+    webhook_concurrency: int = Field(
+        default=8, ge=1, le=256,
+        description="deliveries the supervisor sends at once (its own threads; never the loop's)",
+    )
+    webhook_retry_first_s: float = Field(
+        default=5.0, gt=0, le=3600, allow_inf_nan=False,
+        description="wait before a failed delivery's first retry; each later wait doubles",
+    )
+    webhook_retry_max_interval_s: float = Field(
+        default=3600.0, gt=0, le=86400, allow_inf_nan=False,
+        description="longest wait between two tries of one delivery",
+    )
+    webhook_retry_for_s: float = Field(
+        default=24 * 3600.0, gt=0, le=30 * 86400, allow_inf_nan=False,
+        description="a delivery still failing this long after its event is given up (failed)",
+    )
+
+    @field_validator("webhooks_file")
+    @classmethod
+    def _webhooks_file_reads(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            read_endpoints(value)  # raises WebhookConfigError (a ValueError) naming the problem
+        return value
