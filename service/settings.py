@@ -92,7 +92,7 @@ class Settings(BaseSettings):
         "'slurm' = a batch job per job on a Slurm cluster (docs/slurm.md)",
     )
     warm_ranks: bool = Field(
-        default=False,
+        default=True,
         description="local executor: start ranks (and torchrun's agent) from a per-host warm "
         "server that has imported torch already, so a job's code runs within a fraction of a "
         "second; a job starts cold when the pool is not ready (docs/warm-ranks.md)",

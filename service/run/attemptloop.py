@@ -152,7 +152,10 @@ class Shim:
     def _start(self, number: int, logs: Path, env: dict[str, str]) -> ProcessGroupHandle:
         """Start one attempt's group: torchrun here, or (slurm) one torchrun per node via srun."""
         # Each rank under service.run.ranktee: both streams also in one file, in the order written.
-        program = ranktee.wrap(self.run, number, self.config.rank_program(self.run))
+        # Warm: the tee (stdlib only, quick to start cold) runs the relay, whose warm process
+        # becomes the rank program itself.
+        relay = (str(RELAY_PATH), self.warm_socket) if self.warm_socket else ()
+        program = ranktee.wrap(self.run, number, (*relay, *self.config.rank_program(self.run)))
         if self.launcher != "slurm":
             req = LaunchRequest(
                 job_id=self.config.job_id,

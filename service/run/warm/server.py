@@ -36,6 +36,7 @@ Single-threaded (it forks): one ``selectors`` loop.
 import argparse
 import ctypes
 import fcntl
+import gc
 import importlib
 import importlib.machinery
 import os
@@ -150,10 +151,6 @@ class Server:
             try:
                 parent.close()
                 self._child(child)
-            except (SystemExit, KeyboardInterrupt):
-                # The job's end (service.run.warm.child.become): unwind to the top of the
-                # interpreter so the process ends as `python` ends a program.
-                raise
             except BaseException:  # noqa: BLE001  (before the hand-off: never the job's)
                 traceback.print_exc()
             os._exit(70)
@@ -186,7 +183,7 @@ class Server:
         if received is None:
             os._exit(0)  # the server let this idle child go
         message, fds = received
-        become(message, fds)  # raises SystemExit: unwinds out of the server's loop and main
+        become(message, fds)  # never returns: the job's end is the process's (child.finish)
 
     def handoff(self, conn: socket.socket, message: dict, fds: list[int]) -> None:
         why = self.refusal(message)
@@ -540,6 +537,9 @@ def main(argv: list[str] | None = None) -> None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         raise SystemExit("warm server: a preloaded module initialised CUDA; not serving")
+    # What the preload made is never collected: the children's garbage collector leaves those
+    # pages shared (copy-on-write) and their exit walks only what the job made (child.finish).
+    gc.freeze()
     listener, inode = listen(args.socket)
     server = Server(listener=listener, path=args.socket, pool=args.pool, inode=inode,
                     owners={args.owner} if args.owner is not None else set(), lock_fd=lock_fd)
