@@ -94,12 +94,10 @@ def run_module(argv: list[str]) -> NoReturn:
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
     except SystemExit as exc:
         finish(exc.code)
-    except KeyboardInterrupt:
-        finish(None, interrupted=True)
-    except BaseException:  # noqa: BLE001  (uncaught: the traceback as python prints it, exit 1)
-        exc_type, exc, tb = sys.exc_info()
-        sys.excepthook(exc_type, exc, tb.tb_next if tb is not None else None)  # type: ignore[arg-type]
-        finish(1)
+    except BaseException as exc:  # noqa: BLE001  (uncaught: traceback, then exit 1 or SIGINT)
+        tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
+        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+        finish(1, interrupted=isinstance(exc, KeyboardInterrupt))
     finish(0)
 
 

@@ -113,10 +113,8 @@ def become(message: dict, fds: list[int]) -> NoReturn:
         _run(list(message["argv"]))
     except SystemExit as exc:
         finish(exc.code)
-    except KeyboardInterrupt:
-        finish(None, interrupted=True)
-    except BaseException as exc:  # noqa: BLE001  (an uncaught exception: traceback, exit 1)
+    except BaseException as exc:  # noqa: BLE001  (uncaught: traceback, then exit 1 or SIGINT)
         tb = _job_traceback(exc.__traceback__)
         sys.excepthook(type(exc), exc.with_traceback(tb), tb)  # the hook prints exc's own
-        finish(1)
+        finish(1, interrupted=isinstance(exc, KeyboardInterrupt))
     finish(0)
