@@ -78,8 +78,9 @@ def _server_env(scripts: Path, warm: bool | None) -> dict[str, str]:
     path = os.pathsep.join([str(PROBE_DIR), str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])
     env = {"PYTHONPATH": path, "TORCHYARD_BENCH_PROBE": "1",
            "TORCHYARD_SCRIPT_DIRS": str(scripts), "TORCHYARD_API_TOKENS": TOKEN}
-    if warm is not None:  # None: the default
-        env["TORCHYARD_WARM_RANKS"] = "true" if warm else "false"
+    # None: the default (on); said explicitly, or a caller's environment (the test suite sets
+    # it false) would decide.
+    env["TORCHYARD_WARM_RANKS"] = "false" if warm is False else "true"
     return env
 
 
