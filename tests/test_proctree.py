@@ -15,18 +15,7 @@ import psutil
 
 from service.executor.local import LocalExecutor, encode_reference
 from service.run import proctree
-
-
-def _gone(pid: int, timeout_s: float = 10) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        time.sleep(0.05)
-    return False
+from tests.test_warm_server import _gone
 
 
 def _python(code: str, tmp_path: Path, **kw: object) -> subprocess.Popen[bytes]:
