@@ -195,3 +195,15 @@ def test_a_warm_job_ends_with_nothing_lost(
         log = (server.home / "runs" / str(failing["id"]) / "logs" / "attempt-1" /
                "rank-1.log").read_text()
         assert "rank 1 fails now" in log
+
+
+def test_warm_ranks_are_on_by_default_and_the_pool_is_sized_from_the_slots(tmp_path: Path) -> None:
+    from service.api.app import warm_pool_size
+    from service.settings import Settings
+
+    assert Settings.model_fields["warm_ranks"].default is True
+    assert "torchvision" not in Settings.model_fields["warm_preload"].default
+    base = {"home": tmp_path, "gpus": "none"}
+    assert warm_pool_size(Settings(**base, cpu_slots=2)) == 3  # a 2-rank job and its agent
+    assert warm_pool_size(Settings(**base, cpu_slots=64)) == 8
+    assert warm_pool_size(Settings(**base, cpu_slots=64, warm_pool_size=5)) == 5
