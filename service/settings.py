@@ -92,17 +92,20 @@ class Settings(SlurmSettings, PackageSettings, WebhookSettings, BaseSettings):
         "'slurm' = a batch job per job on a Slurm cluster (docs/slurm.md)",
     )
     warm_ranks: bool = Field(
-        default=False,
+        default=True,
         description="local executor: start ranks (and torchrun's agent) from a per-host warm "
         "server that has imported torch already, so a job's code runs within a fraction of a "
-        "second; a job starts cold when the pool is not ready (docs/warm-ranks.md)",
+        "second; a job starts cold when the pool is not ready. On by default; it costs the "
+        "pool's memory (about 0.5 GB with the default preload) and a few CPU seconds when the "
+        "server starts; false turns it off (docs/warm-ranks.md)",
     )
-    warm_pool_size: int = Field(
-        default=4,
+    warm_pool_size: int | None = Field(
+        default=None,
         ge=0,
         le=64,
         description="warm processes kept forked and idle (one per rank plus one per torchrun "
-        "agent; more are forked on demand, refilled in the background)",
+        "agent; more are forked on demand, refilled in the background); unset = one more than "
+        "the CPU slots, at most 8 (the largest job this host runs, and its agent)",
     )
     warm_max_memory_mib: int = Field(
         default=4096,
@@ -116,10 +119,12 @@ class Settings(SlurmSettings, PackageSettings, WebhookSettings, BaseSettings):
         default=[
             "torch", "torch.distributed", "torch.nn.parallel",
             "torch.distributed.elastic.multiprocessing.errors", "torch.distributed.launcher.api",
-            "torchvision", "worker.train", "sklearn.datasets",
+            "worker.train",
         ],
         description="modules the warm server imports, comma-separated (ranks get them "
-        "already imported: a job's own copy of one of them on its path is not used)",
+        "already imported: a job's own copy of one of them on its path is not used); the "
+        "default is what every job needs (torch, its distributed package, torchrun's agent) and "
+        "the built-in trainer; a job importing more (torchvision, scikit-learn) imports it then",
     )
     lease_ttl_s: float = Field(
         default=6.0,

@@ -28,6 +28,9 @@ from tests import pgserver
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RANK_HOOKS = REPO_ROOT / "tests" / "rankhooks"
+# Warm ranks are on by default: every server a test starts would import torch into a pool of its
+# own (~3 CPU s, ~0.5 GB each). Tests that need warm ranks (or warm/cold parity) set it true.
+os.environ.setdefault("TORCHYARD_WARM_RANKS", "false")
 TERMINAL = {"succeeded", "failed", "cancelled"}
 STORES = ["sqlite", "postgresql"]
 # Run a test once per store (the ``store`` fixture below reads the parameter).

@@ -11,6 +11,7 @@ from bench.__main__ import BENCHES, main
 # The headline row each benchmark must produce (its figures are for docs/benchmarks.md).
 HEADLINE = {
     "startup": "torchyard warm: POST -> first statement (median)",
+    "endpath": "2 rank(s), torchyard default (warm): POST -> client sees succeeded (median)",
     "orchestration": "wall ratio job / plain",
     "trainer": "mlp: ratio built-in / seed",
     "ingest": "records/s",

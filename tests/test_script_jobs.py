@@ -178,7 +178,7 @@ def test_rank_program_and_torchrun_argv(script_dir: Path, tmp_path: Path) -> Non
     req = LaunchRequest(job_id=1, python="py", nproc_per_node=2, master_port=1234,
                         run_dir=tmp_path, logs_dir=tmp_path, program=script.argv)
     argv = build_command(req)
-    assert argv[:3] == ["py", "-m", "torch.distributed.run"]
+    assert argv[:5] == ["py", "-m", "service.run.fastexit", "-m", "torch.distributed.run"]
     assert argv[-3:] == [str(script_dir / "minimal_ddp.py"), "--x", "a b"]
     assert builtin.argv == ("-m", "worker", "--spec", str(spec_file))
 

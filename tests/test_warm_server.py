@@ -111,9 +111,12 @@ def test_command_builders_are_pure() -> None:
                         relay=("/x/relay.py", "/s.sock"))
     argv = build_command(req)
     assert argv[:5] == ["py", "/x/relay.py", "/s.sock", "-m", "torch.distributed.run"]
-    assert argv[-6:] == ["/x/relay.py", "/s.sock", "-m", "worker", "--spec", "s"]
+    # The agent only: the rank program carries its own relay (behind the tee, attemptloop).
+    assert argv[-5:] == ["--monitor-interval=0.1", "-m", "worker", "--spec", "s"]
+    assert argv.count("/x/relay.py") == 1
     cold = build_command(LaunchRequest(**{**req.__dict__, "relay": None}))
-    assert cold[:3] == ["py", "-m", "torch.distributed.run"] and "/x/relay.py" not in cold
+    assert cold[:5] == ["py", "-m", "service.run.fastexit", "-m", "torch.distributed.run"]
+    assert "/x/relay.py" not in cold
     assert build_server_command("py", "/s", 3, ["torch", "worker.train"], 9) == [
         "py", "-u", "-m", "service.run.warm.server", "--socket", "/s", "--pool", "3",
         "--preload", "torch,worker.train", "--owner", "9"]

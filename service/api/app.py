@@ -220,9 +220,17 @@ def _warm_pool(settings: Settings) -> WarmPool | None:
         return None
     return WarmPool(
         python=settings.python_executable or sys.executable, home=settings.home,
-        size=settings.warm_pool_size, preload=settings.warm_preload,
+        size=warm_pool_size(settings), preload=settings.warm_preload,
         max_memory_mib=settings.warm_max_memory_mib,
     )
+
+
+def warm_pool_size(settings: Settings) -> int:
+    """``TORCHYARD_WARM_POOL_SIZE``, or sized from the slots: the largest CPU job this host
+    runs (a rank per CPU slot) and its torchrun agent, at most 8."""
+    if settings.warm_pool_size is not None:
+        return settings.warm_pool_size
+    return 1 + min(settings.cpu_slots, 7)
 
 
 def _openapi(app: FastAPI, api_tokens: bool, single_host: bool) -> dict:

@@ -18,7 +18,6 @@ worker that dies is started again, unless workers keep dying (then the parent st
 exits 1); a worker whose parent died gets SIGTERM (``PR_SET_PDEATHSIG``) and drains.
 """
 
-import ctypes
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -37,11 +36,11 @@ from prometheus_client.multiprocess import mark_process_dead
 
 from service.api.drain import SHUTDOWN_GRACE_S
 from service.api.routes.prometheus import PROMETHEUS_DIR_VARIABLE
+from service.run import proctree
 
 logger = logging.getLogger(__name__)
 
 BACKLOG = 2048  # uvicorn's default
-PR_SET_PDEATHSIG = 1
 # More deaths than workers within this window: something is wrong with every worker (the port
 # is taken, the database unreachable); restarting would only loop.
 RESTART_WINDOW_S = 30.0
@@ -80,10 +79,7 @@ def _family(host: str) -> socket.AddressFamily:
 def _worker(sock: socket.socket, parent: int) -> None:
     """One worker process: the app from the environment, served on its socket. ``parent``: the
     pid that started it (read there: by the time this runs it may already be gone)."""
-    prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)  # Linux only
-    if prctl is not None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    if os.getppid() != parent:
+    if not proctree.die_with_parent(signal.SIGTERM, parent):
         return  # the parent died before the death signal was armed
     from service.api.app import create_app_from_environment
     from service.api.drain import serve

@@ -13,6 +13,7 @@ one file, ``RUN_DIR/logs/attempt-<n>/rank-<rank>.log`` (``service.run.ranktee``)
 import json
 import logging
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -151,6 +152,20 @@ class LocalExecutor:
         if self._wake is not None:
             self._wake()
 
+    def _wake_when_gone(self, pid: int) -> None:
+        """An adopted shim is not our child: its exit is seen through a pidfd (Linux 5.3+),
+        so the supervisor is told at once there too; elsewhere its poll finds it."""
+        try:
+            fd = os.pidfd_open(pid)
+        except (OSError, AttributeError):
+            return
+        try:
+            select.select([fd], [], [])
+        finally:
+            os.close(fd)
+        if self._wake is not None:
+            self._wake()
+
     def describe(self, references: Mapping[int, str]) -> dict[int, Status]:
         return {job_id: self._describe_one(ref) for job_id, ref in references.items()}
 
@@ -177,7 +192,11 @@ class LocalExecutor:
         if decoded is None or not same_process(*decoded):
             return False
         with self._lock:
+            known = reference in self._handles
             self._handles.setdefault(reference, ProcessGroupHandle(pid=decoded[0]))
+        if not known:
+            threading.Thread(target=self._wake_when_gone, args=(decoded[0],), daemon=True,
+                             name=f"torchyard-wait-{decoded[0]}").start()
         return True
 
     def reachable(self, reference: str) -> bool:

@@ -16,7 +16,7 @@ access) is never used — the pool reports ``broken`` and every job starts cold,
 
 One warm server per home: with ``torchyard serve --workers N`` each worker has a pool, and they
 share one server. A pool starts a server only when none answers and none holds the server's
-lock (``server.lock``, see ``service.run.warm.server.claim``); a server that finds the lock held exits
+lock (``server.lock``, see ``service.run.warm.listen.claim``); a server that finds the lock held exits
 at once (``BUSY_EXIT``) without touching the socket. Every pool asks the one server's status
 (each worker becomes an owner: the server drains once all are gone) and hands its socket out.
 """

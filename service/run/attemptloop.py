@@ -22,7 +22,7 @@ built-in trainer or a script job's resolved script and args) and the rank enviro
 environment (the job token never touches the disk). SIGTERM means cancel: the group gets
 SIGTERM → grace → SIGKILL and the outcome is ``cancelled``. Never imports torch.
 
-The shim is the child subreaper of the job (``service.run.subreaper``): when an attempt's torchrun
+The shim is the child subreaper of the job (``service.run.proctree``): when an attempt's torchrun
 has exited, every process still below the shim — a child the job started in a session of its
 own, a double-forked daemon — is stopped (SIGTERM, up to ``STRAY_GRACE_S``, SIGKILL) before the
 next attempt starts or the outcome is written, so no process of the job outlives it.
@@ -40,10 +40,14 @@ from pathlib import Path
 
 from service.run import ranktee
 from service.run.exitreason import describe_exit, failed_rank_exit_codes
-from service.run.proctree import ProcessGroupHandle, create_time
+from service.run.proctree import (
+    ProcessGroupHandle,
+    become_subreaper,
+    create_time,
+    stop_descendants,
+)
 from service.run.socketport import free_port
 from service.run.srun import StepRequest, build_srun_command
-from service.run.subreaper import become_subreaper, stop_descendants
 from service.run.torchrun import LaunchRequest, LocalTorchrunLauncher
 from service.run.warm import COLD_ENV, RELAY_PATH, SOCKET_ENV
 from torchyard_contract import claim as runclaim
@@ -117,7 +121,7 @@ class Shim:
             _wait_exit(handle, POLL_S)
         code = code if code is not None else -signal.SIGKILL
         # torchrun is gone: whatever the job started and left (its own session, a daemon) goes
-        # too, before the next attempt or the outcome (service.run.subreaper).
+        # too, before the next attempt or the outcome (service.run.proctree).
         strays = stop_descendants(min(self.config.stop_grace_s, STRAY_GRACE_S))
         if strays:
             print(f"attempt {number}: stopped {len(strays)} leftover process(es) of the job",
@@ -152,7 +156,10 @@ class Shim:
     def _start(self, number: int, logs: Path, env: dict[str, str]) -> ProcessGroupHandle:
         """Start one attempt's group: torchrun here, or (slurm) one torchrun per node via srun."""
         # Each rank under service.run.ranktee: both streams also in one file, in the order written.
-        program = ranktee.wrap(self.run, number, self.config.rank_program(self.run))
+        # Warm: the tee (stdlib only, quick to start cold) runs the relay, whose warm process
+        # becomes the rank program itself.
+        relay = (str(RELAY_PATH), self.warm_socket) if self.warm_socket else ()
+        program = ranktee.wrap(self.run, number, (*relay, *self.config.rank_program(self.run)))
         if self.launcher != "slurm":
             req = LaunchRequest(
                 job_id=self.config.job_id,

@@ -38,14 +38,18 @@ def build_command(req: LaunchRequest) -> list[str]:
     "--spec", SPEC)`` for the built-in trainer, ``(SCRIPT, *args)`` or ``("-m", MODULE, *args)``
     for a script job (see ``service.domain.scriptpath``). An argv list, never a shell string.
 
-    With ``req.relay`` both torchrun's agent and each rank run through the relay (``python
-    RELAY SOCKET <python args>``), which becomes a process of the warm server: the same
-    torchrun options and rank program, started without importing torch again.
+    With ``req.relay`` torchrun's agent runs through the relay (``python RELAY SOCKET <python
+    args>``), which becomes a process of the warm server: the same torchrun options, started
+    without importing torch again. The rank program carries its own relay where it wants one
+    (the shim puts it behind ``service.run.ranktee``, so the warm process is the job's program
+    itself and the tee a plain, stdlib-only process in front of it).
     """
-    relay = list(req.relay) if req.relay is not None else []
+    # Cold, the agent ends without tearing torch down (service.run.fastexit); warm, the warm
+    # process ends that way.
+    start = list(req.relay) if req.relay is not None else ["-m", "service.run.fastexit"]
     return [
         req.python,
-        *relay,
+        *start,
         "-m",
         "torch.distributed.run",
         "--nnodes=1",
@@ -57,7 +61,6 @@ def build_command(req: LaunchRequest) -> list[str]:
         "--redirects=3",
         "--tee=3",
         "--monitor-interval=0.1",  # torchrun's default: notices a rank exit as plain torchrun does
-        *relay,  # torchrun's -m (if any) is the relay's: ``RELAY SOCKET -m worker ...``
         *req.program,
     ]
 
