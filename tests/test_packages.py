@@ -25,6 +25,7 @@ from fastapi.testclient import TestClient
 from service.api.app import create_app
 from service.settings import Settings
 from tests.conftest import LiveServer, _start_server, _stop_server
+from tests.test_warm_jobs import wait_warm
 
 TOKEN = "packages-tests-api-token-0123456789"
 MAX_FILES = 40
@@ -108,6 +109,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
         "TORCHYARD_PACKAGE_MAX_FILES": str(MAX_FILES),
         "TORCHYARD_PACKAGE_MAX_UNPACKED_BYTES": str(MAX_UNPACKED),
         "TORCHYARD_PACKAGE_MAX_UPLOAD_BYTES": str(8 * 1024 * 1024),
+        # Warm ranks, the default (tests/conftest.py turns them off elsewhere): a package job's
+        # working directory and sys.path must reach the warm process (test_ci_flow runs cold).
+        "TORCHYARD_WARM_RANKS": "true",
     })
     yield live
     _stop_server(live)
@@ -343,6 +347,7 @@ def test_package_job_submit_checks(client: httpx.Client) -> None:
 def test_package_job_runs_in_its_own_copy(client: httpx.Client, server: LiveServer) -> None:
     body = make_tar(tar_files(PROJECT))
     digest = client.post("/packages", content=body).json()["digest"]
+    wait_warm(server, idle=1)
     results = []
     for _ in range(2):
         r = client.post("/jobs", json={"entrypoint": "train.py", "package": digest,
@@ -352,6 +357,7 @@ def test_package_job_runs_in_its_own_copy(client: httpx.Client, server: LiveServ
         run = server.home / "runs" / str(job["id"])
         results.append((run, json.loads((run / "outputs" / "result.json").read_text())))
     for run, result in results:
+        assert "starting cold" not in (run / "shim.log").read_text()  # it ran warm
         work = str((run / "work").resolve())
         assert result == {"value": 42, "config": {"lr": 0.5}, "seen_scratch": False,
                           "cwd": work, "path0": work, "args": ["--epochs", "1"]}
