@@ -268,6 +268,14 @@ def test_server_secrets_are_not_inherited_by_jobs() -> None:
     assert env == {"TORCHYARD_TEST_FAIL_RANK": "1", "PATH": "/bin"}
 
 
+def test_warm_settings_stay_with_the_server_and_only_the_handoff_passes() -> None:
+    from service.run.warm import COLD_ENV, SOCKET_ENV
+
+    env = environ_for_children({"TORCHYARD_WARM_RANKS": "true", "TORCHYARD_WARM_POOL_SIZE": "3",
+                                SOCKET_ENV: "/s.sock", COLD_ENV: "why"})
+    assert env == {SOCKET_ENV: "/s.sock", COLD_ENV: "why"}
+
+
 def test_script_jobs_need_api_tokens(tmp_path: Path) -> None:
     script = JobSpec(entrypoint="train.py")
     with pytest.raises(AdmissionRefused, match="TORCHYARD_API_TOKENS"):

@@ -48,6 +48,10 @@ if mode == "hang":
     time.sleep(300)
 """
 
+# pytest's, different in every test; torch reads it at import, so a relay carrying it would
+# (rightly) start cold.
+PER_TEST = ("PYTEST_CURRENT_TEST",)
+
 
 @pytest.fixture(scope="module")
 def warm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
@@ -57,7 +61,7 @@ def warm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     # job look different from the server.
     argv = build_server_command(sys.executable, path, 2, ["torch", "sklearn.datasets"],
                                 os.getpid())
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS",)}
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", *PER_TEST)}
     log = home / "server.log"
     proc = subprocess.Popen(argv, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
                             start_new_session=True)
@@ -77,7 +81,7 @@ def warm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def _relay(socket: str, script: Path, out: Path, tmp_path: Path, **env: str) -> subprocess.Popen:
-    full = {**os.environ, "OUT": str(out), **env}
+    full = {**{k: v for k, v in os.environ.items() if k not in PER_TEST}, "OUT": str(out), **env}
     return subprocess.Popen(
         [sys.executable, "-u", str(RELAY_PATH), socket, str(script), "a1", "a2"],
         cwd=tmp_path, env=full, stdout=(tmp_path / "stdout.log").open("wb"),

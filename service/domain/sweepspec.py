@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from torchyard_contract.spec import BUILTIN_ONLY_FIELDS, JobSpec
-from torchyard_contract.spec_types import LABELS_MAX, JobName
+from torchyard_contract.spec_types import LABELS_MAX, JobName, keys_by_name_pattern
 
 PARAM_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]{0,63})\}")
@@ -121,13 +121,17 @@ class SweepSpec(BaseModel):
     spec: JobSpec = Field(description="the base job spec every trial starts from; its "
                           "priority is the sweep's")
     space: dict[Annotated[str, Field(pattern=PARAM_PATTERN)], Dimension] = Field(
-        min_length=1, max_length=SPACE_MAX)
+        min_length=1, max_length=SPACE_MAX, json_schema_extra=keys_by_name_pattern,
+        description="parameter name → dimension. A name is a searchable field of the built-in "
+        "trainer's spec (a script job's names are its own parameters, {name} in args); low is "
+        "below high; grid takes choice and int dimensions only")
     method: Literal["grid", "random", "tpe"] = "random"
     prune: PruneRule | None = None
     objective: Objective = Field(default_factory=Objective)
     max_trials: int | None = Field(
         default=None, ge=1, le=MAX_TRIALS_MAX,
-        description="trials in all; null = the grid's size (grid) or 10")
+        description="trials in all, at most the grid's size (grid); null = the grid's size "
+        "(grid) or 10")
     parallel: int = Field(default=1, ge=1, le=PARALLEL_MAX,
                           description="trials queued or running at once, at most")
     max_failures: int | None = Field(

@@ -28,6 +28,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.api.errors import error_body
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# The methods whose body a route reads: only these are held to JSON (any other, TRACE say, is
+# routed and answered 405, whatever body it carries).
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 LOOPBACK_NAMES = frozenset({"localhost"})
 
 
@@ -116,14 +119,16 @@ class JsonBodyMiddleware:
     """415 for a state-changing request whose body is not JSON (see the module docstring).
 
     Inside auth and the body limit, so a caller without a token learns 401 first.
-    ``binary``: (method, path) pairs that take an archive, not JSON (``POST /packages``)."""
+    ``binary``: (method, path) pairs that take an archive, not JSON (``POST /packages``); any
+    other method on such a path is left to routing (405), whatever its body."""
 
     def __init__(self, app: ASGIApp, binary: frozenset[tuple[str, str]] = frozenset()) -> None:
         self.app, self.binary = app, binary
+        self.binary_paths = frozenset(path for _, path in binary)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (scope["type"] == "http" and scope.get("method", "GET") not in SAFE_METHODS
-                and (scope.get("method"), scope.get("path")) not in self.binary):
+        if (scope["type"] == "http" and scope.get("method", "GET") in BODY_METHODS
+                and scope.get("path") not in self.binary_paths):
             content_type = _header(scope, b"content-type")
             has_body = _header(scope, b"content-length") not in (None, "0") or (
                 _header(scope, b"transfer-encoding") is not None)

@@ -9,7 +9,8 @@ docs/warm-ranks.md. Importing this package imports nothing else.
 from pathlib import Path
 
 # The local executor gives a job's shim the warm server's socket in this variable; the shim
-# takes it out of the environment its torchrun and ranks inherit.
+# takes it out of the environment its torchrun and ranks inherit. Both names are listed in
+# torchyard_contract.childenv.WARM_HANDOFF_ENV_VARS (what passes from the server to a shim).
 SOCKET_ENV = "TORCHYARD_WARM_SOCKET"
 # ... or, when warm ranks are on but the pool cannot serve, why (the shim logs it, starts cold).
 COLD_ENV = "TORCHYARD_WARM_COLD_REASON"
