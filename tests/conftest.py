@@ -35,6 +35,40 @@ both_stores = pytest.mark.parametrize("store", STORES, indirect=True)
 
 
 
+# How pytest-xdist (``--dist loadgroup``) shares the tests between workers. A test runs on
+# whichever worker is free, except: the tests of a file that share a module-scoped server or
+# cluster stay together (one group per file), the Slurm files share one cluster (group
+# ``slurm``), and the failover tests, whose takeover bounds are timed, run one after another
+# (group ``failover``). The heaviest work goes first, so that no worker is left with a long
+# test at the end while the other idles (``--no-loadscope-reorder`` keeps this order).
+XDIST_GROUPS = {
+    "test_slurm.py": "slurm", "test_slurm_security.py": "slurm",
+    "test_failover.py": "failover",
+    **{name: name for name in (
+        "test_apidocs.py", "test_dashboard.py", "test_fuzz.py", "test_hostile_scripts.py",
+        "test_openapi.py", "test_warm_security.py", "test_warm_server.py",
+    )},
+}
+# Files by their tests' total duration, longest first (``--durations=0`` on 2 cores).
+HEAVY_FIRST = [
+    "test_slurm.py", "test_slurm_security.py", "test_failover.py", "test_bench_smoke.py",
+    "test_queue_live.py", "test_e2e.py", "test_warm_jobs.py", "test_workers.py",
+    "test_fault.py", "test_dashboard.py", "test_cli.py", "test_datasets_e2e.py",
+    "test_warm_security.py", "test_checkpoint.py", "test_script_jobs.py",
+    "test_hostile_scripts.py", "test_worker_processes.py", "test_fuzz.py", "test_events.py",
+]
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        group = XDIST_GROUPS.get(item.path.name)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order kept
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
