@@ -171,7 +171,27 @@ def every_record(server: LiveServer, job_id: int) -> list[dict]:
 def _start_server(
     home: Path, extra_env: dict[str, str], port: int | None = None, args: tuple[str, ...] = ()
 ) -> LiveServer:
-    port = port or free_port()
+    """A server on ``port``, else on a free one: ``free_port()`` releases the port it found, so
+    another process may take it before the server binds; then the server exits at once with
+    "address already in use" and it is started again on another free port (up to 3 times)."""
+    if port is not None:
+        return _start_server_on(home, extra_env, port, args)
+    for attempt in range(3):
+        try:
+            return _start_server_on(home, extra_env, free_port(), args)
+        except _PortTaken:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+class _PortTaken(AssertionError):
+    """The server exited because its port was bound by someone else first."""
+
+
+def _start_server_on(
+    home: Path, extra_env: dict[str, str], port: int, args: tuple[str, ...]
+) -> LiveServer:
     env = {
         **os.environ,
         "TORCHYARD_HOME": str(home),
@@ -197,7 +217,11 @@ def _start_server(
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:
-        assert proc.poll() is None, f"server exited:\n{log.read_text()}"
+        if proc.poll() is not None:
+            text = log.read_text()
+            if "address already in use" in text.lower():
+                raise _PortTaken(f"port {port} taken:\n{text[-2000:]}")
+            raise AssertionError(f"server exited:\n{text}")
         try:
             if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
                 break
