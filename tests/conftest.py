@@ -11,6 +11,7 @@ import importlib.util
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -24,6 +25,7 @@ from fastapi.testclient import TestClient
 
 from service.api.app import create_app
 from service.settings import Settings
+from service.store.db import upgrade
 from tests import pgserver
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -108,17 +110,48 @@ def store(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def database_url(store: str, request: pytest.FixtureRequest) -> str | None:
-    """The test's database: None = SQLite under the server's home; else a new PostgreSQL one."""
+def empty_database_url(store: str, request: pytest.FixtureRequest) -> str | None:
+    """An empty database: None = SQLite under the server's home; else a new PostgreSQL one."""
     if store == "sqlite":
         return None
     server: pgserver.PgServer = request.getfixturevalue("postgres_server")
     return server.create_database()
 
 
+@pytest.fixture(scope="session")
+def _migrated_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite file migrated by Alembic once per session (per xdist worker), for copies."""
+    path = tmp_path_factory.mktemp("migrated") / "torchyard.db"
+    upgrade(f"sqlite:///{path}")
+    return path
+
+
+def _copy_sqlite(migrated: Path, home: Path) -> None:
+    """The migrated SQLite file into ``home``, where the server keeps its database."""
+    home.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(migrated) as src, sqlite3.connect(home / "torchyard.db") as dst:
+        src.backup(dst)
+
+
+@pytest.fixture
+def database_url(
+    store: str, tmp_path: Path, request: pytest.FixtureRequest, _migrated_sqlite: Path
+) -> str | None:
+    """The test's database, already at the migrations' head: None = SQLite under the server's
+    home ``tmp_path / "home"`` (a copy of the file migrated once per session), else a new
+    PostgreSQL one (``CREATE DATABASE … TEMPLATE`` of one migrated once per session). The
+    server's own upgrade then finds nothing to do; the migrations themselves are tested from an
+    empty database (``empty_database_url``, tests/test_migrations.py)."""
+    if store == "sqlite":
+        _copy_sqlite(_migrated_sqlite, tmp_path / "home")
+        return None
+    server: pgserver.PgServer = request.getfixturevalue("postgres_server")
+    return server.create_database(template=server.migrated_template())
+
+
 @pytest.fixture
 def api(tmp_path: Path, database_url: str | None) -> Iterator[TestClient]:
-    """The app on a fresh database migrated by Alembic; the supervisor loop does not run."""
+    """The app on a fresh database at the migrations' head; the supervisor loop does not run."""
     settings = Settings(
         home=tmp_path / "home", cpu_slots=4, gpus="none", database_url=database_url
     )
@@ -246,9 +279,10 @@ def _stop_server(server: LiveServer) -> None:
 
 @pytest.fixture
 def live_server_factory(
-    tmp_path: Path, database_url: str | None
+    tmp_path: Path, database_url: str | None, _migrated_sqlite: Path
 ) -> Iterator[Callable[..., LiveServer]]:
-    """Starts servers; on PostgreSQL every server of the test shares the test's database."""
+    """Starts servers; on PostgreSQL every server of the test shares the test's database. A new
+    server's database starts at the migrations' head (a copy: see ``database_url``)."""
     started: list[LiveServer] = []
     store_env = {"TORCHYARD_DATABASE_URL": database_url} if database_url else {}
 
@@ -259,6 +293,8 @@ def live_server_factory(
         """A new server; pass ``_home`` and ``_port`` of an old one to restart it in place;
         ``_args``: more arguments of ``torchyard serve``."""
         home = _home or tmp_path / f"home{len(started)}"
+        if not database_url and not (home / "torchyard.db").exists():
+            _copy_sqlite(_migrated_sqlite, home)
         server = _start_server(home, {**store_env, **extra_env}, _port, _args)
         started.append(server)
         return server
