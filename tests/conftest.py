@@ -11,6 +11,7 @@ import importlib.util
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -24,6 +25,7 @@ from fastapi.testclient import TestClient
 
 from service.api.app import create_app
 from service.settings import Settings
+from service.store.db import upgrade
 from tests import pgserver
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -36,6 +38,40 @@ STORES = ["sqlite", "postgresql"]
 # Run a test once per store (the ``store`` fixture below reads the parameter).
 both_stores = pytest.mark.parametrize("store", STORES, indirect=True)
 
+
+
+# How pytest-xdist (``--dist loadgroup``) shares the tests between workers. A test runs on
+# whichever worker is free, except: the tests of a file that share a module-scoped server or
+# cluster stay together (one group per file), the Slurm files share one cluster (group
+# ``slurm``), and the failover tests, whose takeover bounds are timed, run one after another
+# (group ``failover``). The heaviest work goes first, so that no worker is left with a long
+# test at the end while the other idles (``--no-loadscope-reorder`` keeps this order).
+XDIST_GROUPS = {
+    "test_slurm.py": "slurm", "test_slurm_security.py": "slurm",
+    "test_failover.py": "failover",
+    **{name: name for name in (
+        "test_apidocs.py", "test_dashboard.py", "test_fuzz.py", "test_hostile_scripts.py",
+        "test_openapi.py", "test_warm_security.py", "test_warm_server.py",
+    )},
+}
+# Files by their tests' total duration, longest first (``--durations=0`` on 2 cores).
+HEAVY_FIRST = [
+    "test_slurm.py", "test_slurm_security.py", "test_failover.py", "test_bench_smoke.py",
+    "test_queue_live.py", "test_e2e.py", "test_warm_jobs.py", "test_workers.py",
+    "test_fault.py", "test_dashboard.py", "test_cli.py", "test_datasets_e2e.py",
+    "test_warm_security.py", "test_checkpoint.py", "test_script_jobs.py",
+    "test_hostile_scripts.py", "test_worker_processes.py", "test_fuzz.py", "test_events.py",
+]
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        group = XDIST_GROUPS.get(item.path.name)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order kept
 
 
 def free_port() -> int:
@@ -77,17 +113,48 @@ def store(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def database_url(store: str, request: pytest.FixtureRequest) -> str | None:
-    """The test's database: None = SQLite under the server's home; else a new PostgreSQL one."""
+def empty_database_url(store: str, request: pytest.FixtureRequest) -> str | None:
+    """An empty database: None = SQLite under the server's home; else a new PostgreSQL one."""
     if store == "sqlite":
         return None
     server: pgserver.PgServer = request.getfixturevalue("postgres_server")
     return server.create_database()
 
 
+@pytest.fixture(scope="session")
+def _migrated_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite file migrated by Alembic once per session (per xdist worker), for copies."""
+    path = tmp_path_factory.mktemp("migrated") / "torchyard.db"
+    upgrade(f"sqlite:///{path}")
+    return path
+
+
+def _copy_sqlite(migrated: Path, home: Path) -> None:
+    """The migrated SQLite file into ``home``, where the server keeps its database."""
+    home.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(migrated) as src, sqlite3.connect(home / "torchyard.db") as dst:
+        src.backup(dst)
+
+
+@pytest.fixture
+def database_url(
+    store: str, tmp_path: Path, request: pytest.FixtureRequest, _migrated_sqlite: Path
+) -> str | None:
+    """The test's database, already at the migrations' head: None = SQLite under the server's
+    home ``tmp_path / "home"`` (a copy of the file migrated once per session), else a new
+    PostgreSQL one (``CREATE DATABASE … TEMPLATE`` of one migrated once per session). The
+    server's own upgrade then finds nothing to do; the migrations themselves are tested from an
+    empty database (``empty_database_url``, tests/test_migrations.py)."""
+    if store == "sqlite":
+        _copy_sqlite(_migrated_sqlite, tmp_path / "home")
+        return None
+    server: pgserver.PgServer = request.getfixturevalue("postgres_server")
+    return server.create_database(template=server.migrated_template())
+
+
 @pytest.fixture
 def api(tmp_path: Path, database_url: str | None) -> Iterator[TestClient]:
-    """The app on a fresh database migrated by Alembic; the supervisor loop does not run."""
+    """The app on a fresh database at the migrations' head; the supervisor loop does not run."""
     settings = Settings(
         home=tmp_path / "home", cpu_slots=4, gpus="none", database_url=database_url
     )
@@ -140,7 +207,27 @@ def every_record(server: LiveServer, job_id: int) -> list[dict]:
 def _start_server(
     home: Path, extra_env: dict[str, str], port: int | None = None, args: tuple[str, ...] = ()
 ) -> LiveServer:
-    port = port or free_port()
+    """A server on ``port``, else on a free one: ``free_port()`` releases the port it found, so
+    another process may take it before the server binds; then the server exits at once with
+    "address already in use" and it is started again on another free port (up to 3 times)."""
+    if port is not None:
+        return _start_server_on(home, extra_env, port, args)
+    for attempt in range(3):
+        try:
+            return _start_server_on(home, extra_env, free_port(), args)
+        except _PortTaken:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+class _PortTaken(AssertionError):
+    """The server exited because its port was bound by someone else first."""
+
+
+def _start_server_on(
+    home: Path, extra_env: dict[str, str], port: int, args: tuple[str, ...]
+) -> LiveServer:
     env = {
         **os.environ,
         "TORCHYARD_HOME": str(home),
@@ -166,7 +253,11 @@ def _start_server(
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:
-        assert proc.poll() is None, f"server exited:\n{log.read_text()}"
+        if proc.poll() is not None:
+            text = log.read_text()
+            if "address already in use" in text.lower():
+                raise _PortTaken(f"port {port} taken:\n{text[-2000:]}")
+            raise AssertionError(f"server exited:\n{text}")
         try:
             if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
                 break
@@ -191,9 +282,10 @@ def _stop_server(server: LiveServer) -> None:
 
 @pytest.fixture
 def live_server_factory(
-    tmp_path: Path, database_url: str | None
+    tmp_path: Path, database_url: str | None, _migrated_sqlite: Path
 ) -> Iterator[Callable[..., LiveServer]]:
-    """Starts servers; on PostgreSQL every server of the test shares the test's database."""
+    """Starts servers; on PostgreSQL every server of the test shares the test's database. A new
+    server's database starts at the migrations' head (a copy: see ``database_url``)."""
     started: list[LiveServer] = []
     store_env = {"TORCHYARD_DATABASE_URL": database_url} if database_url else {}
 
@@ -204,6 +296,8 @@ def live_server_factory(
         """A new server; pass ``_home`` and ``_port`` of an old one to restart it in place;
         ``_args``: more arguments of ``torchyard serve``."""
         home = _home or tmp_path / f"home{len(started)}"
+        if not database_url and not (home / "torchyard.db").exists():
+            _copy_sqlite(_migrated_sqlite, home)
         server = _start_server(home, {**store_env, **extra_env}, _port, _args)
         started.append(server)
         return server

@@ -42,18 +42,31 @@ class PgServer:
     port: int
     pid: int
     log: Path
+    _template: str | None = None
 
     def url(self, dbname: str = "postgres") -> str:
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{dbname}"
 
-    def create_database(self) -> str:
-        """A new empty database; returns its SQLAlchemy URL."""
+    def create_database(self, template: str | None = None) -> str:
+        """A new database, empty or a copy of ``template``; returns its SQLAlchemy URL."""
         import psycopg  # the ``postgres`` extra; checked by the session fixture
 
         name = f"t_{uuid.uuid4().hex[:16]}"
+        copy = f' TEMPLATE "{template}"' if template else ""
         with psycopg.connect(self._dsn("postgres"), autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
+            conn.execute(f'CREATE DATABASE "{name}"{copy}')
         return self.url(name)
+
+    def migrated_template(self) -> str:
+        """The name of a database at the migrations' head, made on first use; nobody may stay
+        connected to it (``CREATE DATABASE … TEMPLATE`` refuses a template in use)."""
+        if self._template is None:
+            from service.store.db import upgrade
+
+            url = self.create_database()
+            upgrade(url)  # its engine is disposed: no connection stays open
+            self._template = url.rsplit("/", 1)[1]
+        return self._template
 
     def _dsn(self, dbname: str) -> str:
         return f"host=127.0.0.1 port={self.port} user=postgres dbname={dbname}"

@@ -92,7 +92,7 @@ def test_server_sigkill_and_restart_keeps_job_and_every_record(live_server_facto
     assert len(items) == len({(i["rank"], i["epoch"], i["name"]) for i in items})
 
 
-@both_stores
+# SQLite only: the PostgreSQL restart is test_server_sigkill_and_restart_keeps_job_and_every_record.
 def test_server_down_for_the_end_of_a_job(live_server_factory) -> None:  # type: ignore[no-untyped-def]
     server = live_server_factory(TORCHYARD_TEST_EPOCH_SLEEP_S="0.3")
     with server.client() as c:

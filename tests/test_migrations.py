@@ -16,8 +16,8 @@ from tests.conftest import both_stores
 
 
 @pytest.fixture
-def url(tmp_path: Path, database_url: str | None) -> str:
-    return database_url or f"sqlite:///{tmp_path / 'a.db'}"
+def url(tmp_path: Path, empty_database_url: str | None) -> str:
+    return empty_database_url or f"sqlite:///{tmp_path / 'a.db'}"
 
 
 def _revision(engine: Engine) -> str | None:

@@ -48,7 +48,8 @@ def test_two_slots_run_two_jobs_side_by_side_and_the_third_after(live_server_fac
         assert job["queue_position"] is None and job["waiting_reason"] is None
 
 
-@both_stores
+# SQLite only: one process writes, so the store's locking is not what is tested here (its
+# PostgreSQL half: test_store, test_queue_snapshot; two writing processes: test_workers).
 def test_fifty_concurrent_posts_are_all_stored_and_never_share_a_slot(live_server_factory) -> None:  # type: ignore[no-untyped-def]
     server: LiveServer = live_server_factory(TORCHYARD_CPU_SLOTS="2")
     spec = {"dataset": "synthetic", "synthetic_samples": 64, "epochs": 1, "nproc_per_node": 1}
@@ -90,7 +91,8 @@ def test_fifty_concurrent_posts_are_all_stored_and_never_share_a_slot(live_serve
     assert "database is locked" not in server.log.read_text()
 
 
-@both_stores
+# SQLite only: allocation rows on PostgreSQL are covered by test_supervisor_edges (both stores);
+# the restart on PostgreSQL: test_fault.py::test_server_sigkill_and_restart_keeps_job_and_every_record.
 def test_restart_keeps_running_jobs_allocations(live_server_factory) -> None:  # type: ignore[no-untyped-def]
     env = {"TORCHYARD_CPU_SLOTS": "2", "TORCHYARD_TEST_EPOCH_SLEEP_S": "1"}
     server: LiveServer = live_server_factory(**env)
