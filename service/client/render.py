@@ -78,9 +78,10 @@ def attempts_table(attempts: list[dict[str, Any]]) -> Table:
     table = Table("attempt", "exit", "rank exits", "reason")
     for a in attempts:
         codes = " ".join(f"{r}:{c}" for r, c in sorted((a.get("rank_exit_codes") or {}).items()))
-        table.add_row(
-            str(a["number"]), str(a.get("exit_code", "-")), codes, Text((a.get("reason") or "")[:80])
-        )
+        reason = a.get("reason") or ""
+        if (a.get("decision") or {}).get("summary"):  # retry rules: what was decided, and why
+            reason = f"{a['decision']['summary']} — {reason}"
+        table.add_row(str(a["number"]), str(a.get("exit_code", "-")), codes, Text(reason[:120]))
     return table
 
 

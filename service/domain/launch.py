@@ -49,6 +49,8 @@ def launch_config(settings: Settings, job_id: int, spec: JobSpec, program: RankP
         pythonpath=program.pythonpath,
         nnodes=spec.nnodes,
         workdir=program.workdir,
+        on_failure=[r.model_dump(exclude_none=True) for r in spec.on_failure] or None,
+        restart_backoff_s=spec.restart_backoff_s,
     )
 
 

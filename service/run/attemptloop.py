@@ -38,7 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-from service.run import ranktee
+from service.run import ranktee, retrydecision
 from service.run.exitreason import describe_exit, failed_rank_exit_codes
 from service.run.proctree import ProcessGroupHandle, create_time
 from service.run.socketport import free_port
@@ -82,6 +82,7 @@ class Shim:
         self.why_cold = why_cold  # warm ranks are on but the pool could not serve this job
         self.cancelled = False
         self.started = time.time()
+        self.stopped_by_shim = False
 
     def on_sigterm(self, _signum: int, _frame: object) -> None:
         self.cancelled = True
@@ -116,6 +117,7 @@ class Shim:
                 break
             _wait_exit(handle, POLL_S)
         code = code if code is not None else -signal.SIGKILL
+        self.stopped_by_shim = forced_reason is not None  # retry rules: only for failures of the job
         # torchrun is gone: whatever the job started and left (its own session, a daemon) goes
         # too, before the next attempt or the outcome (service.run.subreaper).
         strays = stop_descendants(min(self.config.stop_grace_s, STRAY_GRACE_S))
@@ -226,6 +228,13 @@ class Shim:
                 outcome = {"state": "succeeded", "exit_code": 0, "reason": None}
                 break
             last = startup or number > self.config.max_restarts or reason == DEADLINE_REASON
+            # --- retries decided by the cause (service.run.retrydecision) ---
+            if not startup and reason != DEADLINE_REASON and not self.stopped_by_shim:
+                decided = retrydecision.decide_attempt(self.run, self.config, number, reason)
+                last, reason = not decided.retry, decided.reason
+                if not last:
+                    retrydecision.wait_backoff(decided.backoff_s, lambda: self.cancelled)
+            # --- end retries decided by the cause ---
             if last:
                 if startup:
                     reason = f"start-up failure (not retried): {reason}"
