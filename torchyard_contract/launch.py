@@ -35,6 +35,8 @@ class LaunchConfig:
     # rules as plain dicts, and the pause before the next attempt (doubling per restart).
     on_failure: list[dict] | None = None
     restart_backoff_s: float = 0.0
+    # Hang diagnosis (``service.run.stacks``): the program that dumps a rank's stacks; None = off.
+    stack_sampler: str | None = None
 
     @property
     def world_size(self) -> int:

@@ -73,6 +73,23 @@ class AttemptDecisionRead(BaseModel):
     backoff_s: float = Field(description="seconds waited before the next attempt")
 
 
+class RankWhereRead(BaseModel):
+    """Where one rank was when the heartbeat timed out."""
+
+    rank: int
+    state: Literal["collective", "elsewhere", "unknown"]
+    collective: str | None = Field(description="the collective it was waiting in")
+    where: str | None = Field(description="its innermost frame of user code")
+
+
+class HangStacksRead(BaseModel):
+    """The stacks taken at a heartbeat timeout, per rank; the full stacks:
+    ``GET /jobs/{id}/stacks?attempt=N``."""
+
+    error: str | None = Field(description="why no stacks were taken; null when they were")
+    ranks: list[RankWhereRead]
+
+
 class AttemptRead(BaseModel):
     """One run of the worker group. ``startup_failure``: it failed before every rank was ready."""
 
@@ -92,6 +109,11 @@ class AttemptRead(BaseModel):
         default=None,
         description="a failed attempt: whether it was retried, by which on_failure rule and why "
         "(docs/lifecycle.md); null on success, for start-up failures, stops and older attempts",
+    )
+    stacks: HangStacksRead | None = Field(
+        default=None,
+        description="an attempt ended by a heartbeat timeout: where each rank was (collective "
+        "or elsewhere, and its line of user code); null otherwise",
     )
 
     @field_validator("reason")

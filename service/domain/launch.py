@@ -12,6 +12,7 @@ import logging
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from sqlalchemy.orm import Session
 
@@ -51,7 +52,35 @@ def launch_config(settings: Settings, job_id: int, spec: JobSpec, program: RankP
         workdir=program.workdir,
         on_failure=[r.model_dump(exclude_none=True) for r in spec.on_failure] or None,
         restart_backoff_s=spec.restart_backoff_s,
+        stack_sampler=stack_sampler(settings),
     )
+
+
+def stack_sampler(settings: Settings) -> str | None:
+    """``TORCHYARD_STACK_SAMPLER`` resolved: 'auto' = py-spy beside this Python, else on PATH."""
+    if settings.stack_sampler == "off":
+        return None
+    if settings.stack_sampler != "auto":
+        return settings.stack_sampler
+    for python in (sys.executable, settings.python_executable):
+        if python and (beside := Path(python).parent / "py-spy").is_file():
+            return str(beside)
+    return "py-spy"
+
+
+# NCCL's Flight Recorder (ignored on gloo): each rank's last collectives, dumped on a timeout
+# into the run directory (RunDir.flight_recorder_prefix); the shim keeps them with the attempt.
+FLIGHT_RECORDER_BUFFER = "2000"
+
+
+def flight_recorder_env(run: RunDir) -> dict[str, str]:
+    prefix = str(run.flight_recorder_prefix)
+    return {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": FLIGHT_RECORDER_BUFFER,
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_FR_DUMP_TEMP_FILE": prefix,
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix,  # its name before torch 2.7
+    }
 
 
 def rank_env(
@@ -63,6 +92,7 @@ def rank_env(
     CUDA_VISIBLE_DEVICES itself); the device and backend are then set only where the spec names
     them, and each rank picks the rest (``worker.distributed``)."""
     env = {
+        **flight_recorder_env(run),  # a script's own env may set these otherwise
         **spec.env,  # a script job's own variables; never torchyard's (JobSpec refuses them)
         **secrets,  # only ever in a process environment (see service.domain.secretstore)
         names.API_URL: api_url,
@@ -114,6 +144,7 @@ class Launcher:
         run.prepare()
         run.spec_file.write_text(spec.model_dump_json(indent=2))
         run.output_dir.mkdir(exist_ok=True)
+        run.flight_recorder_prefix.parent.mkdir(parents=True, exist_ok=True)
         package_root = None
         if spec.package is not None:  # the job's own copy: its writes reach no other job
             package_store(settings).copy_for_job(spec.package, run.work_dir)

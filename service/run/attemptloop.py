@@ -38,7 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-from service.run import ranktee, retrydecision
+from service.run import ranktee, retrydecision, stacks
 from service.run.exitreason import describe_exit, failed_rank_exit_codes
 from service.run.proctree import ProcessGroupHandle, create_time
 from service.run.socketport import free_port
@@ -110,6 +110,7 @@ class Shim:
         handle = self._start(number, logs, env)
         forced_reason: str | None = None
         while (code := handle.poll()) is None:
+            stacks.answer_requests(self.run, self.config, number)  # GET /jobs/{id}/stacks
             forced_reason = self._why_stop(number)
             if forced_reason is not None:
                 handle.terminate(self.config.stop_grace_s)
@@ -214,13 +215,15 @@ class Shim:
                 except FileNotFoundError:
                     continue  # still starting; start-up has its own failure path
                 if idle > cfg.heartbeat_timeout_s:
-                    return f"rank {rank} made no progress for {cfg.heartbeat_timeout_s:g} s"
+                    stuck = f"rank {rank} made no progress for {cfg.heartbeat_timeout_s:g} s"
+                    return stacks.hang_reason(self.run, cfg, number, stuck)  # names the stuck rank
         return None
 
     def main(self) -> int:
         number = 1
         while True:
             code, reason, startup = self.run_attempt(number)
+            stacks.keep_with_attempt(self.run, number)  # the hang's stacks, Flight Recorder dumps
             if self.cancelled:
                 outcome = {"state": "cancelled", "exit_code": code, "reason": "cancelled by user"}
                 break
