@@ -111,6 +111,7 @@ def test_hang_names_the_stuck_rank_and_its_line(server: LiveServer) -> None:
         assert [f["name"] for f in main["frames"][:2]] == ["load_batch", "main"]
         assert c.get(f"/jobs/{job_id}/stacks", params={"attempt": 2}).status_code == 404
         assert c.get(f"/jobs/{job_id}/stacks").status_code == 409  # not running now
+    _dashboard_shows_where_ranks_were(server, job_id)
     # Flight Recorder: the variables were set, the dumps are kept with the attempt.
     kept_dumps = server.home / "runs" / str(job_id) / "stacks" / "attempt-1-flight-recorder"
     assert sorted(p.name for p in kept_dumps.iterdir()) == ["rank_0", "rank_1"]
@@ -199,3 +200,27 @@ def test_classify_and_describe() -> None:
     assert describe_hang(snapshot, "x") == (
         "heartbeat timeout: rank 1 not in a collective, at train.py:7 in load_batch; "
         "ranks 0, 2 waiting in all_reduce (x)")
+
+
+def _dashboard_shows_where_ranks_were(server: LiveServer, job_id: int) -> None:
+    """The job page lists, under the attempt, where each rank was at the hang."""
+    from tests.test_dashboard import CHROMIUM, CHROMIUM_ARGS
+
+    if not CHROMIUM.exists():
+        return  # browser checks need Debian's Chromium (tests/test_dashboard.py)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS,
+                                     headless=True)
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(60_000)
+            page.add_init_script(f"localStorage.setItem('torchyard.token', '{API_TOKEN}')")
+            page.goto(f"{server.url}/#/jobs/{job_id}")
+            page.wait_for_function(
+                "(r) => document.getElementById('attempts').innerText.includes(r)",
+                arg=f"rank 1: not in a collective, at hang.py:{HANG_LINE} in load_batch")
+            assert "rank 0: waiting in all_reduce" in page.locator("#attempts").inner_text()
+        finally:
+            browser.close()
