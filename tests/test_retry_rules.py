@@ -2,12 +2,14 @@
 defaults, on real 2-rank torchrun script jobs; the decision is in the attempt record and a job
 that is not restarted says which rule stopped it (docs/lifecycle.md, "Retry rules")."""
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import LiveServer, _start_server, _stop_server
+from tests.slurmcluster import SlurmCluster
+from tests.test_slurm import slurm, slurm_server  # noqa: F401 - the fixtures
 from torchyard_contract.retryrules import DEFAULT_RULES, FailureRule, RankFailure, decide
 from torchyard_contract.spec import JobSpec
 
@@ -54,7 +56,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
 
 def _run(server: LiveServer, mode: str, **spec: object) -> dict:
     body = {"entrypoint": "failing.py", "args": [mode], "nproc_per_node": 2,
-            "heartbeat_timeout_s": None, **spec}
+            "heartbeat_timeout_s": None}
+    body.update(spec)
     with server.client() as c:
         r = c.post("/jobs", json=body)
         assert r.status_code == 201, r.text
@@ -175,3 +178,21 @@ def test_old_attempt_files_still_read(tmp_path: Path) -> None:
         '{"number": 1, "started_at": 1.0, "ended_at": 2.0, "exit_code": 1, "reason": "x"}')
     [attempt] = read_attempts(run)
     assert attempt["decision"] is None
+
+
+def test_rules_on_slurm(
+    tmp_path: Path, slurm: SlurmCluster, slurm_server: Callable[..., LiveServer]  # noqa: F811
+) -> None:
+    """The same rules through the Slurm executor: 2 nodes × 1 rank, the shim on the batch host
+    reading rank 1's output from the other node's log on the shared run directory."""
+    (tmp_path / "failing.py").write_text(FAILING)
+    server = slurm_server(TORCHYARD_SCRIPT_DIRS=str(tmp_path), TORCHYARD_API_TOKENS=API_TOKEN)
+    common = {"nnodes": 2, "nproc_per_node": 1, "device": "cpu"}
+    failed = _run(server, "code3", max_restarts=1,
+                  on_failure=[{"exit_codes": [3], "action": "fail"}], **common)
+    assert failed["state"] == "failed", failed
+    assert failed["reason"].startswith("not restarted: rank 1 exited with code 3 (rule 1)"), failed
+    assert [a["decision"]["rule"] for a in failed["attempts"]] == ["1"]
+    oom = _run(server, "oom", max_restarts=1, **common)
+    assert oom["state"] == "failed", oom
+    assert oom["attempts"][0]["decision"]["rule"] == "default:cuda-oom", oom

@@ -5,12 +5,15 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from service.run.stacks import classify, describe_hang
 from tests.conftest import REPO_ROOT, LiveServer, _start_server, _stop_server
+from tests.slurmcluster import SlurmCluster
+from tests.test_slurm import slurm, slurm_server  # noqa: F401 - the fixtures
 
 API_TOKEN = "stacks-api-token-0123456789abcdef0123"
 
@@ -224,3 +227,26 @@ def _dashboard_shows_where_ranks_were(server: LiveServer, job_id: int) -> None:
             assert "rank 0: waiting in all_reduce" in page.locator("#attempts").inner_text()
         finally:
             browser.close()
+
+
+def test_hang_and_stacks_on_slurm(
+    tmp_path: Path, slurm: SlurmCluster, slurm_server: Callable[..., LiveServer]  # noqa: F811
+) -> None:
+    """Through the Slurm executor, 2 nodes × 1 rank: the shim takes each node's stacks with a
+    step overlapping the attempt's (``srun --overlap``), on demand and at the hang."""
+    (tmp_path / "hang.py").write_text(SCRIPT)
+    server = slurm_server(TORCHYARD_SCRIPT_DIRS=str(tmp_path), TORCHYARD_API_TOKENS=API_TOKEN)
+    with server.client() as c:
+        r = c.post("/jobs", json={"entrypoint": "hang.py", "args": ["hang"], "nnodes": 2,
+                                  "nproc_per_node": 1, "device": "cpu",
+                                  "heartbeat_timeout_s": 8})
+        assert r.status_code == 201, r.text
+        job_id = r.json()["id"]
+        _wait_ready(server, job_id)
+        now = c.get(f"/jobs/{job_id}/stacks", timeout=60)
+        assert now.status_code == 200, now.text
+        assert [rank["rank"] for rank in now.json()["ranks"]] == [0, 1], now.json()
+    job = server.wait_for(job_id, {"failed"}, timeout_s=180)
+    assert job["reason"].startswith(
+        f"heartbeat timeout: rank 1 not in a collective, at hang.py:{HANG_LINE} in load_batch; "
+        "ranks 0 waiting in all_reduce"), job["reason"]

@@ -110,7 +110,7 @@ class Shim:
         handle = self._start(number, logs, env)
         forced_reason: str | None = None
         while (code := handle.poll()) is None:
-            stacks.answer_requests(self.run, self.config, number)  # GET /jobs/{id}/stacks
+            stacks.answer_requests(self.run, self.config, number, self.launcher)  # GET .../stacks
             forced_reason = self._why_stop(number)
             if forced_reason is not None:
                 handle.terminate(self.config.stop_grace_s)
@@ -216,7 +216,7 @@ class Shim:
                     continue  # still starting; start-up has its own failure path
                 if idle > cfg.heartbeat_timeout_s:
                     stuck = f"rank {rank} made no progress for {cfg.heartbeat_timeout_s:g} s"
-                    return stacks.hang_reason(self.run, cfg, number, stuck)  # names the stuck rank
+                    return stacks.hang_reason(self.run, cfg, number, stuck, self.launcher)  # names it
         return None
 
     def main(self) -> int:

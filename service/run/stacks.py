@@ -16,9 +16,11 @@ record and moves the NCCL Flight Recorder's dumps (``TORCH_FR_DUMP_TEMP_FILE``, 
 server) into ``RUN_DIR/stacks/attempt-<n>-flight-recorder/``. Nothing here raises: when stacks
 cannot be taken the snapshot's ``error`` says why and the attempt goes on as it would have.
 
-Ranks are found below the shim: each rank program is the child of its ``service.run.ranktee``,
-with ``RANK`` in its environment. Cold local ranks only: on Slurm (ranks under ``slurmstepd``)
-and with warm ranks none are below the shim, and the snapshot says so (docs/lifecycle.md).
+A rank program is the child of its ``service.run.ranktee`` (whose ``--run-dir`` names the run),
+with ``RANK`` in its environment. Locally the ranks are found below the shim (cold ranks only:
+warm ranks are processes of the warm server, and the snapshot says none was found). On Slurm the
+shim runs ``python -m service.run.stacks`` on every node as a step overlapping the attempt's
+(``srun --overlap``); each finds its node's ranks among all its processes and dumps them.
 """
 
 import json
@@ -27,6 +29,7 @@ import re
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -36,6 +39,7 @@ from torchyard_contract.launch import LaunchConfig
 from torchyard_contract.rundir import RunDir
 
 DUMP_TIMEOUT_S = 10.0
+SRUN_EXTRA_S = 10.0  # Slurm: starting the step on every node, on top of the dumps
 FRAMES_MAX = 200  # per thread
 THREADS_MAX = 64  # per rank
 REQUESTS_MAX = 4  # answered per poll
@@ -57,16 +61,22 @@ def hang_file(run: RunDir, number: int) -> Path:
     return stacks_dir(run) / f"attempt-{number}.json"
 
 
-def _rank_processes(world_size: int) -> dict[int, psutil.Process]:
+def _rank_processes(run: RunDir, world_size: int, anywhere: bool) -> dict[int, psutil.Process]:
+    """This run's rank programs on this host: below this process, or (``anywhere``: a node of a
+    Slurm job, where ranks live under ``slurmstepd``) any process whose ranktee names the run."""
     ranks: dict[int, psutil.Process] = {}
     try:
-        below = psutil.Process(os.getpid()).children(recursive=True)
+        candidates = (list(psutil.process_iter()) if anywhere
+                      else psutil.Process(os.getpid()).children(recursive=True))
     except psutil.Error:
         return ranks
-    for proc in below:
+    for proc in candidates:
         try:
             parent = proc.parent()
-            if parent is None or not _is_ranktee(parent.cmdline()) or _is_ranktee(proc.cmdline()):
+            if parent is None or _is_ranktee(proc.cmdline()):
+                continue
+            tee = parent.cmdline()
+            if not _is_ranktee(tee) or _arg(tee, "--run-dir") != str(run.root):
                 continue
             rank = int(proc.environ().get("RANK", "-1"))
         except (psutil.Error, ValueError):
@@ -74,6 +84,10 @@ def _rank_processes(world_size: int) -> dict[int, psutil.Process]:
         if 0 <= rank < world_size:
             ranks.setdefault(rank, proc)
     return ranks
+
+
+def _arg(cmdline: list[str], name: str) -> str | None:
+    return next((cmdline[i + 1] for i, a in enumerate(cmdline[:-1]) if a == name), None)
 
 
 def _is_ranktee(cmdline: list[str]) -> bool:
@@ -117,33 +131,45 @@ def classify(threads: list[dict]) -> dict:
             "collective": collective, "where": where}
 
 
-def take(config: LaunchConfig, number: int, trigger: str) -> dict:
-    """Every rank's stacks now (the ranks' dumps run in parallel), classified."""
+def take(run: RunDir, config: LaunchConfig, number: int, trigger: str, launcher: str) -> dict:
+    """Every rank's stacks now (the ranks' dumps run in parallel), classified. ``launcher``
+    slurm: one task per node (``srun --overlap`` in the job's allocation) dumps that node's."""
     started = time.time()
     snapshot: dict = {"attempt": number, "trigger": trigger, "taken_at": started,
                       "host": socket.gethostname(), "error": None, "ranks": []}
     sampler = config.stack_sampler
     path = shutil.which(sampler) if sampler else None
-    if path is None:
+    if path is None and launcher != "slurm":
         snapshot["error"] = (f"the stack sampler {sampler!r} was not found" if sampler
-                             else "stacks are turned off (TORCHYARD_STACK_SAMPLER is empty)")
+                             else "stacks are turned off (TORCHYARD_STACK_SAMPLER is off)")
         return snapshot
-    ranks = _rank_processes(config.world_size)
+    if launcher == "slurm":
+        entries, error = _take_on_nodes(run, config)
+    else:
+        entries, error = _dump(_rank_processes(run, config.world_size, False), str(path),
+                               started + DUMP_TIMEOUT_S)
+    snapshot["ranks"] = sorted(entries, key=lambda e: e["rank"])
+    snapshot["error"] = error
+    snapshot["took_s"] = round(time.time() - started, 3)
+    return snapshot
+
+
+def _dump(ranks: dict[int, psutil.Process], sampler: str, deadline: float) -> tuple[list[dict], str | None]:
+    """py-spy on each of ``ranks`` at once; the entries, and the error when none was taken."""
     if not ranks:
-        snapshot["error"] = "no rank process found below the shim (Slurm, warm ranks, or not started)"
-        return snapshot
+        return [], "no rank process found below the shim (warm ranks, or not started yet)"
     dumps = {
         rank: subprocess.Popen(
-            [path, "dump", "--pid", str(proc.pid), "--json"], stdin=subprocess.DEVNULL,
+            [sampler, "dump", "--pid", str(proc.pid), "--json"], stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )
         for rank, proc in sorted(ranks.items())
     }
-    errors = []
+    entries, errors = [], []
     for rank, popen in dumps.items():
         entry: dict = {"rank": rank, "pid": ranks[rank].pid, "threads": [], "error": None}
         try:
-            out, err = popen.communicate(timeout=max(0.5, started + DUMP_TIMEOUT_S - time.time()))
+            out, err = popen.communicate(timeout=max(0.5, deadline - time.time()))
             if popen.returncode != 0:
                 raise RuntimeError(_sampler_error(err.decode("utf-8", "replace")))
             entry["threads"] = [
@@ -159,11 +185,53 @@ def take(config: LaunchConfig, number: int, trigger: str) -> dict:
             errors.append(f"rank {rank}: {entry['error']}")
         entry.update(classify(entry["threads"]) if entry["error"] is None
                      else {"state": "unknown", "collective": None, "where": None})
-        snapshot["ranks"].append(entry)
-    if errors and len(errors) == len(dumps):
-        snapshot["error"] = errors[0]
-    snapshot["took_s"] = round(time.time() - started, 3)
-    return snapshot
+        entries.append(entry)
+    return entries, (errors[0] if errors and len(errors) == len(dumps) else None)
+
+
+def _take_on_nodes(run: RunDir, config: LaunchConfig) -> tuple[list[dict], str | None]:
+    """Slurm: ``python -m service.run.stacks`` on every node of the allocation, as a step that
+    overlaps the running attempt's; each prints its node's entries as one JSON line."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job:
+        return [], "not inside a Slurm allocation (SLURM_JOB_ID unset)"
+    # Each node's answer in a file of its own: long lines of two tasks interleave on a pipe.
+    try:
+        stacks_dir(run).mkdir(parents=True, exist_ok=True)
+        out_dir = Path(tempfile.mkdtemp(prefix="nodes-", dir=stacks_dir(run)))
+    except OSError as exc:
+        return [], f"no room for the nodes' answers: {exc}"[:500]
+    argv = [
+        "srun", f"--jobid={job}", "--overlap", f"--nodes={config.nnodes}",
+        f"--ntasks={config.nnodes}", "--ntasks-per-node=1", "--cpus-per-task=1", "--mem=0",
+        "--kill-on-bad-exit=0", "--export=ALL", f"--output={out_dir}/node-%n.json",
+        config.python, "-m", "service.run.stacks", str(run.root), str(config.world_size),
+        config.stack_sampler or "",
+    ]
+    try:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
+                              timeout=DUMP_TIMEOUT_S + SRUN_EXTRA_S, check=False)
+        answers = [p.read_text(errors="replace") for p in sorted(out_dir.glob("node-*.json"))]
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [], f"srun could not run the sampler on the nodes: {exc}"[:500]
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
+    entries, errors = [], []
+    for line in (line for text in answers for line in text.splitlines()):
+        try:
+            node = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(node, dict):
+            entries += [e for e in node.get("ranks", []) if isinstance(e, dict)]
+            if node.get("error"):
+                errors.append(f"{node.get('host')}: {node['error']}")
+    # One entry per rank (nodes that share a host, as a test cluster's do, each see them all).
+    entries = list({e.get("rank"): e for e in reversed(entries)}.values())
+    if not entries:
+        why = errors[0] if errors else " ".join(done.stderr.decode("utf-8", "replace").split())
+        return [], (why or f"srun exited with {done.returncode}")[:500]
+    return entries, None
 
 
 def _sampler_error(stderr: str) -> str:
@@ -174,9 +242,11 @@ def _sampler_error(stderr: str) -> str:
     return f"the sampler failed: {text}" if text else "the sampler failed"
 
 
-def hang_reason(run: RunDir, config: LaunchConfig, number: int, reason: str) -> str:
+def hang_reason(
+    run: RunDir, config: LaunchConfig, number: int, reason: str, launcher: str = "local"
+) -> str:
     """At a heartbeat timeout: take and keep the stacks; the reason, naming the stuck ranks."""
-    snapshot = take(config, number, "heartbeat timeout")
+    snapshot = take(run, config, number, "heartbeat timeout", launcher)
     _write_json(hang_file(run, number), snapshot)
     return describe_hang(snapshot, reason)
 
@@ -199,7 +269,9 @@ def describe_hang(snapshot: dict, reason: str) -> str:
     return f"heartbeat timeout: {'; '.join(parts)} ({reason})"
 
 
-def answer_requests(run: RunDir, config: LaunchConfig, number: int) -> None:
+def answer_requests(
+    run: RunDir, config: LaunchConfig, number: int, launcher: str = "local"
+) -> None:
     """Answer the server's requests for stacks (``stacks/requests/<nonce>``), a few per poll."""
     requests = stacks_dir(run) / "requests"
     try:
@@ -208,7 +280,8 @@ def answer_requests(run: RunDir, config: LaunchConfig, number: int) -> None:
         return
     for name in names[:REQUESTS_MAX]:
         (requests / name).unlink(missing_ok=True)
-        _write_json(stacks_dir(run) / f"{name}.json", take(config, number, "request"))
+        _write_json(stacks_dir(run) / f"{name}.json",
+                    take(run, config, number, "request", launcher))
 
 
 def keep_with_attempt(run: RunDir, number: int) -> None:
@@ -241,3 +314,24 @@ def _write_json(path: Path, data: dict) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data))
     os.replace(tmp, path)
+
+
+def node_main(argv: list[str]) -> None:
+    """``python -m service.run.stacks RUN_DIR WORLD_SIZE SAMPLER``: one node's ranks of that run
+    (a task of the shim's ``srun --overlap`` step), as one JSON line on stdout."""
+    run, world_size, sampler = RunDir(Path(argv[0])), int(argv[1]), argv[2]
+    path = shutil.which(sampler) if sampler else None
+    if path is None:
+        entries: list[dict] = []
+        error: str | None = (f"the stack sampler {sampler!r} was not found" if sampler
+                             else "stacks are turned off (TORCHYARD_STACK_SAMPLER is off)")
+    else:
+        entries, error = _dump(_rank_processes(run, world_size, True), path,
+                               time.time() + DUMP_TIMEOUT_S)
+    print(json.dumps({"host": socket.gethostname(), "ranks": entries, "error": error}), flush=True)
+
+
+if __name__ == "__main__":
+    import sys
+
+    node_main(sys.argv[1:])
