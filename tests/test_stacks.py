@@ -39,7 +39,7 @@ def load_batch(step):
 def main():
     dist.init_process_group("gloo")
     if MODE == "hang":
-        dump = os.environ["TORCH_FR_DUMP_TEMP_FILE"] + str(RANK)
+        dump = os.environ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] + str(RANK)
         with open(dump, "w") as f:
             f.write(os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"] + " "
                     + os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"])

@@ -97,7 +97,7 @@ class RunDir:
 
     @property
     def flight_recorder_prefix(self) -> Path:
-        """``TORCH_FR_DUMP_TEMP_FILE``: NCCL's Flight Recorder dumps, the rank appended."""
+        """``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``: NCCL's Flight Recorder dumps, the rank appended."""
         return self.stacks_dir / "flight-recorder" / "rank_"
 
     def prepare(self) -> None:

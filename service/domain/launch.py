@@ -74,12 +74,13 @@ FLIGHT_RECORDER_BUFFER = "2000"
 
 
 def flight_recorder_env(run: RunDir) -> dict[str, str]:
-    prefix = str(run.flight_recorder_prefix)
+    """Only TORCH_NCCL_* names (torch reads TORCH_FR_* as their aliases): torch reads them when
+    a process group is made, so warm ranks may take them (``service.run.warm.server``); a
+    TORCH_FR_* variable would send every job to a cold start."""
     return {
         "TORCH_NCCL_TRACE_BUFFER_SIZE": FLIGHT_RECORDER_BUFFER,
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-        "TORCH_FR_DUMP_TEMP_FILE": prefix,
-        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix,  # its name before torch 2.7
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(run.flight_recorder_prefix),
     }
 
 

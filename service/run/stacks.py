@@ -12,7 +12,7 @@ read through ptrace; the shim is the ranks' ancestor, so it has the rights where
   (:func:`answer_requests`) answers with ``RUN_DIR/stacks/<nonce>.json``.
 
 After the attempt, :func:`keep_with_attempt` adds the hang's per-rank summary to the attempt
-record and moves the NCCL Flight Recorder's dumps (``TORCH_FR_DUMP_TEMP_FILE``, set by the
+record and moves the NCCL Flight Recorder's dumps (``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``, set by the
 server) into ``RUN_DIR/stacks/attempt-<n>-flight-recorder/``. Nothing here raises: when stacks
 cannot be taken the snapshot's ``error`` says why and the attempt goes on as it would have.
 
