@@ -196,3 +196,16 @@ def test_rules_on_slurm(
     oom = _run(server, "oom", max_restarts=1, **common)
     assert oom["state"] == "failed", oom
     assert oom["attempts"][0]["decision"]["rule"] == "default:cuda-oom", oom
+
+
+def test_cli_attempts_table_shows_the_decision() -> None:
+    from rich.console import Console
+
+    from service.client.render import attempts_table
+
+    console = Console(width=200, record=True)
+    console.print(attempts_table([{
+        "number": 1, "exit_code": 1, "rank_exit_codes": {"1": 3}, "reason": "rank 1 failed",
+        "decision": {"summary": "not restarted: rank 1 exited with code 3 (rule 1)"},
+    }]))
+    assert "not restarted: rank 1 exited with code 3 (rule 1) — rank 1 failed" in console.export_text()

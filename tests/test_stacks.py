@@ -250,3 +250,13 @@ def test_hang_and_stacks_on_slurm(
     assert job["reason"].startswith(
         f"heartbeat timeout: rank 1 not in a collective, at hang.py:{HANG_LINE} in load_batch; "
         "ranks 0 waiting in all_reduce"), job["reason"]
+
+
+def test_a_sampler_refused_ptrace_says_so(tmp_path: Path) -> None:
+    """What py-spy prints without ptrace rights becomes a reason naming the cure."""
+    from service.run.stacks import _sampler_error
+
+    why = _sampler_error("Error: Permission Denied: Try running again with elevated permissions")
+    assert why.startswith("no ptrace rights over the rank (") and "CAP_SYS_PTRACE" in why
+    assert describe_hang({"error": why, "ranks": []}, "rank 0 made no progress for 5 s") == (
+        f"heartbeat timeout: rank 0 made no progress for 5 s (stacks not taken: {why})")
