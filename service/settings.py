@@ -86,6 +86,13 @@ class Settings(SlurmSettings, PackageSettings, WebhookSettings, BaseSettings):
         description="Python interpreter that runs torchrun and the ranks; unset = the server's "
         "own",
     )
+    stack_sampler: str = Field(
+        default="auto",
+        max_length=4096,
+        description="program that dumps a rank's Python stacks (py-spy) at a heartbeat timeout "
+        "and for GET /jobs/{id}/stacks: 'auto' = py-spy next to the server's Python, else on "
+        "PATH; 'off' = never; else a path or command name (docs/lifecycle.md)",
+    )
     executor: Literal["local", "slurm"] = Field(
         default="local",
         description="what runs jobs: 'local' = a torchrun process group per job on this host; "

@@ -80,6 +80,8 @@ def _variants(prop: dict[str, Any], defs: dict[str, Any]) -> list[dict[str, Any]
 def _type_name(schema: dict[str, Any], list_word: str) -> str:
     if "enum" in schema:
         return " | ".join(_code(json.dumps(v)) for v in schema["enum"])
+    if "$ref" in schema:  # a nested model: its name (described beside the table)
+        return schema["$ref"].rsplit("/", 1)[-1]
     kind = schema.get("type", "any")
     if schema.get("format") == "path":
         return "path"

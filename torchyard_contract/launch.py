@@ -31,6 +31,12 @@ class LaunchConfig:
     # Package jobs: the job's copy of its package, the ranks' working directory and first on
     # their PYTHONPATH; None = the run directory (and nothing added to the path).
     workdir: str | None = None
+    # Retries decided by the cause (``torchyard_contract.retryrules``): the spec's ``on_failure``
+    # rules as plain dicts, and the pause before the next attempt (doubling per restart).
+    on_failure: list[dict] | None = None
+    restart_backoff_s: float = 0.0
+    # Hang diagnosis (``service.run.stacks``): the program that dumps a rank's stacks; None = off.
+    stack_sampler: str | None = None
 
     @property
     def world_size(self) -> int:

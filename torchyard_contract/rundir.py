@@ -90,6 +90,16 @@ class RunDir:
         (``service.run.ranktee``); torchrun keeps each stream apart under ``attempt-<n>/`` too."""
         return self.logs_dir / f"attempt-{int(attempt)}" / f"rank-{int(rank)}.log"
 
+    @property
+    def stacks_dir(self) -> Path:
+        """Ranks' stacks the shim took (``service.run.stacks``): at a hang, on request."""
+        return self.root / "stacks"
+
+    @property
+    def flight_recorder_prefix(self) -> Path:
+        """``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``: NCCL's Flight Recorder dumps, the rank appended."""
+        return self.stacks_dir / "flight-recorder" / "rank_"
+
     def prepare(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         self.logs_dir.mkdir(exist_ok=True)

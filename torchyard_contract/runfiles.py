@@ -40,6 +40,39 @@ def _time(v: float | None) -> float | None:
     return v
 
 
+class AttemptDecision(BaseModel):
+    """Why a failed attempt was or was not retried (``service.run.retrydecision``)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    action: Literal["retry", "fail", "retry_elsewhere"]
+    rule: str | None = Field(default=None, max_length=64)  # "1", "default:cuda-oom", None
+    rank: int | None = Field(default=None, ge=0, le=2**31)
+    cause: str = Field(default="", max_length=2000)
+    summary: str = Field(default="", max_length=2000)
+    backoff_s: float = Field(default=0.0, ge=0, le=1e6)
+
+
+class RankWhere(BaseModel):
+    """Where one rank was when the heartbeat timed out (``service.run.stacks``)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    rank: int = Field(ge=0, le=2**31)
+    state: Literal["collective", "elsewhere", "unknown"]
+    collective: str | None = Field(default=None, max_length=200)
+    where: str | None = Field(default=None, max_length=1000)
+
+
+class HangStacks(BaseModel):
+    """The stacks taken at a heartbeat timeout, per rank (the full dump: GET .../stacks)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    error: str | None = Field(default=None, max_length=2000)
+    ranks: list[RankWhere] = Field(default_factory=list, max_length=65_536)
+
+
 class AttemptFile(BaseModel):
     """``attempts/<n>.json`` as the shim writes it (``service.run.attemptloop``)."""
 
@@ -52,6 +85,8 @@ class AttemptFile(BaseModel):
     rank_exit_codes: dict[str, int] = Field(default_factory=dict, max_length=65_536)
     reason: str | None = None
     startup_failure: bool | None = None
+    decision: AttemptDecision | None = None  # failed attempts since retry rules; None before
+    stacks: HangStacks | None = None  # a heartbeat timeout: where each rank was
 
     _times = field_validator("started_at", "ended_at", mode="before")(
         lambda v: _time(float(v)) if isinstance(v, int | float) and not isinstance(v, bool) else v

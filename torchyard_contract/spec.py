@@ -16,6 +16,7 @@ from pydantic import (
     model_validator,
 )
 
+from torchyard_contract.retryrules import BACKOFF_MAX_S, RULES_MAX, FailureRule
 from torchyard_contract.spec_types import (
     ARGS_MAX,
     ENTRYPOINT_MAX,
@@ -186,6 +187,21 @@ class JobSpec(BaseModel):
         ge=0,
         le=100,
         description="group restarts from the last checkpoint after a rank fails mid-training",
+    )
+    on_failure: list[FailureRule] = Field(
+        default_factory=list,
+        max_length=RULES_MAX,
+        description="retry rules (exit_codes, signal and/or log_pattern → retry, fail or "
+        "retry_elsewhere): the first matching a failing rank decides, then the defaults (CUDA "
+        "OOM → fail; SIGKILL, NCCL/c10d timeouts → retry); retries count against max_restarts",
+    )
+    restart_backoff_s: float = Field(
+        default=0,
+        ge=0,
+        le=BACKOFF_MAX_S,
+        allow_inf_nan=False,
+        description="seconds between a failed attempt and the next one; doubles after each "
+        "restart, up to 10 times this value",
     )
     max_runtime_s: float | None = Field(
         default=None,

@@ -42,6 +42,7 @@ from service.api.routes import (
     records,
     resources,
     series,
+    stacks,
     summary,
     sweeps,
 )
@@ -168,6 +169,7 @@ def create_app(
     app.include_router(logs.router)
     app.include_router(events.router)
     app.include_router(deliveries.router)
+    app.include_router(stacks.router)
     app.include_router(sweeps.router)
     app.include_router(packages.router)
     app.include_router(artifacts.router)

@@ -59,6 +59,37 @@ UtcDatetime = Annotated[
 ]
 
 
+class AttemptDecisionRead(BaseModel):
+    """Why a failed attempt was or was not retried."""
+
+    action: Literal["retry", "fail", "retry_elsewhere"]
+    rule: str | None = Field(
+        description="the on_failure rule that decided: '1' = the spec's first, 'default:<name>' "
+        "= a default rule, null = none matched (retried while max_restarts allows)"
+    )
+    rank: int | None = Field(description="the failing rank the rule matched")
+    cause: str = Field(description="what failed: 'rank 1 ran out of CUDA memory'")
+    summary: str = Field(description="the decision in words, with the rule")
+    backoff_s: float = Field(description="seconds waited before the next attempt")
+
+
+class RankWhereRead(BaseModel):
+    """Where one rank was when the heartbeat timed out."""
+
+    rank: int
+    state: Literal["collective", "elsewhere", "unknown"]
+    collective: str | None = Field(description="the collective it was waiting in")
+    where: str | None = Field(description="its innermost frame of user code")
+
+
+class HangStacksRead(BaseModel):
+    """The stacks taken at a heartbeat timeout, per rank; the full stacks:
+    ``GET /jobs/{id}/stacks?attempt=N``."""
+
+    error: str | None = Field(description="why no stacks were taken; null when they were")
+    ranks: list[RankWhereRead]
+
+
 class AttemptRead(BaseModel):
     """One run of the worker group. ``startup_failure``: it failed before every rank was ready."""
 
@@ -74,6 +105,16 @@ class AttemptRead(BaseModel):
         description="at most 2000 characters; the full text is in the rank's log"
     )
     startup_failure: bool | None
+    decision: AttemptDecisionRead | None = Field(
+        default=None,
+        description="a failed attempt: whether it was retried, by which on_failure rule and why "
+        "(docs/lifecycle.md); null on success, for start-up failures, stops and older attempts",
+    )
+    stacks: HangStacksRead | None = Field(
+        default=None,
+        description="an attempt ended by a heartbeat timeout: where each rank was (collective "
+        "or elsewhere, and its line of user code); null otherwise",
+    )
 
     @field_validator("reason")
     @classmethod

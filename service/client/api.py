@@ -121,6 +121,10 @@ class TorchyardClient:
     def jobs(self, **params: Any) -> dict[str, Any]:
         return self._call("GET", "/jobs", params={k: v for k, v in params.items() if v})
 
+    def stacks(self, job_id: int, attempt: int | None = None) -> dict[str, Any]:
+        params = {"attempt": attempt} if attempt is not None else {}
+        return self._call("GET", f"/jobs/{job_id}/stacks", params=params)
+
     def cancel(self, job_id: int) -> dict[str, Any]:
         return self._call("POST", f"/jobs/{job_id}/cancel")
 

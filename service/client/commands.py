@@ -326,6 +326,24 @@ def logs(
                 time.sleep(LOG_POLL_S)
 
 
+def stacks(
+    job_id: JobArg,
+    attempt: Annotated[
+        int | None, typer.Option(min=1, help="the stacks kept at this attempt's hang")
+    ] = None,
+    json_: Annotated[bool, typer.Option("--json", help="the API's answer as JSON")] = False,
+    url: UrlOpt = DEFAULT_URL,
+    token: TokenOpt = None,
+) -> None:
+    """Where every rank is: its Python stacks (all threads), in a collective or elsewhere."""
+    with _client(url, token) as client:
+        answer = client.stacks(job_id, attempt)
+    if json_:
+        print(json.dumps(answer, indent=2))
+        return
+    console.print(render.stacks_text(answer), highlight=False)
+
+
 def cancel(job_id: JobArg, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
     """Cancel a queued or running job (a finished job is left as it is)."""
     with _client(url, token) as client:
@@ -368,7 +386,7 @@ def summary(
 
 
 COMMANDS: list[Callable[..., None]] = [
-    submit, jobs, show, metrics, logs, cancel, wait, summary, artifacts, delete,
+    submit, jobs, show, metrics, logs, stacks, cancel, wait, summary, artifacts, delete,
 ]
 
 

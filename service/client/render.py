@@ -78,9 +78,10 @@ def attempts_table(attempts: list[dict[str, Any]]) -> Table:
     table = Table("attempt", "exit", "rank exits", "reason")
     for a in attempts:
         codes = " ".join(f"{r}:{c}" for r, c in sorted((a.get("rank_exit_codes") or {}).items()))
-        table.add_row(
-            str(a["number"]), str(a.get("exit_code", "-")), codes, Text((a.get("reason") or "")[:80])
-        )
+        reason = a.get("reason") or ""
+        if (a.get("decision") or {}).get("summary"):  # retry rules: what was decided, and why
+            reason = f"{a['decision']['summary']} — {reason}"
+        table.add_row(str(a["number"]), str(a.get("exit_code", "-")), codes, Text(reason[:120]))
     return table
 
 
@@ -130,3 +131,24 @@ def final_losses_table(latest: dict[int, dict[str, Any]]) -> Table:
         m = latest[rank]
         table.add_row(str(rank), str(m["attempt"]), str(m["epoch"]), fmt_value(m["value"]))
     return table
+
+
+def stacks_text(answer: dict[str, Any]) -> str:
+    """``torchyard stacks``: each rank's state and where, then its threads innermost first."""
+    lines = [f"attempt {answer['attempt']} ({answer['trigger']}, took {answer.get('took_s')} s)"]
+    if answer.get("error"):
+        lines.append(f"stacks not taken: {answer['error']}")
+    for rank in answer.get("ranks", []):
+        state = rank["state"]
+        if state == "collective":
+            state = f"waiting in {rank['collective']}"
+        elif state == "elsewhere":
+            state = "not in a collective"
+        where = f", at {rank['where']}" if rank.get("where") else ""
+        lines.append(f"rank {rank['rank']} (pid {rank.get('pid')}): {state}{where}")
+        if rank.get("error"):
+            lines.append(f"  {rank['error']}")
+        for thread in rank.get("threads", []):
+            lines.append(f"  thread {thread['name']}{' (active)' if thread['active'] else ''}")
+            lines += [f"    {f['name']} ({f['file']}:{f['line']})" for f in thread["frames"]]
+    return "\n".join(lines)

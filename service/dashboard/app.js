@@ -232,7 +232,24 @@
         h("td", {}, new Date(a.started_at * 1000).toLocaleTimeString()),
         h("td", {}, duration((a.ended_at || Date.now() / 1000) - a.started_at)),
         h("td", {}, a.exit_code === null ? "" : a.exit_code),
-        h("td", {class: "reason"}, a.reason || ""))))));
+        h("td", {class: "reason"}, a.reason || "", attemptDetails(a)))))));
+  }
+
+  // Retry rules' decision and, after a heartbeat timeout, where each rank was (docs/lifecycle.md);
+  // the full stacks: GET /jobs/{id}/stacks?attempt=N or `torchyard stacks ID --attempt N`.
+  function attemptDetails(a) {
+    const lines = [];
+    if (a.decision) lines.push(h("div", {class: "quiet decision"}, a.decision.summary));
+    if (a.stacks) {
+      if (a.stacks.error) lines.push(h("div", {class: "quiet"}, `stacks not taken: ${a.stacks.error}`));
+      for (const r of a.stacks.ranks) {
+        const state = r.state === "collective" ? `waiting in ${r.collective}`
+          : r.state === "elsewhere" ? "not in a collective" : "stacks unknown";
+        lines.push(h("div", {class: "quiet stack"},
+          `rank ${r.rank}: ${state}${r.where ? `, at ${r.where}` : ""}`));
+      }
+    }
+    return lines.length ? h("div", {class: "attempt-details"}, lines) : "";
   }
 
   // The job's webhook deliveries (GET /jobs/{id}/deliveries): endpoint names only, never URLs.

@@ -12,6 +12,7 @@ import logging
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from sqlalchemy.orm import Session
 
@@ -49,7 +50,38 @@ def launch_config(settings: Settings, job_id: int, spec: JobSpec, program: RankP
         pythonpath=program.pythonpath,
         nnodes=spec.nnodes,
         workdir=program.workdir,
+        on_failure=[r.model_dump(exclude_none=True) for r in spec.on_failure] or None,
+        restart_backoff_s=spec.restart_backoff_s,
+        stack_sampler=stack_sampler(settings),
     )
+
+
+def stack_sampler(settings: Settings) -> str | None:
+    """``TORCHYARD_STACK_SAMPLER`` resolved: 'auto' = py-spy beside this Python, else on PATH."""
+    if settings.stack_sampler == "off":
+        return None
+    if settings.stack_sampler != "auto":
+        return settings.stack_sampler
+    for python in (sys.executable, settings.python_executable):
+        if python and (beside := Path(python).parent / "py-spy").is_file():
+            return str(beside)
+    return "py-spy"
+
+
+# NCCL's Flight Recorder (ignored on gloo): each rank's last collectives, dumped on a timeout
+# into the run directory (RunDir.flight_recorder_prefix); the shim keeps them with the attempt.
+FLIGHT_RECORDER_BUFFER = "2000"
+
+
+def flight_recorder_env(run: RunDir) -> dict[str, str]:
+    """Only TORCH_NCCL_* names (torch reads TORCH_FR_* as their aliases): torch reads them when
+    a process group is made, so warm ranks may take them (``service.run.warm.server``); a
+    TORCH_FR_* variable would send every job to a cold start."""
+    return {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": FLIGHT_RECORDER_BUFFER,
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(run.flight_recorder_prefix),
+    }
 
 
 def rank_env(
@@ -61,6 +93,7 @@ def rank_env(
     CUDA_VISIBLE_DEVICES itself); the device and backend are then set only where the spec names
     them, and each rank picks the rest (``worker.distributed``)."""
     env = {
+        **flight_recorder_env(run),  # a script's own env may set these otherwise
         **spec.env,  # a script job's own variables; never torchyard's (JobSpec refuses them)
         **secrets,  # only ever in a process environment (see service.domain.secretstore)
         names.API_URL: api_url,
@@ -112,6 +145,7 @@ class Launcher:
         run.prepare()
         run.spec_file.write_text(spec.model_dump_json(indent=2))
         run.output_dir.mkdir(exist_ok=True)
+        run.flight_recorder_prefix.parent.mkdir(parents=True, exist_ok=True)
         package_root = None
         if spec.package is not None:  # the job's own copy: its writes reach no other job
             package_store(settings).copy_for_job(spec.package, run.work_dir)

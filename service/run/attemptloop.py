@@ -38,7 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-from service.run import ranktee
+from service.run import ranktee, retrydecision, stacks
 from service.run.exitreason import describe_exit, failed_rank_exit_codes
 from service.run.proctree import (
     ProcessGroupHandle,
@@ -86,6 +86,7 @@ class Shim:
         self.why_cold = why_cold  # warm ranks are on but the pool could not serve this job
         self.cancelled = False
         self.started = time.time()
+        self.stopped_by_shim = False
 
     def on_sigterm(self, _signum: int, _frame: object) -> None:
         self.cancelled = True
@@ -113,6 +114,7 @@ class Shim:
         handle = self._start(number, logs, env)
         forced_reason: str | None = None
         while (code := handle.poll()) is None:
+            stacks.answer_requests(self.run, self.config, number, self.launcher)  # GET .../stacks
             forced_reason = self._why_stop(number)
             if forced_reason is not None:
                 handle.terminate(self.config.stop_grace_s)
@@ -120,6 +122,7 @@ class Shim:
                 break
             _wait_exit(handle, POLL_S)
         code = code if code is not None else -signal.SIGKILL
+        self.stopped_by_shim = forced_reason is not None  # retry rules: only for failures of the job
         # torchrun is gone: whatever the job started and left (its own session, a daemon) goes
         # too, before the next attempt or the outcome (service.run.proctree).
         strays = stop_descendants(min(self.config.stop_grace_s, STRAY_GRACE_S))
@@ -219,13 +222,15 @@ class Shim:
                 except FileNotFoundError:
                     continue  # still starting; start-up has its own failure path
                 if idle > cfg.heartbeat_timeout_s:
-                    return f"rank {rank} made no progress for {cfg.heartbeat_timeout_s:g} s"
+                    stuck = f"rank {rank} made no progress for {cfg.heartbeat_timeout_s:g} s"
+                    return stacks.hang_reason(self.run, cfg, number, stuck, self.launcher)  # names it
         return None
 
     def main(self) -> int:
         number = 1
         while True:
             code, reason, startup = self.run_attempt(number)
+            stacks.keep_with_attempt(self.run, number)  # the hang's stacks, Flight Recorder dumps
             if self.cancelled:
                 outcome = {"state": "cancelled", "exit_code": code, "reason": "cancelled by user"}
                 break
@@ -233,6 +238,13 @@ class Shim:
                 outcome = {"state": "succeeded", "exit_code": 0, "reason": None}
                 break
             last = startup or number > self.config.max_restarts or reason == DEADLINE_REASON
+            # --- retries decided by the cause (service.run.retrydecision) ---
+            if not startup and reason != DEADLINE_REASON and not self.stopped_by_shim:
+                decided = retrydecision.decide_attempt(self.run, self.config, number, reason)
+                last, reason = not decided.retry, decided.reason
+                if not last:
+                    retrydecision.wait_backoff(decided.backoff_s, lambda: self.cancelled)
+            # --- end retries decided by the cause ---
             if last:
                 if startup:
                     reason = f"start-up failure (not retried): {reason}"

@@ -1,0 +1,106 @@
+"""After a failed attempt: retry or not, decided by the cause (``torchyard_contract.retryrules``).
+
+The attempt loop (``service.run.attemptloop``) calls :func:`decide_attempt` once an attempt
+failed on its own (not a start-up failure, not the deadline, not a stop the shim made): it gathers
+each failing rank's exit code (torchrun's failure summary, in the attempt record) and last lines
+of output (``RunDir.rank_output``), lets the job's ``on_failure`` rules and the defaults decide,
+and writes the decision into the attempt record (``decision``, ``torchyard_contract.runfiles``).
+The patterns run here, in the job's own shim: a slow pattern slows only its own job.
+"""
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchyard_contract.bounds import bounded_text
+from torchyard_contract.launch import LaunchConfig
+from torchyard_contract.retryrules import FailureRule, RankFailure, decide
+from torchyard_contract.rundir import RunDir
+from torchyard_contract.safefile import read_tail
+
+TAIL_BYTES = 64 * 1024  # of each failing rank's output, for the rules' patterns
+BACKOFF_GROWTH_MAX = 10.0  # the pause before a restart doubles up to this many times the first
+BACKOFF_POLL_S = 0.2
+
+
+@dataclass(frozen=True)
+class AttemptDecision:
+    retry: bool
+    reason: str  # the job's reason when it is not retried
+    backoff_s: float
+
+
+def _failures(run: RunDir, number: int, record: dict, world_size: int) -> list[RankFailure]:
+    codes = {
+        int(r): c for r, c in (record.get("rank_exit_codes") or {}).items()
+        if str(r).isdigit() and int(r) < world_size and c != 0
+    }
+    if not codes and isinstance(record.get("exit_code"), int):
+        codes = dict.fromkeys(range(world_size), record["exit_code"])  # no summary: every rank
+    # The rank that failed first is not one torchrun stopped (-SIGTERM) because another failed.
+    order = sorted(codes, key=lambda r: (codes[r] == -signal.SIGTERM, r))
+    return [
+        RankFailure(r, codes[r], read_tail(run.rank_output(number, r), TAIL_BYTES)) for r in order
+    ]
+
+
+def decide_attempt(
+    run: RunDir, config: LaunchConfig, number: int, reason: str | None
+) -> AttemptDecision:
+    """Decide after failed attempt ``number``; records the decision in ``attempts/<n>.json``."""
+    try:
+        return _decide(run, config, number, reason)
+    except (OSError, ValueError) as exc:  # never worse than before rules: retry while allowed
+        print(f"attempt {number}: retry rules not applied: {exc}", flush=True)
+        return AttemptDecision(number <= config.max_restarts, reason or "failed", 0.0)
+
+
+def _decide(run: RunDir, config: LaunchConfig, number: int, reason: str | None) -> AttemptDecision:
+    path = run.attempt_file(number)
+    record = json.loads(path.read_text())
+    rules = [FailureRule.model_validate(r) for r in config.on_failure or []]
+    decision = decide(rules, _failures(run, number, record, config.world_size))
+    label = decision.label()
+    used_up = number > config.max_restarts
+    if decision.action == "fail":
+        retry, summary = False, f"not restarted: {decision.why} ({label})"
+    elif used_up:
+        retry = False
+        summary = f"not restarted: max_restarts ({config.max_restarts}) used up; {decision.why} ({label})"
+    else:
+        retry, summary = True, f"restarted: {decision.why} ({label})"
+    backoff = 0.0
+    if retry and config.restart_backoff_s > 0:
+        growth = min(2.0 ** (number - 1), BACKOFF_GROWTH_MAX)
+        backoff = config.restart_backoff_s * growth
+    record["decision"] = {
+        "action": (decision.action or "retry") if retry else "fail",
+        "rule": decision.rule,
+        "rank": decision.rank,
+        "cause": bounded_text(decision.why, 500),
+        "summary": bounded_text(summary, 700),
+        "backoff_s": backoff,
+    }
+    _write_json(path, record)
+    if decision.action == "fail":
+        job_reason = f"{summary}: {reason}" if reason else summary
+    else:
+        job_reason = reason or summary  # used up: the last attempt's reason, as always
+    return AttemptDecision(retry, bounded_text(job_reason), backoff)
+
+
+def wait_backoff(seconds: float, stop: Callable[[], bool]) -> None:
+    """Sleep ``seconds`` before the next attempt, ending early when ``stop()`` (a cancel)."""
+    end = time.monotonic() + seconds
+    while not stop() and (left := end - time.monotonic()) > 0:
+        time.sleep(min(left, BACKOFF_POLL_S))
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)

@@ -1,0 +1,337 @@
+"""Where every rank is: Python stacks of a running attempt's ranks, taken by the job's shim.
+
+The shim (``service.run.attemptloop``) takes them without any change to the job's script, with
+the sampler ``LaunchConfig.stack_sampler`` names (py-spy's ``dump``: every thread of a process,
+read through ptrace; the shim is the ranks' ancestor, so it has the rights where the kernel's Yama
+``ptrace_scope`` is 0 or 1 — a container also needs ``CAP_SYS_PTRACE``):
+
+* at a heartbeat timeout, before the group is stopped: :func:`hang_reason` keeps them in
+  ``RUN_DIR/stacks/attempt-<n>.json`` and names the ranks that are not inside a collective,
+  with their innermost frame of user code;
+* on request: the server writes ``RUN_DIR/stacks/requests/<nonce>``; the shim's poll
+  (:func:`answer_requests`) answers with ``RUN_DIR/stacks/<nonce>.json``.
+
+After the attempt, :func:`keep_with_attempt` adds the hang's per-rank summary to the attempt
+record and moves the NCCL Flight Recorder's dumps (``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``, set by the
+server) into ``RUN_DIR/stacks/attempt-<n>-flight-recorder/``. Nothing here raises: when stacks
+cannot be taken the snapshot's ``error`` says why and the attempt goes on as it would have.
+
+A rank program is the child of its ``service.run.ranktee`` (whose ``--run-dir`` names the run),
+with ``RANK`` in its environment. Locally the ranks are found below the shim (cold ranks only:
+warm ranks are processes of the warm server, and the snapshot says none was found). On Slurm the
+shim runs ``python -m service.run.stacks`` on every node as a step overlapping the attempt's
+(``srun --overlap``); each finds its node's ranks among all its processes and dumps them.
+"""
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+from torchyard_contract.launch import LaunchConfig
+from torchyard_contract.rundir import RunDir
+
+DUMP_TIMEOUT_S = 10.0
+SRUN_EXTRA_S = 10.0  # Slurm: starting the step on every node, on top of the dumps
+FRAMES_MAX = 200  # per thread
+THREADS_MAX = 64  # per rank
+REQUESTS_MAX = 4  # answered per poll
+_COLLECTIVE_FILES = re.compile(
+    r"torch/distributed/(?!elastic/)|torch/nn/parallel/distributed\.py"
+)
+_BACKWARD = re.compile(r"torch/autograd/|torch/_tensor\.py")
+_NOT_USER = re.compile(
+    r"/(site|dist)-packages/|/lib/python3\.\d+/|^<|service/run/ranktee\.py"
+)
+_C10D_WRAPPERS = {"wrapper", "_wrapper", "inner", "__call__"}
+
+
+def stacks_dir(run: RunDir) -> Path:
+    return run.stacks_dir
+
+
+def hang_file(run: RunDir, number: int) -> Path:
+    return stacks_dir(run) / f"attempt-{number}.json"
+
+
+def _rank_processes(run: RunDir, world_size: int, anywhere: bool) -> dict[int, psutil.Process]:
+    """This run's rank programs on this host: below this process, or (``anywhere``: a node of a
+    Slurm job, where ranks live under ``slurmstepd``) any process whose ranktee names the run."""
+    ranks: dict[int, psutil.Process] = {}
+    try:
+        candidates = (list(psutil.process_iter()) if anywhere
+                      else psutil.Process(os.getpid()).children(recursive=True))
+    except psutil.Error:
+        return ranks
+    for proc in candidates:
+        try:
+            parent = proc.parent()
+            if parent is None or _is_ranktee(proc.cmdline()):
+                continue
+            tee = parent.cmdline()
+            if not _is_ranktee(tee) or _arg(tee, "--run-dir") != str(run.root):
+                continue
+            rank = int(proc.environ().get("RANK", "-1"))
+        except (psutil.Error, ValueError):
+            continue
+        if 0 <= rank < world_size:
+            ranks.setdefault(rank, proc)
+    return ranks
+
+
+def _arg(cmdline: list[str], name: str) -> str | None:
+    return next((cmdline[i + 1] for i, a in enumerate(cmdline[:-1]) if a == name), None)
+
+
+def _is_ranktee(cmdline: list[str]) -> bool:
+    """``python [-u] -m service.run.ranktee …`` (torchrun's own command line names it later,
+    after its first ``-m``)."""
+    first = next((i for i, arg in enumerate(cmdline[:8]) if arg == "-m"), None)
+    return first is not None and cmdline[first + 1:first + 2] == ["service.run.ranktee"]
+
+
+def _frame(f: dict) -> dict:
+    return {"name": str(f.get("name"))[:200], "file": str(f.get("filename"))[:500],
+            "line": f.get("line") if isinstance(f.get("line"), int) else None}
+
+
+def _is_user(frame: dict) -> bool:
+    return not _NOT_USER.search(frame["file"]) and "/torch/" not in frame["file"]
+
+
+def classify(threads: list[dict]) -> dict:
+    """A rank's state from its threads (frames innermost first): ``collective`` (inside
+    ``torch.distributed`` or DDP, or in backward, where DDP's reducer all-reduces), else
+    ``elsewhere``; ``collective`` names the call, ``where`` the innermost frame of user code."""
+    main = next((t for t in threads if t["name"] == "MainThread"), threads[0] if threads else None)
+    if main is None:
+        return {"state": "unknown", "collective": None, "where": None}
+    frames = main["frames"]
+    at = next((i for i, f in enumerate(frames) if _is_user(f)), None)
+    inner = frames if at is None else frames[:at]  # what the innermost user frame called
+    collective = None
+    for f in inner:
+        name = f["name"].rsplit(".", 1)[-1]
+        if _COLLECTIVE_FILES.search(f["file"]) and name not in _C10D_WRAPPERS:
+            collective = name
+            break
+    if collective is None and any(_BACKWARD.search(f["file"]) for f in inner):
+        if any("backward" in f["name"] for f in inner):
+            collective = "backward (DDP's gradient all-reduce)"
+    user = frames[at] if at is not None else None
+    where = f"{Path(user['file']).name}:{user['line']} in {user['name']}" if user else None
+    return {"state": "collective" if collective else "elsewhere",
+            "collective": collective, "where": where}
+
+
+def take(run: RunDir, config: LaunchConfig, number: int, trigger: str, launcher: str) -> dict:
+    """Every rank's stacks now (the ranks' dumps run in parallel), classified. ``launcher``
+    slurm: one task per node (``srun --overlap`` in the job's allocation) dumps that node's."""
+    started = time.time()
+    snapshot: dict = {"attempt": number, "trigger": trigger, "taken_at": started,
+                      "host": socket.gethostname(), "error": None, "ranks": []}
+    sampler = config.stack_sampler
+    path = shutil.which(sampler) if sampler else None
+    if path is None and launcher != "slurm":
+        snapshot["error"] = (f"the stack sampler {sampler!r} was not found" if sampler
+                             else "stacks are turned off (TORCHYARD_STACK_SAMPLER is off)")
+        return snapshot
+    if launcher == "slurm":
+        entries, error = _take_on_nodes(run, config)
+    else:
+        entries, error = _dump(_rank_processes(run, config.world_size, False), str(path),
+                               started + DUMP_TIMEOUT_S)
+    snapshot["ranks"] = sorted(entries, key=lambda e: e["rank"])
+    snapshot["error"] = error
+    snapshot["took_s"] = round(time.time() - started, 3)
+    return snapshot
+
+
+def _dump(ranks: dict[int, psutil.Process], sampler: str, deadline: float) -> tuple[list[dict], str | None]:
+    """py-spy on each of ``ranks`` at once; the entries, and the error when none was taken."""
+    if not ranks:
+        return [], "no rank process found below the shim (warm ranks, or not started yet)"
+    dumps = {
+        rank: subprocess.Popen(
+            [sampler, "dump", "--pid", str(proc.pid), "--json"], stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        for rank, proc in sorted(ranks.items())
+    }
+    entries, errors = [], []
+    for rank, popen in dumps.items():
+        entry: dict = {"rank": rank, "pid": ranks[rank].pid, "threads": [], "error": None}
+        try:
+            out, err = popen.communicate(timeout=max(0.5, deadline - time.time()))
+            if popen.returncode != 0:
+                raise RuntimeError(_sampler_error(err.decode("utf-8", "replace")))
+            entry["threads"] = [
+                {"name": str(t.get("thread_name") or t.get("thread_id"))[:100],
+                 "active": bool(t.get("active")),
+                 "frames": [_frame(f) for f in (t.get("frames") or [])[:FRAMES_MAX]]}
+                for t in json.loads(out)[:THREADS_MAX]
+            ]
+        except (subprocess.TimeoutExpired, RuntimeError, ValueError, TypeError) as exc:
+            popen.kill()
+            popen.wait()
+            entry["error"] = str(exc)[:500] or type(exc).__name__
+            errors.append(f"rank {rank}: {entry['error']}")
+        entry.update(classify(entry["threads"]) if entry["error"] is None
+                     else {"state": "unknown", "collective": None, "where": None})
+        entries.append(entry)
+    return entries, (errors[0] if errors and len(errors) == len(dumps) else None)
+
+
+def _take_on_nodes(run: RunDir, config: LaunchConfig) -> tuple[list[dict], str | None]:
+    """Slurm: ``python -m service.run.stacks`` on every node of the allocation, as a step that
+    overlaps the running attempt's; each prints its node's entries as one JSON line."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job:
+        return [], "not inside a Slurm allocation (SLURM_JOB_ID unset)"
+    # Each node's answer in a file of its own: long lines of two tasks interleave on a pipe.
+    try:
+        stacks_dir(run).mkdir(parents=True, exist_ok=True)
+        out_dir = Path(tempfile.mkdtemp(prefix="nodes-", dir=stacks_dir(run)))
+    except OSError as exc:
+        return [], f"no room for the nodes' answers: {exc}"[:500]
+    argv = [
+        "srun", f"--jobid={job}", "--overlap", f"--nodes={config.nnodes}",
+        f"--ntasks={config.nnodes}", "--ntasks-per-node=1", "--cpus-per-task=1", "--mem=0",
+        "--kill-on-bad-exit=0", "--export=ALL", f"--output={out_dir}/node-%n.json",
+        config.python, "-m", "service.run.stacks", str(run.root), str(config.world_size),
+        config.stack_sampler or "",
+    ]
+    try:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
+                              timeout=DUMP_TIMEOUT_S + SRUN_EXTRA_S, check=False)
+        answers = [p.read_text(errors="replace") for p in sorted(out_dir.glob("node-*.json"))]
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [], f"srun could not run the sampler on the nodes: {exc}"[:500]
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
+    entries, errors = [], []
+    for line in (line for text in answers for line in text.splitlines()):
+        try:
+            node = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(node, dict):
+            entries += [e for e in node.get("ranks", []) if isinstance(e, dict)]
+            if node.get("error"):
+                errors.append(f"{node.get('host')}: {node['error']}")
+    # One entry per rank (nodes that share a host, as a test cluster's do, each see them all).
+    entries = list({e.get("rank"): e for e in reversed(entries)}.values())
+    if not entries:
+        why = errors[0] if errors else " ".join(done.stderr.decode("utf-8", "replace").split())
+        return [], (why or f"srun exited with {done.returncode}")[:500]
+    return entries, None
+
+
+def _sampler_error(stderr: str) -> str:
+    text = " ".join(stderr.split())[:300]
+    if "ermission" in text or "ptrace" in text.lower():
+        return (f"no ptrace rights over the rank ({text}); a container needs CAP_SYS_PTRACE "
+                "(docs/lifecycle.md)")
+    return f"the sampler failed: {text}" if text else "the sampler failed"
+
+
+def hang_reason(
+    run: RunDir, config: LaunchConfig, number: int, reason: str, launcher: str = "local"
+) -> str:
+    """At a heartbeat timeout: take and keep the stacks; the reason, naming the stuck ranks."""
+    snapshot = take(run, config, number, "heartbeat timeout", launcher)
+    _write_json(hang_file(run, number), snapshot)
+    return describe_hang(snapshot, reason)
+
+
+def describe_hang(snapshot: dict, reason: str) -> str:
+    if snapshot.get("error"):
+        return f"heartbeat timeout: {reason} (stacks not taken: {snapshot['error']})"
+    stuck = [r for r in snapshot["ranks"] if r["state"] == "elsewhere"]
+    waiting = [r for r in snapshot["ranks"] if r["state"] == "collective"]
+    parts = [
+        f"rank {r['rank']} not in a collective, at {r['where'] or 'no frame of user code'}"
+        for r in stuck
+    ]
+    by_call: dict[str, list[str]] = {}
+    for r in waiting:
+        by_call.setdefault(r["collective"], []).append(str(r["rank"]))
+    parts += [f"ranks {', '.join(ranks)} waiting in {call}" for call, ranks in by_call.items()]
+    if not stuck and waiting:
+        parts.insert(0, "every rank waiting in a collective")
+    return f"heartbeat timeout: {'; '.join(parts)} ({reason})"
+
+
+def answer_requests(
+    run: RunDir, config: LaunchConfig, number: int, launcher: str = "local"
+) -> None:
+    """Answer the server's requests for stacks (``stacks/requests/<nonce>``), a few per poll."""
+    requests = stacks_dir(run) / "requests"
+    try:
+        names = [p.name for p in requests.iterdir() if re.fullmatch(r"[0-9a-f]{16,64}", p.name)]
+    except OSError:
+        return
+    for name in names[:REQUESTS_MAX]:
+        (requests / name).unlink(missing_ok=True)
+        _write_json(stacks_dir(run) / f"{name}.json",
+                    take(run, config, number, "request", launcher))
+
+
+def keep_with_attempt(run: RunDir, number: int) -> None:
+    """After attempt ``number``: the hang's summary into its record; Flight Recorder dumps kept."""
+    try:
+        prefix = run.flight_recorder_prefix
+        dumps = list(prefix.parent.glob(prefix.name + "*")) if prefix.parent.is_dir() else []
+        if dumps:
+            kept = stacks_dir(run) / f"attempt-{number}-flight-recorder"
+            kept.mkdir(parents=True, exist_ok=True)
+            for dump in dumps[:1024]:
+                if dump.is_file() and not dump.is_symlink():
+                    os.replace(dump, kept / dump.name)
+        if not hang_file(run, number).is_file():
+            return
+        snapshot = json.loads(hang_file(run, number).read_text())
+        record = json.loads(run.attempt_file(number).read_text())
+        record["stacks"] = {
+            "error": snapshot.get("error"),
+            "ranks": [{k: r.get(k) for k in ("rank", "state", "collective", "where")}
+                      for r in snapshot.get("ranks", [])],
+        }
+        _write_json(run.attempt_file(number), record)
+    except (OSError, ValueError) as exc:
+        print(f"attempt {number}: stacks not kept: {exc}", flush=True)
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def node_main(argv: list[str]) -> None:
+    """``python -m service.run.stacks RUN_DIR WORLD_SIZE SAMPLER``: one node's ranks of that run
+    (a task of the shim's ``srun --overlap`` step), as one JSON line on stdout."""
+    run, world_size, sampler = RunDir(Path(argv[0])), int(argv[1]), argv[2]
+    path = shutil.which(sampler) if sampler else None
+    if path is None:
+        entries: list[dict] = []
+        error: str | None = (f"the stack sampler {sampler!r} was not found" if sampler
+                             else "stacks are turned off (TORCHYARD_STACK_SAMPLER is off)")
+    else:
+        entries, error = _dump(_rank_processes(run, world_size, True), path,
+                               time.time() + DUMP_TIMEOUT_S)
+    print(json.dumps({"host": socket.gethostname(), "ranks": entries, "error": error}), flush=True)
+
+
+if __name__ == "__main__":
+    import sys
+
+    node_main(sys.argv[1:])

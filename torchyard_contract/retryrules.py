@@ -1,0 +1,210 @@
+"""Retries decided by the cause: the spec's ``on_failure`` rules, the defaults, and the decision.
+
+Part of the contract (``torchyard_contract``): the API validates a spec's rules with
+:class:`FailureRule`; the job's attempt loop (``service.run.retrydecision``) calls :func:`decide`
+after a failed attempt with what it saw — each failing rank's exit code and last lines of output.
+
+Rules are tried in order, the spec's own first, then :data:`DEFAULT_RULES`; the first rule that
+matches decides. A rule matches when every matcher it sets matches one failing rank (a rule with
+no matcher matches any failure):
+
+* ``exit_codes`` — the rank exited with one of these codes;
+* ``signal`` — the rank was killed by this signal (``SIGKILL`` or ``KILL`` or ``9``);
+* ``log_pattern`` — a regular expression found in one of the rank's last ``TAIL_LINES`` lines of
+  output (each line cut to ``LOG_LINE_MAX_CHARS``).
+
+Actions: ``retry`` and ``retry_elsewhere`` (Slurm: the next attempt avoids the node the failing
+rank ran on; locally the same as ``retry``) start another attempt while ``max_restarts`` allows;
+``fail`` ends the job at once. No rule matched: retried while ``max_restarts`` allows (how every
+failure was treated before rules existed).
+"""
+
+import re
+import signal as signals
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from torchyard_contract.bounds import bounded_line
+
+RULES_MAX = 32
+PATTERN_MAX_CHARS = 256
+EXIT_CODES_MAX = 64
+DESCRIPTION_MAX_CHARS = 200
+TAIL_LINES = 50  # last lines of each failing rank's output a pattern is matched against
+BACKOFF_MAX_S = 3600.0
+
+Action = Literal["retry", "fail", "retry_elsewhere"]
+RETRYING = ("retry", "retry_elsewhere")
+
+
+def _signal_number(value: str) -> int:
+    """``SIGKILL``, ``KILL``, ``sigkill`` or ``9`` → 9; ValueError naming the allowed forms."""
+    text = value.strip()
+    if text.isdigit():
+        number = int(text)
+        if number in {int(s) for s in signals.Signals}:
+            return number
+    else:
+        name = text.upper()
+        name = name if name.startswith("SIG") else f"SIG{name}"
+        try:
+            return int(signals.Signals[name])
+        except KeyError:
+            pass
+    raise ValueError(
+        f"unknown signal {value[:40]!r}; a name like 'SIGKILL', 'KILL' or 'SIGTERM', or its number"
+    )
+
+
+class FailureRule(BaseModel):
+    """One ``on_failure`` rule: what a failure looks like and what to do about it."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    exit_codes: list[int] | None = Field(
+        default=None, min_length=1, max_length=EXIT_CODES_MAX,
+        description="matches a failing rank that exited with one of these codes (1–255)",
+    )
+    signal: str | None = Field(
+        default=None, max_length=16,
+        description="matches a failing rank killed by this signal: 'SIGKILL', 'KILL' or 9",
+    )
+    log_pattern: str | None = Field(
+        default=None, min_length=1, max_length=PATTERN_MAX_CHARS,
+        description=f"a Python regular expression searched in a failing rank's last {TAIL_LINES} "
+        "lines of output",
+    )
+    action: Action = Field(description="retry, fail, or retry_elsewhere (Slurm: another node)")
+    description: str | None = Field(
+        default=None, max_length=DESCRIPTION_MAX_CHARS,
+        description="what the failure is, for the reason ('ran out of CUDA memory'); default: "
+        "what matched",
+    )
+
+    @field_validator("exit_codes")
+    @classmethod
+    def _codes(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and any(not 1 <= c <= 255 for c in value):
+            raise ValueError("exit codes are 1–255 (a signal is matched with 'signal')")
+        return value
+
+    @field_validator("signal")
+    @classmethod
+    def _signal(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        return signals.Signals(_signal_number(value)).name
+
+    @field_validator("log_pattern")
+    @classmethod
+    def _pattern(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"not a regular expression: {exc}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _printable(self) -> "FailureRule":
+        if self.description is not None and not self.description.isprintable():
+            raise ValueError("description: printable text only")
+        return self
+
+    def what(self) -> str:
+        """What a failure this rule matches looks like, for a reason."""
+        if self.description:
+            return self.description
+        parts = []
+        if self.exit_codes is not None:
+            codes = ", ".join(str(c) for c in self.exit_codes)
+            parts.append(f"exited with code {codes}" if len(self.exit_codes) == 1
+                         else f"exited with one of {codes}")
+        if self.signal is not None:
+            parts.append(f"was killed by {self.signal}")
+        if self.log_pattern is not None:
+            parts.append(f"printed /{self.log_pattern}/")
+        return " and ".join(parts) or "failed"
+
+
+# The defaults, tried after a spec's own rules (docs/lifecycle.md, "Retry rules").
+DEFAULT_RULES: tuple[tuple[str, FailureRule], ...] = (
+    ("cuda-oom", FailureRule(
+        log_pattern=r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory",
+        action="fail", description="ran out of CUDA memory",
+    )),
+    ("killed", FailureRule(
+        signal="SIGKILL", action="retry",
+        description="was killed by SIGKILL (the OOM killer, a lost node)",
+    )),
+    ("collective-timeout", FailureRule(
+        log_pattern=r"DistBackendError|NCCL.{0,80}[Tt]imeout|[Tt]imed? ?out.{0,80}(NCCL|c10d|"
+        r"collective)|Watchdog caught collective operation timeout|c10d.{0,80}[Tt]imeout",
+        action="retry", description="hit an NCCL / c10d timeout",
+    )),
+)
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """What the attempt loop saw of one failing rank."""
+
+    rank: int
+    exit_code: int  # negative: killed by that signal
+    tail: str  # the rank's last lines of output
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action | None  # None: no rule matched (retry while max_restarts allows)
+    rule: str | None  # "1" (the spec's first rule), "default:cuda-oom", None
+    rank: int | None  # the failing rank the rule matched
+    why: str  # "rank 1 ran out of CUDA memory"
+
+    @property
+    def retries(self) -> bool:
+        return self.action != "fail"
+
+    def label(self) -> str:
+        """``rule 1`` / ``default rule cuda-oom`` / ``no rule``."""
+        if self.rule is None:
+            return "no rule"
+        if self.rule.startswith("default:"):
+            return f"default rule {self.rule.removeprefix('default:')}"
+        return f"rule {self.rule}"
+
+
+def _lines(tail: str) -> list[str]:
+    return [bounded_line(line) for line in tail.splitlines()[-TAIL_LINES:]]
+
+
+def _matches(rule: FailureRule, failure: RankFailure, lines: list[str]) -> bool:
+    if rule.exit_codes is not None and failure.exit_code not in rule.exit_codes:
+        return False
+    if rule.signal is not None and failure.exit_code != -_signal_number(rule.signal):
+        return False
+    if rule.log_pattern is not None:
+        pattern = re.compile(rule.log_pattern)
+        if not any(pattern.search(line) for line in lines):
+            return False
+    return True
+
+
+def decide(rules: list[FailureRule], failures: list[RankFailure]) -> Decision:
+    """The first rule (the spec's, then the defaults) matching a failing rank decides.
+
+    ``failures``: the ranks that failed, in the order to blame them (the first failing rank
+    first); empty when no rank's exit is known (the whole group was killed)."""
+    ordered = [(str(i), r) for i, r in enumerate(rules, 1)]
+    ordered += [(f"default:{name}", r) for name, r in DEFAULT_RULES]
+    lines = {f.rank: _lines(f.tail) for f in failures}
+    for label, rule in ordered:
+        for failure in failures:
+            if _matches(rule, failure, lines[failure.rank]):
+                return Decision(rule.action, label, failure.rank,
+                                f"rank {failure.rank} {rule.what()}")
+    first = failures[0] if failures else None
+    why = f"rank {first.rank} failed" if first else "the group failed"
+    return Decision(None, None, first.rank if first else None, why)
