@@ -196,10 +196,7 @@ class JobSpec(BaseModel):
         "OOM → fail; SIGKILL, NCCL/c10d timeouts → retry); retries count against max_restarts",
     )
     restart_backoff_s: float = Field(
-        default=0,
-        ge=0,
-        le=BACKOFF_MAX_S,
-        allow_inf_nan=False,
+        default=0, ge=0, le=BACKOFF_MAX_S, allow_inf_nan=False,
         description="seconds between a failed attempt and the next one; doubles after each "
         "restart, up to 10 times this value",
     )
