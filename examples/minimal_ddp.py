@@ -65,6 +65,9 @@ def main() -> None:
         print(f"rank {rank} epoch {epoch} loss {mean_loss:.10f}", flush=True)
         worker.report(epoch=epoch, loss=mean_loss)
 
+    # Neither rank tears gloo down while the other still talks to it (on a loaded host a rank
+    # that got there first can abort the other: "terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
 
 

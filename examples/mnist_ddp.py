@@ -119,6 +119,7 @@ def main() -> None:
         worker.report(epoch=epoch, loss=mean_loss, test_accuracy=test_accuracy)
         checkpoint.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, epoch)
 
+    dist.barrier()  # neither rank tears gloo down while the other still talks to it
     dist.destroy_process_group()
 
 

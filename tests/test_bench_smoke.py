@@ -19,7 +19,7 @@ HEADLINE = {
     "scheduling": "one scheduling pass (supervisor)",
     "slurm": "local: submit → first metric (server)",
     "stores": "sqlite, 1 worker(s): ingest records/s",
-    "stacks": "8 ranks on demand: wall (median)",
+    "stacks": "2 ranks on demand: wall (median)",  # 8 in the full run
 }
 
 

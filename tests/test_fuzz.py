@@ -49,16 +49,17 @@ EXCLUDED = [schemathesis.checks.positive_data_acceptance]
 # as POST /jobs documents: ranks that do not fit this host, a dataset_root outside
 # TORCHYARD_DATA_DIRS, an entrypoint that is not a file in the script directories, resume_from
 # naming no job, secret_env naming a secret the server does not hold, nnodes > 1 or a Slurm
-# field on the local executor.
+# field on the local executor, a package not uploaded here, notify naming no webhook endpoint.
 # A sweep's base spec may be refused for the same reasons, and its space by rules across fields
 # the schema cannot state (its description says them): a dimension names a field of the base
 # spec, low below high, grid takes choice and int only and at most its size in trials, a
 # script's {placeholder} in args names a dimension ("space.*": any field under space).
 JOB_STATE_DEPENDENT = {"nproc_per_node", "dataset_root", "entrypoint", "resume_from",
-                       "secret_env", "nnodes", "partition", "account", "qos", "constraint"}
+                       "secret_env", "nnodes", "partition", "account", "qos", "constraint",
+                       "package", "notify"}
 STATE_DEPENDENT = {
     "POST /jobs": JOB_STATE_DEPENDENT,
-    "POST /sweeps": {f"spec.{field}" for field in JOB_STATE_DEPENDENT}
+    "POST /sweeps": JOB_STATE_DEPENDENT | {f"spec.{field}" for field in JOB_STATE_DEPENDENT}
     | {"space", "space.*", "spec.args.*", "max_trials"},
 }
 # Statuses an operation documents for a body the schema admits but cannot describe: a package

@@ -17,11 +17,16 @@ API_TOKEN = "retry-rules-api-token-0123456789abcdef"
 
 # Rank 1 fails in its first attempt the way argv[1] says; every later attempt succeeds.
 FAILING = '''
-import os, signal, sys
+import os, signal, sys, time
 import worker
 worker.ready()
 rank, attempt = int(os.environ["RANK"]), int(os.environ["TORCHYARD_ATTEMPT"])
 if rank == 1 and attempt == 1:
+    # Only once rank 0 is ready too: a failure before every rank is would be a start-up
+    # failure (never retried, no decision), which a loaded host makes likely.
+    ready0 = os.path.join(os.environ["TORCHYARD_RUN_DIR"], "attempts", "1", "ready-rank-0")
+    while not os.path.exists(ready0):
+        time.sleep(0.02)
     mode = sys.argv[1]
     if mode == "code3":
         sys.exit(3)

@@ -9,7 +9,7 @@ matches decides. A rule matches when every matcher it sets matches one failing r
 no matcher matches any failure):
 
 * ``exit_codes`` — the rank exited with one of these codes;
-* ``signal`` — the rank was killed by this signal (``SIGKILL`` or ``KILL`` or ``9``);
+* ``signal`` — the rank was killed by this signal (``SIGKILL`` or ``KILL`` or ``"9"``);
 * ``log_pattern`` — a regular expression found in one of the rank's last ``TAIL_LINES`` lines of
   output (each line cut to ``LOG_LINE_MAX_CHARS``).
 
@@ -22,16 +22,16 @@ failure was treated before rules existed).
 import re
 import signal as signals
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from torchyard_contract.bounds import bounded_line
+from torchyard_contract.spec_types import LabelValue
 
 RULES_MAX = 32
 PATTERN_MAX_CHARS = 256
 EXIT_CODES_MAX = 64
-DESCRIPTION_MAX_CHARS = 200
 TAIL_LINES = 50  # last lines of each failing rank's output a pattern is matched against
 BACKOFF_MAX_S = 3600.0
 
@@ -39,37 +39,42 @@ Action = Literal["retry", "fail", "retry_elsewhere"]
 RETRYING = ("retry", "retry_elsewhere")
 
 
+# Every spelling ``signal`` accepts, stated as the schema's enum: the name (``SIGKILL``), the
+# name without SIG (``KILL``) and the number (``"9"``). Aliases (SIGIOT, SIGCLD...) included.
+SIGNAL_SPELLINGS: dict[str, int] = {
+    spelling: int(number)
+    for name, number in signals.Signals.__members__.items()
+    for spelling in (name, name.removeprefix("SIG"), str(int(number)))
+}
+
+
 def _signal_number(value: str) -> int:
-    """``SIGKILL``, ``KILL``, ``sigkill`` or ``9`` → 9; ValueError naming the allowed forms."""
-    text = value.strip()
-    if text.isdigit():
-        number = int(text)
-        if number in {int(s) for s in signals.Signals}:
-            return number
-    else:
-        name = text.upper()
-        name = name if name.startswith("SIG") else f"SIG{name}"
-        try:
-            return int(signals.Signals[name])
-        except KeyError:
-            pass
+    """``SIGKILL``, ``KILL`` or ``9`` → 9; ValueError naming the allowed forms."""
+    if value in SIGNAL_SPELLINGS:
+        return SIGNAL_SPELLINGS[value]
     raise ValueError(
         f"unknown signal {value[:40]!r}; a name like 'SIGKILL', 'KILL' or 'SIGTERM', or its number"
     )
 
 
+def _signal_enum(schema: dict) -> None:
+    schema["enum"] = sorted(SIGNAL_SPELLINGS)
+
+
 class FailureRule(BaseModel):
     """One ``on_failure`` rule: what a failure looks like and what to do about it."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    # Not strict: 3.0 is the integer 3, as JSON Schema counts it; "3" and true are refused below.
+    model_config = ConfigDict(extra="forbid")
 
-    exit_codes: list[int] | None = Field(
+    exit_codes: list[Annotated[int, Field(ge=1, le=255)]] | None = Field(
         default=None, min_length=1, max_length=EXIT_CODES_MAX,
         description="matches a failing rank that exited with one of these codes (1–255)",
     )
-    signal: str | None = Field(
-        default=None, max_length=16,
-        description="matches a failing rank killed by this signal: 'SIGKILL', 'KILL' or 9",
+    signal: Annotated[str, Field(json_schema_extra=_signal_enum)] | None = Field(
+        default=None,
+        description="matches a failing rank killed by this signal: 'SIGKILL', 'KILL' or '9' "
+        "(upper case; the enum lists every spelling)",
     )
     log_pattern: str | None = Field(
         default=None, min_length=1, max_length=PATTERN_MAX_CHARS,
@@ -77,17 +82,19 @@ class FailureRule(BaseModel):
         "lines of output",
     )
     action: Action = Field(description="retry, fail, or retry_elsewhere (Slurm: another node)")
-    description: str | None = Field(
-        default=None, max_length=DESCRIPTION_MAX_CHARS,
+    description: LabelValue | None = Field(
+        default=None,
         description="what the failure is, for the reason ('ran out of CUDA memory'); default: "
         "what matched",
     )
 
-    @field_validator("exit_codes")
+    @field_validator("exit_codes", mode="before")
     @classmethod
-    def _codes(cls, value: list[int] | None) -> list[int] | None:
-        if value is not None and any(not 1 <= c <= 255 for c in value):
-            raise ValueError("exit codes are 1–255 (a signal is matched with 'signal')")
+    def _codes_are_numbers(cls, value: object) -> object:
+        if isinstance(value, list):
+            for code in value:
+                if isinstance(code, bool | str | bytes):
+                    raise ValueError(f"must be numbers, not {type(code).__name__} {code!r:.40}")  # noqa: TRY004
         return value
 
     @field_validator("signal")
@@ -106,12 +113,6 @@ class FailureRule(BaseModel):
             except re.error as exc:
                 raise ValueError(f"not a regular expression: {exc}") from None
         return value
-
-    @model_validator(mode="after")
-    def _printable(self) -> "FailureRule":
-        if self.description is not None and not self.description.isprintable():
-            raise ValueError("description: printable text only")
-        return self
 
     def what(self) -> str:
         """What a failure this rule matches looks like, for a reason."""

@@ -43,15 +43,19 @@ def _field_name(loc: tuple) -> str:
     return ".".join(parts) or "body"
 
 
-# A model-level check names its field as "field: message" (see torchyard_contract.spec).
+# A model-level check names its field as "field: message" (see torchyard_contract.spec); its
+# error sits at the model (the body, or a nested model such as a sweep's "spec"), whose input
+# is an object.
 _NAMED = re.compile(r"^(?:Value error, )?([A-Za-z_][A-Za-z0-9_.]*): (.+)$", re.DOTALL)
 
 
 def _detail(err: dict) -> dict[str, str]:
     field, message = _field_name(tuple(err.get("loc", ()))), _describe(err)
-    named = _NAMED.match(message) if field == "body" else None
+    at_model = field == "body" or isinstance(err.get("input"), dict)
+    named = _NAMED.match(message) if at_model else None
     if named is not None:
-        field, message = named[1], named[2]
+        field = named[1] if field == "body" else f"{field}.{named[1]}"
+        message = named[2]
     return {"field": field, "message": message.removeprefix("Value error, ")}
 
 
