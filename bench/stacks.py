@@ -70,6 +70,8 @@ def run(smoke: bool) -> list[Row]:
                     took.append(body["took_s"])
             finally:
                 client.post(f"/jobs/{job_id}/cancel")
+                # Ended before the server and its directory go (its ranks write there).
+                client.get(f"/jobs/{job_id}/wait", params={"timeout": 30})
     what = f"{ranks} ranks, {repeats} requests"
     return [
         Row("stacks", f"{ranks} ranks on demand: wall (median)", statistics.median(walls), "s",

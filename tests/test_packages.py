@@ -137,12 +137,14 @@ def store_entries(server: LiveServer) -> tuple[set[str], list[str]]:
 
 
 def files_outside_store(server: LiveServer) -> set[str]:
-    """Every path under the test's temporary directory but outside the package store."""
+    """Every path under the test's temporary directory but outside the package store (and the
+    warm pool's directory, whose server may still be starting and come up meanwhile)."""
     base = server.home.parent
-    store = server.home / "packages"
+    store, warm = server.home / "packages", server.home / "warm"
     return {
         str(p.relative_to(base)) for p in base.rglob("*")
-        if not p.is_relative_to(store) and not p.name.startswith("server-")
+        if not p.is_relative_to(store) and not p.is_relative_to(warm)
+        and not p.name.startswith("server-")
     }
 
 
