@@ -21,11 +21,15 @@ SECRET_ENV_VARS = frozenset(
 # inherited it would write into the server's own counters.
 SERVER_ONLY_ENV_VARS = frozenset({"PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir"})
 # TORCHYARD_* variables are the server's settings (TORCHYARD_HOME, TORCHYARD_EXECUTOR, …) except
-# those torchyard sets for a job (torchyard_contract.envnames; the warm-rank hand-off's, named
-# in service.run.warm: not TORCHYARD_WARM_RANKS and the pool's other settings) and the test
+# those torchyard sets for a job (torchyard_contract.envnames; the warm-rank hand-off's below,
+# not TORCHYARD_WARM_RANKS and the pool's other settings) and the test
 # suite's rank hooks (tests/rankhooks) and the benchmarks' probe (bench/probe): only those pass
 # from a process to its children.
-WARM_HANDOFF_ENV_VARS = frozenset({"TORCHYARD_WARM_SOCKET", "TORCHYARD_WARM_COLD_REASON"})
+# The warm-rank hand-off (service.run.warm): the executor gives a job's shim the warm server's
+# socket, or why the job starts cold; the shim takes both out of what its ranks inherit.
+WARM_SOCKET_ENV = "TORCHYARD_WARM_SOCKET"
+WARM_COLD_ENV = "TORCHYARD_WARM_COLD_REASON"
+WARM_HANDOFF_ENV_VARS = frozenset({WARM_SOCKET_ENV, WARM_COLD_ENV})
 JOB_ENV_VARS = WARM_HANDOFF_ENV_VARS | frozenset(
     value for name, value in vars(envnames).items()
     if name.isupper() and isinstance(value, str) and value.startswith("TORCHYARD_")

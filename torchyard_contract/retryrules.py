@@ -24,10 +24,10 @@ import signal as signals
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from torchyard_contract.bounds import bounded_line
-from torchyard_contract.spec_types import LabelValue
+from torchyard_contract.spec_types import LabelValue, refuse_coercion
 
 RULES_MAX = 32
 PATTERN_MAX_CHARS = 256
@@ -88,14 +88,11 @@ class FailureRule(BaseModel):
         "what matched",
     )
 
-    @field_validator("exit_codes", mode="before")
+    @model_validator(mode="before")
     @classmethod
-    def _codes_are_numbers(cls, value: object) -> object:
-        if isinstance(value, list):
-            for code in value:
-                if isinstance(code, bool | str | bytes):
-                    raise ValueError(f"must be numbers, not {type(code).__name__} {code!r:.40}")  # noqa: TRY004
-        return value
+    def _numbers_are_numbers(cls, data: object) -> object:
+        refuse_coercion(data, frozenset({"exit_codes"}))
+        return data
 
     @field_validator("signal")
     @classmethod

@@ -63,10 +63,11 @@ def refuse_coercion(data: object, numbers: frozenset[str]) -> None:
     if not isinstance(data, dict):
         return
     for name in sorted(numbers & data.keys()):
-        value = data[name]
-        if isinstance(value, bool | str | bytes):
-            # ValueError, not TypeError: pydantic reports only the former as a validation error.
-            raise ValueError(f"{name}: must be a number, not {type(value).__name__} {value!r:.40}")  # noqa: TRY004
+        # A list of numbers (a retry rule's exit_codes) holds numbers too.
+        for value in data[name] if isinstance(data[name], list) else [data[name]]:
+            if isinstance(value, bool | str | bytes):
+                # ValueError, not TypeError: pydantic reports only the former as a validation error.
+                raise ValueError(f"{name}: must be a number, not {type(value).__name__} {value!r:.40}")  # noqa: TRY004
 
 
 JobName = Annotated[

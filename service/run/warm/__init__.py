@@ -3,17 +3,19 @@
 ``relay`` (the rank program torchrun starts, and the wire format), ``server`` (the fork server),
 ``child`` (what a child does to become a rank), ``pool`` (the torchyard server's side: starts,
 watches, refills and reports the fork server). Used by the local executor only; see
-docs/warm-ranks.md. Importing this package imports nothing else.
+docs/warm-ranks.md. Importing this package imports nothing else but the contract's
+``childenv`` (stdlib only).
 """
 
 from pathlib import Path
 
-# The local executor gives a job's shim the warm server's socket in this variable; the shim
-# takes it out of the environment its torchrun and ranks inherit. Both names are listed in
-# torchyard_contract.childenv.WARM_HANDOFF_ENV_VARS (what passes from the server to a shim).
-SOCKET_ENV = "TORCHYARD_WARM_SOCKET"
-# ... or, when warm ranks are on but the pool cannot serve, why (the shim logs it, starts cold).
-COLD_ENV = "TORCHYARD_WARM_COLD_REASON"
+from torchyard_contract.childenv import WARM_COLD_ENV, WARM_SOCKET_ENV
+
+# The local executor gives a job's shim the warm server's socket in SOCKET_ENV, or, when warm
+# ranks are on but the pool cannot serve, why not in COLD_ENV (the shim logs it, starts cold);
+# the shim takes both out of the environment its torchrun and ranks inherit.
+SOCKET_ENV = WARM_SOCKET_ENV
+COLD_ENV = WARM_COLD_ENV
 RELAY_PATH = Path(__file__).resolve().parent / "relay.py"
 # Next to the socket: the file a serving warm server holds an exclusive flock on (its pid inside).
 LOCK_NAME = "server.lock"
