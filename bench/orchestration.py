@@ -171,7 +171,7 @@ def run(smoke: bool) -> list[Row]:
     warm_jobs: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="bench-orch-") as tmp:
         workdir = Path(tmp)
-        with (Server.start(workdir / "home", env=_env()) as server,
+        with (Server.start(workdir / "home", env=_env(TORCHYARD_WARM_RANKS="false")) as server,
               Server.start(workdir / "warm", env=_env(TORCHYARD_WARM_RANKS="true")) as warm):
             if not smoke:
                 run_plain(workdir, 1)  # warm the OS caches (torch import) for both sides

@@ -30,9 +30,12 @@ from tests import pgserver
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RANK_HOOKS = REPO_ROOT / "tests" / "rankhooks"
-# Warm ranks are on by default: every server a test starts would import torch into a pool of its
-# own (~3 CPU s, ~0.5 GB each). Tests that need warm ranks (or warm/cold parity) set it true.
-os.environ.setdefault("TORCHYARD_WARM_RANKS", "false")
+# Warm ranks are on, as they are by default: a live server's pool imports torch once (~3.5 CPU
+# s, ~0.5 GB) and the server is handed to the test once the pool is ready, so every job of the
+# test starts warm (a cold 2-rank job costs ~15 CPU s on 2 cores, a warm one ~5: starting jobs is
+# most of what this suite spends). Tests of the cold path, and servers that run no job, set
+# ``TORCHYARD_WARM_RANKS=false`` themselves.
+os.environ.setdefault("TORCHYARD_WARM_RANKS", "true")
 TERMINAL = {"succeeded", "failed", "cancelled"}
 STORES = ["sqlite", "postgresql"]
 # Run a test once per store (the ``store`` fixture below reads the parameter).
@@ -64,10 +67,33 @@ HEAVY_FIRST = [
 ]
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: two workers per core. With warm ranks most of a live test is waiting (for a
+    rank's epoch, a heartbeat, a restart), not computing: on 2 cores, 2 workers left a core idle
+    for a third of the run."""
+    return 2 * (os.cpu_count() or 1)
+
+
+def _xdist_group(item: pytest.Item) -> str | None:
+    """The group of ``item``: every test using the Slurm cluster shares one (one cluster per
+    worker that starts it), a file whose tests share a module-scoped server or cluster stays
+    on one worker (one server, not one per worker), else ``XDIST_GROUPS``."""
+    if "slurm" in item.fixturenames:
+        return "slurm"
+    group = XDIST_GROUPS.get(item.path.name)
+    if group is not None:
+        return group
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else ()
+    if any(d and d[-1].scope == "module" for d in defs):
+        return item.path.name
+    return None
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        group = XDIST_GROUPS.get(item.path.name)
+        group = _xdist_group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
     rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
@@ -266,8 +292,26 @@ def _start_server_on(
         assert time.monotonic() < deadline, "server did not answer in 30 s"
         time.sleep(0.1)
     tokens = [t for t in env.get("TORCHYARD_API_TOKENS", "").split(",") if t.strip()]
-    return LiveServer(url=url, port=port, home=home, proc=proc, log=log,
-                      token=tokens[0].strip() if tokens else None)
+    server = LiveServer(url=url, port=port, home=home, proc=proc, log=log,
+                        token=tokens[0].strip() if tokens else None)
+    if env.get("TORCHYARD_WARM_RANKS", "true").lower() in ("true", "1", "yes", "on") \
+            and env.get("TORCHYARD_EXECUTOR", "local") == "local":
+        _await_warm_pool(server)
+    return server
+
+
+def _await_warm_pool(server: LiveServer, timeout_s: float = 120) -> None:
+    """Until the server's warm pool is ready (or broken: tests of a broken pool), so the test's
+    jobs start warm rather than cold while the pool still imports torch."""
+    deadline = time.monotonic() + timeout_s
+    with server.client() as c:
+        while True:
+            assert server.proc.poll() is None, f"server died:\n{server.log.read_text()[-3000:]}"
+            warm = c.get("/resources").json().get("warm") or {}
+            if warm.get("state") in ("ready", "broken") or not warm:
+                return
+            assert time.monotonic() < deadline, f"warm pool not ready in {timeout_s} s: {warm}"
+            time.sleep(0.2)
 
 
 def _stop_server(server: LiveServer) -> None:

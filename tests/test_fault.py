@@ -46,7 +46,8 @@ def _assert_gone(pids: list[int]) -> None:
 
 
 def test_sigkill_one_rank_restarts_from_checkpoint(live_server_factory) -> None:  # type: ignore[no-untyped-def]
-    server = live_server_factory(TORCHYARD_TEST_EPOCH_SLEEP_S="0.7")
+    # Cold: the ranks are the shim's descendants (tests/test_warm_jobs.py: a warm rank's SIGKILL).
+    server = live_server_factory(TORCHYARD_TEST_EPOCH_SLEEP_S="0.7", TORCHYARD_WARM_RANKS="false")
     spec = {"dataset": "synthetic", "epochs": 6, "nproc_per_node": 2, "max_restarts": 1}
     with server.client() as c:
         job_id = c.post("/jobs", json=spec).json()["id"]

@@ -258,6 +258,7 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer
     training (the API is under test here, not torchrun)."""
     srv = _start_server(tmp_path_factory.mktemp("fuzz-live") / "home", {
         "TORCHYARD_API_TOKENS": API_TOKEN, "TORCHYARD_PYTHON_EXECUTABLE": "/bin/false",
+        "TORCHYARD_WARM_RANKS": "false",  # no job can start here: no pool to wait for
     })
     yield srv
     _stop_server(srv)

@@ -63,7 +63,9 @@ def _server(tmp_path_factory: pytest.TempPathFactory, **env: str) -> LiveServer:
     (scripts / "hang.py").write_text(SCRIPT)
     return _start_server(tmp_path_factory.mktemp("stacks") / "home",
                          {"TORCHYARD_SCRIPT_DIRS": str(scripts),
-                          "TORCHYARD_API_TOKENS": API_TOKEN, **env})
+                          "TORCHYARD_API_TOKENS": API_TOKEN,
+                          # Locally, stacks are taken from cold ranks (service.run.stacks).
+                          "TORCHYARD_WARM_RANKS": "false", **env})
 
 
 @pytest.fixture(scope="module")
