@@ -1,5 +1,5 @@
 // A TypeScript client's everyday calls, type-checked (tsc --strict) against the types
-// openapi-typescript generates from docs/openapi.json (tests/test_openapi_clients.py).
+// openapi-typescript generates from docs/openapi.json (tests/api/test_openapi.py).
 import type { components, paths } from "./torchyard";
 
 type Schemas = components["schemas"];

@@ -9,24 +9,30 @@ database. Without PostgreSQL installed that half is skipped with the reason, exc
 
 import importlib.util
 import os
+import shutil
 import signal
 import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 from fastapi.testclient import TestClient
 
 from service.api.app import create_app
+from service.domain.jobtoken import new_token
 from service.settings import Settings
+from service.store import repository as repo
 from service.store.db import upgrade
 from tests import pgserver
+from tests.slurmcluster import SlurmCluster, missing_programs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RANK_HOOKS = REPO_ROOT / "tests" / "rankhooks"
@@ -170,7 +176,7 @@ def database_url(
     home ``tmp_path / "home"`` (a copy of the file migrated once per session), else a new
     PostgreSQL one (``CREATE DATABASE … TEMPLATE`` of one migrated once per session). The
     server's own upgrade then finds nothing to do; the migrations themselves are tested from an
-    empty database (``empty_database_url``, tests/test_migrations.py)."""
+    empty database (``empty_database_url``, tests/store/test_migrations.py)."""
     if store == "sqlite":
         _copy_sqlite(_migrated_sqlite, tmp_path / "home")
         return None
@@ -354,3 +360,97 @@ def live_server_factory(
 @pytest.fixture
 def live_server(live_server_factory: Callable[..., LiveServer]) -> LiveServer:
     return live_server_factory()
+
+
+def give_token(api: TestClient, job_id: int) -> str:
+    """Put the job where a launched job is (starting, with a token), as the supervisor would."""
+    token, digest = new_token()
+    with api.app.state.session_factory() as session:
+        assert repo.transition(session, job_id, repo.JobState.starting, token_hash=digest)
+        session.commit()
+    return token
+
+
+def gone(pid: int, timeout_s: float = 10) -> bool:
+    """Whether the process ends (or is a zombie) within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+CLI_TIMEOUT_S = 240
+
+
+def cli(
+    server: LiveServer, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python -m service ARGS`` with the server's URL in the environment, wide output."""
+    env = {**os.environ, "TORCHYARD_URL": server.url, "COLUMNS": "200", **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "service", *args], env=env, cwd=REPO_ROOT, capture_output=True,
+        text=True, timeout=CLI_TIMEOUT_S, check=False,
+    )
+
+
+def leader_and_standby(
+    factory: Callable[..., LiveServer], **env: str
+) -> tuple[LiveServer, LiveServer]:
+    """(leader, standby) on one database and one home: the leader starts first and takes the
+    lease; both give their jobs the standby's URL (tests/serve/test_failover.py)."""
+    standby_port = free_port()
+    shared = {"TORCHYARD_PUBLIC_URL": f"http://127.0.0.1:{standby_port}",
+              "TORCHYARD_TEST_EPOCH_SLEEP_S": "0.5", **env}
+    leader = factory(**shared)
+    standby = factory(leader.home, standby_port, **shared)
+    return leader, standby
+
+
+# Slurm: one test cluster per session (per xdist worker), shared by every test that asks for it
+# (tests/slurm/, and the Slurm cases of tests/lifecycle/). ``slurm.env`` points a server at it.
+@pytest.fixture(scope="session")
+def slurm() -> Iterator[SlurmCluster]:
+    missing = missing_programs()
+    if missing:
+        reason = f"Slurm tests need slurm-wlm and munge; missing: {', '.join(missing)}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    # A short path: munged's socket must fit a unix socket address (108 bytes).
+    root = Path(tempfile.mkdtemp(prefix="ty-slurm-"))
+    cluster = SlurmCluster.start(root)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def slurm_server(
+    slurm: SlurmCluster, live_server_factory: Callable[..., LiveServer]
+) -> Callable[..., LiveServer]:
+    """``start(**env)``: a torchyard server on the Slurm executor of the test cluster."""
+    slurm.cancel_all()  # a previous test's leftovers must not hold the nodes
+
+    def start(_home: Path | None = None, _port: int | None = None, **env: str) -> LiveServer:
+        return live_server_factory(
+            _home, _port, TORCHYARD_EXECUTOR="slurm", TORCHYARD_STOP_GRACE_S="2", **slurm.env,
+            **env,
+        )
+
+    return start
+
+
+def slurm_state(slurm: SlurmCluster, server: LiveServer, job_id: int) -> str | None:
+    """Slurm's state of the job, found by its working directory (every test's server numbers
+    its jobs from 1, and they all share one cluster); None once Slurm has forgotten it."""
+    run_dir = str((server.home / "runs" / str(job_id)).resolve())
+    out = slurm.run("squeue", "-h", "-t", "all", "-o", "%T|%Z", check=False).stdout
+    states = [line.split("|")[0] for line in out.splitlines() if line.endswith(f"|{run_dir}")]
+    return states[-1] if states else None

@@ -2,7 +2,7 @@
 
 ``python -m tools.docgen`` rewrites every table between its markers
 (``<!-- docgen:NAME:start -->`` … ``<!-- docgen:NAME:end -->``); ``--check`` only reports
-which files differ and exits 1. ``tests/test_docs.py`` runs the check in CI.
+which files differ and exits 1. ``tests/project/test_docs.py`` runs the check in CI.
 
 Types, bounds and defaults come from the model (its JSON schema and ``model_fields``);
 the description column is each field's ``description=``: a field without one is a gap

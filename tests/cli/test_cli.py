@@ -1,0 +1,79 @@
+"""The ``torchyard`` client commands, run as real subprocesses against a live server."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+from service.client.commands import EXIT_CANCELLED, EXIT_ERROR, EXIT_FAILED, EXIT_TIMEOUT
+from service.client.render import fmt_value
+from tests.conftest import REPO_ROOT, LiveServer, cli
+from torchyard_contract.rundir import RunDir
+
+
+def test_client_commands_never_import_torch() -> None:
+    code = "import sys, service.cli; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO_ROOT)
+
+
+def test_submit_follow_prints_final_losses_and_exits_0(
+    live_server: LiveServer, tmp_path: Path
+) -> None:
+    spec_file = tmp_path / "job.yaml"
+    spec_file.write_text("name: cli-follow\ndataset: digits\nepochs: 2\nlabels: {team: ml}\n")
+    run = cli(live_server, "submit", str(spec_file), "--nproc-per-node", "2", "--set", "lr=0.1",
+              "--follow")
+    assert run.returncode == 0, run.stdout + run.stderr
+    with live_server.client() as c:
+        job = c.get("/jobs?name=cli-follow").json()["items"][0]
+        losses = c.get(f"/jobs/{job['id']}/metrics", params={"name": "loss"}).json()["items"]
+    assert job["state"] == "succeeded"
+    assert (job["spec"]["lr"], job["spec"]["nproc_per_node"], job["spec"]["labels"]) == (
+        0.1, 2, {"team": "ml"}
+    )
+    assert "final loss per rank" in run.stdout
+    rows = [[c.strip() for c in line.strip("│").split("│")]
+            for line in run.stdout.splitlines() if line.startswith("│")]
+    for rank in (0, 1):
+        value = next(m["value"] for m in losses if m["rank"] == rank and m["epoch"] == 2)
+        assert [str(rank), "1", "2", fmt_value(value)] in rows, run.stdout
+    assert "ranks diverged" not in run.stdout
+    assert f"job {job['id']} succeeded" in run.stdout
+
+    # The other read commands on the finished job.
+    listed = cli(live_server, "jobs", "--state", "succeeded")
+    assert listed.returncode == 0 and "cli-follow" in listed.stdout and "team=ml" in listed.stdout
+    shown = cli(live_server, "show", str(job["id"]))
+    assert shown.returncode == 0 and "succeeded" in shown.stdout and "spec.epochs" in shown.stdout
+    followed = cli(live_server, "metrics", str(job["id"]), "--name", "loss", "--follow")
+    assert followed.returncode == 0
+    assert sum("loss" in line for line in followed.stdout.splitlines()) == 4  # 2 ranks x 2 epochs
+    log = cli(live_server, "logs", str(job["id"]), "--rank", "1", "--follow")
+    path = RunDir.for_job(live_server.home / "runs", job["id"]).logs_dir
+    combined = (path / "attempt-1" / "rank-1.log").read_text(errors="replace")
+    assert log.returncode == 0 and log.stdout == combined and "rank1 INFO" in combined
+    (stderr_file,) = path.glob("attempt-1/*/attempt_*/1/stderr.log")
+    only = cli(live_server, "logs", str(job["id"]), "--rank", "1", "--stream", "stderr")
+    assert only.returncode == 0 and only.stdout == stderr_file.read_text(errors="replace")
+
+
+def test_wait_exit_codes(live_server_factory) -> None:  # type: ignore[no-untyped-def]
+    server: LiveServer = live_server_factory(TORCHYARD_TEST_FAIL_RANK="1")
+    spec = {"name": "doomed", "dataset": "digits", "epochs": 2, "nproc_per_node": 2}
+    with server.client() as c:
+        failing = c.post("/jobs", json=spec).json()["id"]
+        cancelled = c.post("/jobs", json={**spec, "name": "cancelled"}).json()["id"]
+
+    # Ranks take seconds just to import torch: after 1 s the job cannot have ended.
+    early = cli(server, "wait", str(failing), "--timeout", "1")
+    assert early.returncode == EXIT_TIMEOUT, early.stdout + early.stderr
+    assert cli(server, "cancel", str(cancelled)).returncode == 0
+    assert cli(server, "wait", str(cancelled)).returncode == EXIT_CANCELLED
+
+    failed = cli(server, "wait", str(failing))
+    assert failed.returncode == EXIT_FAILED, failed.stdout + failed.stderr
+    assert f"job {failing} failed" in failed.stdout and "rank 1" in failed.stdout
+
+    unknown = cli(server, "wait", "999")
+    assert unknown.returncode == EXIT_ERROR and "job 999 not found" in unknown.stderr
+    bad = cli(server, "submit", "--set", "epochs=0")
+    assert bad.returncode == EXIT_ERROR and "epochs" in bad.stderr

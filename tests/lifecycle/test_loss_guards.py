@@ -1,0 +1,184 @@
+"""Loss guards (``nonfinite_patience``, ``divergence_patience``): real jobs stopped early, failed
+with a reason naming the rank, epoch and value; their records kept. Plus the streak rules."""
+
+import math
+import shutil
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from service.domain.lossguard import divergence_trip, nonfinite_reason, nonfinite_trip
+from tests.conftest import REPO_ROOT, LiveServer, cli
+
+API_TOKEN = "guard-tests-api-token-0123456789"
+NAN = math.nan
+LONG = 40  # epochs a stopped job would have run: it must end long before
+STOPPED_WITHIN_S = 30  # the servers' stop grace is 3 s (conftest)
+
+
+@pytest.fixture
+def server(live_server_factory, tmp_path: Path) -> LiveServer:  # type: ignore[no-untyped-def]
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    shutil.copy(REPO_ROOT / "tests" / "jobs" / "losses.py", scripts / "losses.py")
+    return live_server_factory(TORCHYARD_SCRIPT_DIRS=str(scripts), TORCHYARD_API_TOKENS=API_TOKEN)
+
+
+def _losses(*per_rank: str) -> list[str]:
+    return [";".join(per_rank)]
+
+
+def _script_job(c: httpx.Client, args: list[str], **spec: object) -> int:
+    r = c.post("/jobs", json={"entrypoint": "losses.py", "args": args, **spec})
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def _assert_stopped(server: LiveServer, job: dict) -> None:
+    """Failed well before its last epoch; its group is stopped (SIGTERM → grace → SIGKILL) and
+    its resources freed within the grace period, as after a cancel."""
+    assert job["pid"] is not None
+    deadline = time.monotonic() + STOPPED_WITHIN_S
+    with server.client() as c:
+        c.headers["Authorization"] = f"Bearer {API_TOKEN}"
+        while _alive(job["pid"]) or c.get("/resources").json()["cpu"]["allocated"]:
+            assert time.monotonic() < deadline, "the job's group was not stopped"
+            time.sleep(0.2)
+        records = c.get(f"/jobs/{job['id']}/metrics", params={"name": "loss"}).json()["items"]
+        final = c.get(f"/jobs/{job['id']}").json()
+    assert final["state"] == "failed" and final["reason"] == job["reason"], "stays failed"
+    last = final["attempts"][-1]
+    assert last["ended_at"] is not None and last["reason"] == job["reason"], last
+    assert max(m["epoch"] for m in records) < LONG // 2, "stopped early, not run to the end"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+# --- rules ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("values", "patience", "expected"),
+    [
+        ({1: 1.0, 2: NAN}, 1, 2),
+        ({1: NAN, 2: 1.0, 3: NAN}, 2, None),  # not in a row
+        ({1: NAN, 2: math.inf, 3: 1.0}, 2, 2),
+        ({1: NAN, 3: NAN}, 2, None),  # epoch 2 missing: not consecutive
+        ({4: 1.0, 5: -math.inf, 6: NAN, 7: NAN}, 3, 7),
+        ({1: 1.0, 2: 2.0}, 1, None),
+    ],
+)
+def test_nonfinite_streak(values: dict[int, float], patience: int, expected: int | None) -> None:
+    assert nonfinite_trip(values, patience) == expected
+
+
+def test_divergence_streak_counts_complete_epochs_of_the_same_rank() -> None:
+    ok, off = {0: 1.0, 1: 1.1}, {0: 1.0, 1: 10.0}
+    assert divergence_trip({1: off, 2: off}, 2, 2) == (1, 2)
+    assert divergence_trip({1: off, 2: ok, 3: off}, 2, 2) is None
+    assert divergence_trip({1: off, 2: {0: 1.0}}, 2, 2) is None, "epoch 2 is not complete"
+    assert divergence_trip({1: off, 3: off}, 2, 2) is None, "not consecutive"
+    assert divergence_trip({1: {0: 10.0, 1: 1.0}, 2: off}, 2, 2) is None, "different ranks"
+
+
+def test_reason_names_rank_epoch_and_value() -> None:
+    assert nonfinite_reason(0, 1, NAN, 1) == "rank 0 reported loss NaN at epoch 1"
+    assert nonfinite_reason(3, 7, -math.inf, 2) == (
+        "rank 3 reported loss -Infinity at epoch 7 (non-finite 2 epochs in a row)"
+    )
+
+
+def test_patience_bounds_are_422_naming_the_field(api) -> None:  # type: ignore[no-untyped-def]
+    for field, value in (("nonfinite_patience", 0), ("divergence_patience", 10_001),
+                         ("nonfinite_patience", "x")):
+        r = api.post("/jobs", json={"dataset": "synthetic", field: value})
+        assert r.status_code == 422 and r.json()["details"][0]["field"] == field, r.text
+    spec = api.post("/jobs", json={"dataset": "synthetic"}).json()["spec"]
+    assert (spec["nonfinite_patience"], spec["divergence_patience"]) == (1, None)
+
+
+# --- real jobs -----------------------------------------------------------------------------------
+
+
+def test_builtin_nan_loss_stops_the_job_at_epoch_1(live_server: LiveServer) -> None:
+    """``lr: 90`` on ``synthetic`` gives NaN from epoch 1: failed at once, not 40 green epochs."""
+    spec = {"name": "nan", "dataset": "synthetic", "lr": 90, "epochs": LONG}
+    with live_server.client() as c:
+        job_id = c.post("/jobs", json=spec).json()["id"]
+    job = live_server.wait_for(job_id, {"failed"}, timeout_s=180)
+    assert job["reason"] == "rank 0 reported loss NaN at epoch 1", job
+    with live_server.client() as c:
+        first = c.get(f"/jobs/{job_id}/metrics", params={"name": "loss"}).json()["items"][0]
+    assert (first["rank"], first["epoch"], first["value"]) == (0, 1, "NaN"), "kept as data"
+    _assert_stopped(live_server, job)
+    with live_server.client() as c:  # the resources are free again
+        assert c.get("/resources").json()["cpu"]["allocated"] == 0
+
+
+def test_script_nan_loss_stops_the_job_and_every_view_says_why(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    """A script's ``worker.report(loss=nan)`` on rank 1 at epoch 3; shown by the CLI's
+    ``submit --follow`` (the event stream) and ``show``."""
+    spec = tmp_path / "nan.yaml"
+    losses = ",".join(["1.0", "0.9", "nan"] + ["0.5"] * (LONG - 3))
+    spec.write_text(
+        f"entrypoint: losses.py\nnproc_per_node: 2\nargs: ['1.0;{losses}', '0.2']\n"
+    )
+    env = {"TORCHYARD_TOKEN": API_TOKEN}
+    run = cli(server, "submit", str(spec), "--follow", env=env)
+    reason = "rank 1 reported loss NaN at epoch 3"
+    assert run.returncode == 1, run.stdout + run.stderr  # EXIT_FAILED
+    assert f"failed: {reason}" in run.stdout, run.stdout
+    with server.client() as c:
+        c.headers["Authorization"] = f"Bearer {API_TOKEN}"
+        job = c.get("/jobs", params={"limit": 1}).json()["items"][0]
+        events = c.get(f"/jobs/{job['id']}/events").text
+    assert job["state"] == "failed" and job["reason"] == reason
+    last_state = [line for line in events.splitlines() if line.startswith("data:")][-1]
+    assert '"state":"failed"' in last_state and reason in last_state
+    shown = cli(server, "show", str(job["id"]), env=env)
+    assert shown.returncode == 0 and reason in shown.stdout
+    _assert_stopped(server, job)
+
+
+def test_nonfinite_patience_counts_epochs_in_a_row_and_null_turns_it_off(
+    server: LiveServer,
+) -> None:
+    with server.client() as c:
+        c.headers["Authorization"] = f"Bearer {API_TOKEN}"
+        patient = _script_job(
+            c, _losses("1,nan,1,inf,nan," + ",".join(["1"] * (LONG - 5))) + ["0.1"],
+            nonfinite_patience=2,
+        )
+        off = _script_job(c, _losses("nan,nan,nan"), nonfinite_patience=None)
+    job = server.wait_for(patient, {"failed"}, timeout_s=120)
+    assert job["reason"] == (
+        "rank 0 reported loss NaN at epoch 5 (non-finite 2 epochs in a row)"
+    ), job
+    _assert_stopped(server, job)
+    assert server.wait_for(off, {"succeeded"}, timeout_s=120)["reason"] is None
+
+
+def test_divergence_patience_stops_a_rank_that_keeps_diverging(server: LiveServer) -> None:
+    r0 = ",".join(["1.0"] * LONG)
+    r1 = "1.0,1.1,9,1.0,9,9," + ",".join(["9"] * (LONG - 6))  # flagged at 3, then 5 and 6
+    with server.client() as c:
+        c.headers["Authorization"] = f"Bearer {API_TOKEN}"
+        job_id = _script_job(c, _losses(r0, r1) + ["0.2"], nproc_per_node=2,
+                             divergence_patience=2)
+        quiet = _script_job(c, _losses("1,1", "1,9"), nproc_per_node=2)  # guard off by default
+    job = server.wait_for(job_id, {"failed"}, timeout_s=120)
+    assert job["reason"].startswith(
+        "rank 1 diverged from the other ranks' loss 2 epochs in a row (epoch 6: 9; ranks: "
+    ), job
+    _assert_stopped(server, job)
+    assert server.wait_for(quiet, {"succeeded"}, timeout_s=120)["state"] == "succeeded"

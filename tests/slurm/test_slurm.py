@@ -1,0 +1,302 @@
+"""The Slurm executor against a real Slurm 22.05, all through the API: ``munged``,
+``slurmctld`` and two ``slurmd`` emulating nodes ``n1`` and ``n2`` on this host
+(``tests/slurmcluster.py``), one cluster for the whole session (the ``slurm`` fixture of
+``tests/conftest.py``).
+
+Skipped with a reason where slurm-wlm or munge is not installed, except under ``CI=true``, where
+a missing package fails the run instead of silently skipping these tests.
+"""
+
+import os
+import shutil
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import REPO_ROOT, LiveServer, every_record, slurm_state
+from tests.slurmcluster import NODES, SlurmCluster
+from tests.worker.tinymnist import write_tiny_mnist
+
+API_TOKEN = "slurm-tests-api-token-0123456789"
+
+
+def _wait_records(server: LiveServer, job_id: int, pred, timeout_s: float = 90) -> list[dict]:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not pred(items := every_record(server, job_id)):
+        assert time.monotonic() < deadline, "records did not arrive"
+        time.sleep(0.3)
+    return items
+
+
+def _exactly_once(items: list[dict]) -> None:
+    keys = Counter((i["attempt"], i["rank"], i["epoch"], i["step"], i["name"]) for i in items)
+    assert max(keys.values()) == 1, [k for k, n in keys.items() if n > 1]
+
+
+def _job_processes(server: LiveServer, job_id: int) -> list[psutil.Process]:
+    """Every process of the job on any node (the nodes are emulated on this host), told apart
+    from other servers' jobs with the same id by the job's run directory."""
+    run_dir = str((server.home / "runs" / str(job_id)).resolve())
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.environ().get("TORCHYARD_RUN_DIR") == run_dir:
+                found.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def _rank_process(server: LiveServer, job_id: int, rank: int) -> psutil.Process:
+    for proc in _job_processes(server, job_id):
+        try:
+            env = proc.environ()
+            if env.get("RANK") == str(rank) and "torch.distributed.run" not in proc.cmdline():
+                return proc
+        except psutil.Error:
+            continue
+    raise AssertionError(f"no process of rank {rank} of job {job_id}")
+
+
+def _assert_no_process_left(server: LiveServer, job_id: int, timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while alive := [p for p in _job_processes(server, job_id) if _alive(p)]:
+        assert time.monotonic() < deadline, f"left running: {[p.cmdline() for p in alive]}"
+        time.sleep(0.2)
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def test_cluster_runs_a_batch_job_across_both_nodes(slurm: SlurmCluster, tmp_path: Path) -> None:
+    out = tmp_path / "out.txt"
+    job = slurm.run(
+        "sbatch", "--parsable", "--nodes=2", f"--output={out}", "--wait",
+        "--wrap", "srun sh -c 'echo $SLURM_NODEID $SLURMD_NODENAME'",
+    ).stdout.strip()
+    assert job.isdigit()
+    assert sorted(out.read_text().split("\n")[:2]) == [f"{i} {n}" for i, n in enumerate(NODES)]
+
+
+def test_two_node_builtin_job_reports_every_rank_from_both_nodes(
+    slurm: SlurmCluster, slurm_server: Callable[..., LiveServer]
+) -> None:
+    server = slurm_server()
+    with server.client() as c:
+        resources = c.get("/resources").json()
+        assert resources["executor"] == "slurm"
+        assert [(n["name"], n["state"]) for n in resources["nodes"]] == [
+            ("n1", "idle"), ("n2", "idle")]
+        job_id = c.post("/jobs", json={"nnodes": 2, "nproc_per_node": 1, "epochs": 3,
+                                       "dataset": "synthetic", "device": "cpu"}).json()["id"]
+    job = server.wait_for(job_id, {"succeeded"}, timeout_s=120)
+    assert job["attempts"][0]["rank_exit_codes"] == {"0": 0, "1": 0}
+    items = every_record(server, job_id)
+    _exactly_once(items)
+    assert {(i["rank"], i["epoch"]) for i in items if i["name"] == "loss"} == {
+        (r, e) for r in (0, 1) for e in (1, 2, 3)}
+    with server.client() as c:
+        summary = c.get(f"/jobs/{job_id}/metrics/summary").json()
+        logs = {r: c.get(f"/jobs/{job_id}/logs", params={"rank": r}).json() for r in (0, 1)}
+        assert c.get(f"/jobs/{job_id}/logs", params={"rank": 2}).status_code == 404
+    assert [(e["count"], sorted(e["ranks"])) for e in summary["items"]] == [(2, ["0", "1"])] * 3
+    assert {r: log["node"] for r, log in logs.items()} == {0: "n1", 1: "n2"}  # rank 0: batch host
+    assert all(log["complete"] and log["text"] for log in logs.values())
+    assert slurm_state(slurm, server, job_id) in ("COMPLETED", None)
+    script = (server.home / "runs" / str(job_id) / "job.sbatch").read_text()
+    assert "#SBATCH --nodes=2" in script and "TOKEN" not in script
+
+
+def test_two_node_script_job_mnist_example(
+    slurm_server: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    shutil.copy(REPO_ROOT / "examples" / "mnist_ddp.py", scripts / "mnist_ddp.py")
+    data = tmp_path / "data"
+    write_tiny_mnist(data, train=64, test=32)
+    server = slurm_server(TORCHYARD_SCRIPT_DIRS=str(scripts), TORCHYARD_API_TOKENS=API_TOKEN)
+    with server.client() as c:
+        job_id = c.post("/jobs", json={
+            "entrypoint": "mnist_ddp.py", "nnodes": 2, "nproc_per_node": 1,
+            "args": ["--data-root", str(data), "--batch-size", "16", "--epochs", "2"],
+        }).json()["id"]
+    server.wait_for(job_id, {"succeeded"}, timeout_s=180)
+    items = every_record(server, job_id)
+    _exactly_once(items)
+    losses = {(i["rank"], i["epoch"]) for i in items if i["name"] == "loss"}
+    assert losses == {(r, e) for r in (0, 1) for e in (1, 2)}
+
+
+@pytest.mark.slow
+def test_sigkill_rank_on_second_node_restarts_from_checkpoint(
+    slurm_server: Callable[..., LiveServer],
+) -> None:
+    server = slurm_server(TORCHYARD_TEST_EPOCH_SLEEP_S="0.7")
+    spec = {"nnodes": 2, "dataset": "synthetic", "epochs": 6, "max_restarts": 1,
+            "device": "cpu"}
+    with server.client() as c:
+        job_id = c.post("/jobs", json=spec).json()["id"]
+    server.wait_for(job_id, {"running"}, timeout_s=60)
+    _wait_records(server, job_id, lambda rs: sum(r["name"] == "loss" for r in rs) >= 4)
+    victim = _rank_process(server, job_id, 1)
+    assert victim.environ()["SLURMD_NODENAME"] == "n2"
+    victim.send_signal(signal.SIGKILL)
+
+    job = server.wait_for(job_id, {"succeeded"}, timeout_s=120)
+    assert [a["number"] for a in job["attempts"]] == [1, 2]
+    assert job["attempts"][0]["exit_code"] != 0 and job["attempts"][1]["exit_code"] == 0
+    assert job["attempts"][0]["rank_exit_codes"]["1"] == -signal.SIGKILL
+    items = every_record(server, job_id)
+    _exactly_once(items)
+    resumed = {i["rank"]: i["value"] for i in items
+               if i["attempt"] == 2 and i["name"] == "resumed_from_epoch"}
+    assert set(resumed) == {0, 1} and resumed[0] == resumed[1] >= 2, resumed
+    start = int(resumed[0])
+    final = {(i["rank"], i["epoch"]) for i in items if i["attempt"] == 2 and i["name"] == "loss"}
+    assert final == {(r, e) for r in (0, 1) for e in range(start + 1, 7)}
+
+
+@pytest.mark.slow
+def test_cancel_leaves_no_process_on_any_node(
+    slurm: SlurmCluster, slurm_server: Callable[..., LiveServer]
+) -> None:
+    server = slurm_server(TORCHYARD_TEST_EPOCH_SLEEP_S="120", TORCHYARD_API_TOKENS=API_TOKEN,
+                          AWS_SECRET_ACCESS_KEY="the-servers-own-secret")
+    with server.client() as c:
+        job_id = c.post("/jobs", json={"nnodes": 2, "dataset": "synthetic", "epochs": 3,
+                                       "device": "cpu"}).json()["id"]
+        server.wait_for(job_id, {"running"}, timeout_s=60)
+        procs = _job_processes(server, job_id)
+        assert {p.environ().get("SLURMD_NODENAME") for p in procs} >= {"n1", "n2"}
+        # The server's secrets never reach the job; its token only through the environment.
+        token = _rank_process(server, job_id, 1).environ()["TORCHYARD_JOB_TOKEN"]
+        for proc in procs:
+            env = proc.environ()
+            assert "TORCHYARD_API_TOKENS" not in env and "AWS_SECRET_ACCESS_KEY" not in env
+            assert token not in " ".join(proc.cmdline())
+        run_dir = server.home / "runs" / str(job_id)
+        assert not any(token in p.read_text(errors="replace")
+                       for p in run_dir.rglob("*") if p.is_file() and p.suffix != ".pt")
+        assert c.post(f"/jobs/{job_id}/cancel").json()["state"] == "cancelled"
+    job = server.wait_for(job_id, {"cancelled"}, allowed=set())
+    assert job["reason"] == "cancelled by user"
+    _assert_no_process_left(server, job_id)
+    deadline = time.monotonic() + 20
+    while slurm_state(slurm, server, job_id) not in ("CANCELLED", None):
+        assert time.monotonic() < deadline, slurm_state(slurm, server, job_id)
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_server_sigkill_and_restart_readopts_by_slurm_job_id(
+    slurm_server: Callable[..., LiveServer],
+) -> None:
+    server = slurm_server(TORCHYARD_TEST_EPOCH_SLEEP_S="0.5")
+    with server.client() as c:
+        job_id = c.post("/jobs", json={"nnodes": 2, "dataset": "synthetic", "epochs": 8,
+                                       "device": "cpu"}).json()["id"]
+    server.wait_for(job_id, {"running"}, timeout_s=60)
+    _wait_records(server, job_id, lambda rs: any(r["name"] == "loss" for r in rs))
+    os.killpg(server.proc.pid, signal.SIGKILL)
+    server.proc.wait()
+    time.sleep(1)
+    assert _job_processes(server, job_id), "the job died with the server"
+
+    again = slurm_server(server.home, server.port, TORCHYARD_TEST_EPOCH_SLEEP_S="0.5")
+    job = again.wait_for(job_id, {"succeeded"}, timeout_s=120)
+    assert job["exit_code"] == 0 and [a["number"] for a in job["attempts"]] == [1]
+    items = every_record(again, job_id)
+    _exactly_once(items)
+    losses = {(i["rank"], i["epoch"]) for i in items if i["name"] == "loss"}
+    assert losses == {(r, e) for r in (0, 1) for e in range(1, 9)}
+    assert "re-adopted (slurm" in again.log.read_text()
+
+
+def test_pending_job_shows_slurms_reason_then_runs(
+    slurm: SlurmCluster, slurm_server: Callable[..., LiveServer]
+) -> None:
+    server = slurm_server()
+    blocker = slurm.run("sbatch", "--parsable", "--nodes=2", "--exclusive", "--output=/dev/null",
+                        "--wrap", "sleep 300").stdout.strip()
+    try:
+        with server.client() as c:
+            job_id = c.post("/jobs", json={"nnodes": 2, "dataset": "synthetic", "epochs": 1,
+                                           "device": "cpu"}).json()["id"]
+            deadline = time.monotonic() + 30
+            while not (job := c.get(f"/jobs/{job_id}").json())["waiting_reason"]:
+                assert job["state"] == "queued", job
+                assert time.monotonic() < deadline, job
+                time.sleep(0.2)
+        assert job["state"] == "queued"
+        assert job["waiting_reason"] in ("Slurm: Resources", "Slurm: Priority"), job
+        assert job["queue_position"] == 1
+    finally:
+        slurm.run("scancel", blocker)
+    server.wait_for(job_id, {"succeeded"}, timeout_s=90)
+
+
+@pytest.mark.slow
+def test_job_slurm_purged_while_the_server_was_down_still_ends_right(
+    slurm: SlurmCluster, slurm_server: Callable[..., LiveServer]
+) -> None:
+    server = slurm_server()
+    with server.client() as c:
+        job_id = c.post("/jobs", json={"nnodes": 2, "dataset": "synthetic", "epochs": 2,
+                                       "device": "cpu"}).json()["id"]
+    server.wait_for(job_id, {"starting", "running"}, timeout_s=60)
+    os.killpg(server.proc.pid, signal.SIGKILL)
+    server.proc.wait()
+    # MinJobAge=2: Slurm forgets the finished job within seconds (no accounting database).
+    deadline = time.monotonic() + 120
+    while slurm_state(slurm, server, job_id) is not None or _job_processes(server, job_id):
+        assert time.monotonic() < deadline, slurm_state(slurm, server, job_id)
+        time.sleep(0.5)
+
+    again = slurm_server(server.home, server.port)
+    job = again.wait_for(job_id, {"succeeded"}, timeout_s=60)
+    assert job["exit_code"] == 0 and job["attempts"][0]["rank_exit_codes"] == {"0": 0, "1": 0}
+    items = every_record(again, job_id)
+    _exactly_once(items)
+    assert {(i["rank"], i["epoch"]) for i in items if i["name"] == "loss"} == {
+        (r, e) for r in (0, 1) for e in (1, 2)}
+
+
+def test_a_job_slurm_refuses_fails_with_sbatchs_reason(
+    slurm_server: Callable[..., LiveServer],
+) -> None:
+    server = slurm_server()
+    with server.client() as c:
+        job_id = c.post("/jobs", json={"partition": "nosuch", "epochs": 1}).json()["id"]
+    job = server.wait_for(job_id, {"failed"}, timeout_s=30, allowed={"queued"})
+    assert job["reason"].startswith("could not submit: sbatch exited 1"), job["reason"]
+    assert "partition" in job["reason"].lower(), job["reason"]
+
+
+def test_a_failing_rank_fails_the_job_and_slurms_own_record(
+    slurm: SlurmCluster, slurm_server: Callable[..., LiveServer]
+) -> None:
+    server = slurm_server(TORCHYARD_TEST_FAIL_RANK="1")
+    with server.client() as c:
+        job_id = c.post("/jobs", json={"nnodes": 2, "dataset": "synthetic", "epochs": 2,
+                                       "device": "cpu"}).json()["id"]
+    job = server.wait_for(job_id, {"failed"}, timeout_s=90)
+    assert "rank 1" in job["reason"], job["reason"]
+    assert job["exit_code"] not in (None, 0)
+    # The batch script exec's the attempt loop, which exits with the attempt's code: Slurm's
+    # record says FAILED too (a script ending in srun would say COMPLETED 0:0).
+    # (Checked at once: MinJobAge=2 leaves the finished job listed for a few seconds.)
+    deadline = time.monotonic() + 10
+    while (state := slurm_state(slurm, server, job_id)) in ("RUNNING", "COMPLETING"):
+        assert time.monotonic() < deadline, state
+        time.sleep(0.1)
+    assert state == "FAILED"

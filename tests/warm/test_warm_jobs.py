@@ -1,0 +1,158 @@
+"""Jobs with warm ranks on (``TORCHYARD_WARM_RANKS``), through a real server, real torchrun and
+the real warm server: reporting, cancel, heartbeat, deadline, a killed rank's restart, logs,
+and that no process of a job outlives it."""
+
+import os
+import signal
+import time
+from collections.abc import Callable
+
+import psutil
+import pytest
+
+from service.executor.warmpool import ask, socket_path
+from tests.conftest import LiveServer
+from tests.warm.warmjobs import WARM_ENV, rank_logs, wait_warm
+
+
+def start_warm(factory: Callable[..., LiveServer], **env: str) -> LiveServer:
+    server = factory(**WARM_ENV, **env)
+    wait_warm(server)
+    return server
+
+
+def warm_pids(server: LiveServer, job_id: int) -> dict[str | None, int]:
+    """rank (None: torchrun's agent) → pid of the warm processes running job ``job_id``."""
+    status = ask(socket_path(server.home), {"op": "status"}) or {}
+    return {r["rank"]: r["pid"] for r in status.get("ranks", []) if r["job_id"] == str(job_id)}
+
+
+def wait_warm_ranks(server: LiveServer, job_id: int, ranks: int) -> dict[str | None, int]:
+    deadline = time.monotonic() + 60
+    while len(pids := warm_pids(server, job_id)) < ranks + 1:
+        assert time.monotonic() < deadline, f"warm ranks of job {job_id}: {pids}"
+        time.sleep(0.1)
+    return pids
+
+
+def assert_gone(pids: list[int], timeout_s: float = 15) -> None:
+    deadline = time.monotonic() + timeout_s
+    for pid in pids:
+        while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, f"pid {pid} survived"
+            time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_warm_job_reports_and_pool_is_reported_without_cuda(
+    live_server_factory: Callable[..., LiveServer],
+) -> None:
+    server = start_warm(live_server_factory)
+    with server.client() as c:
+        before = c.get("/resources").json()["warm"]
+        assert before["cuda_initialized"] is False and before["pool_size"] == 3
+        assert before["memory_bytes"] > 0 and before["memory_limit_bytes"] == 4096 * 2**20
+        job_id = c.post("/jobs", json={"dataset": "synthetic", "epochs": 2,
+                                       "nproc_per_node": 2}).json()["id"]
+        job = server.wait_for(job_id, {"succeeded"})
+        losses = {(m["rank"], m["epoch"]) for m in
+                  c.get(f"/jobs/{job_id}/metrics").json()["items"] if m["name"] == "loss"}
+        assert losses == {(r, e) for r in (0, 1) for e in (1, 2)}
+        assert job["attempts"][0]["rank_exit_codes"] == {"0": 0, "1": 0}
+        after = c.get("/resources").json()["warm"]
+        assert after["served"] >= before["served"] + 3, "torchrun's agent and both ranks"
+        metrics = c.get("/metrics").text
+    assert "starting cold" not in rank_logs(server, job_id)
+    for rank in (0, 1):
+        with server.client() as c:
+            r = c.get(f"/jobs/{job_id}/logs", params={"rank": rank})
+        assert r.status_code == 200, r.text
+    assert 'torchyard_warm_processes{state="idle"}' in metrics
+    assert "torchyard_warm_handoffs_total" in metrics
+    assert "torchyard_warm_ready 1.0" in metrics
+
+
+@pytest.mark.slow
+def test_cancel_warm_job_leaves_no_process(live_server_factory: Callable[..., LiveServer]) -> None:
+    server = start_warm(live_server_factory, TORCHYARD_TEST_EPOCH_SLEEP_S="2")
+    with server.client() as c:
+        job_id = c.post("/jobs", json={"dataset": "synthetic", "epochs": 1000,
+                                       "nproc_per_node": 2}).json()["id"]
+        job = server.wait_for(job_id, {"running"})
+        warm = wait_warm_ranks(server, job_id, 2)
+        leader = psutil.Process(job["pid"])
+        members = [leader.pid, *(p.pid for p in leader.children(recursive=True))]
+        # Everything under the warm ranks too (the ranks' relays hang off the warm agent).
+        for pid in list(warm.values()):
+            members += [p.pid for p in psutil.Process(pid).children(recursive=True)]
+        r = c.post(f"/jobs/{job_id}/cancel")
+        assert r.status_code == 200 and r.json()["state"] == "cancelled"
+        assert_gone([*members, *warm.values()])
+        server.wait_for(job_id, {"cancelled"}, allowed={"cancelled"})
+    assert warm_pids(server, job_id) == {}
+
+
+@pytest.mark.slow
+def test_sigkill_of_a_warm_rank_restarts_from_checkpoint(
+    live_server_factory: Callable[..., LiveServer],
+) -> None:
+    server = start_warm(live_server_factory, TORCHYARD_TEST_EPOCH_SLEEP_S="0.7")
+    spec = {"dataset": "synthetic", "epochs": 5, "nproc_per_node": 2, "max_restarts": 1}
+    with server.client() as c:
+        job_id = c.post("/jobs", json=spec).json()["id"]
+        server.wait_for(job_id, {"running"})
+        deadline = time.monotonic() + 90
+        while sum(m["name"] == "loss" for m in
+                  c.get(f"/jobs/{job_id}/metrics").json()["items"]) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+    os.kill(wait_warm_ranks(server, job_id, 2)["1"], signal.SIGKILL)
+    job = server.wait_for(job_id, {"succeeded"}, timeout_s=120)
+    assert [a["number"] for a in job["attempts"]] == [1, 2]
+    assert job["attempts"][0]["rank_exit_codes"]["1"] == -signal.SIGKILL
+    assert job["attempts"][1]["rank_exit_codes"] == {"0": 0, "1": 0}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["heartbeat", "deadline"])
+def test_heartbeat_and_deadline_stop_warm_ranks(
+    live_server_factory: Callable[..., LiveServer], case: str
+) -> None:
+    if case == "heartbeat":
+        server = start_warm(live_server_factory, TORCHYARD_TEST_EPOCH_SLEEP_S="120")
+        spec = {"dataset": "synthetic", "epochs": 2, "nproc_per_node": 2,
+                "heartbeat_timeout_s": 3, "max_restarts": 0}
+        reason = "made no progress for 3 s"
+    else:
+        server = start_warm(live_server_factory, TORCHYARD_TEST_EPOCH_SLEEP_S="1")
+        spec = {"dataset": "synthetic", "epochs": 100, "nproc_per_node": 2, "max_runtime_s": 6,
+                "max_restarts": 3}
+        reason = "deadline exceeded"
+    with server.client() as c:
+        job_id = c.post("/jobs", json=spec).json()["id"]
+    server.wait_for(job_id, {"running"})
+    warm = wait_warm_ranks(server, job_id, 2)
+    job = server.wait_for(job_id, {"failed"}, timeout_s=90)
+    assert reason in job["reason"] and len(job["attempts"]) == 1, job["reason"]
+    assert_gone([job["pid"], *warm.values()])
+
+
+@pytest.mark.slow
+def test_broken_pool_starts_jobs_cold_saying_so_and_is_replaced(
+    live_server_factory: Callable[..., LiveServer],
+) -> None:
+    server = start_warm(live_server_factory)
+    with server.client() as c:
+        status = ask(socket_path(server.home), {"op": "status"})
+        assert status is not None
+        os.kill(status["pid"], signal.SIGKILL)  # its idle children die with it (PDEATHSIG)
+        job_id = c.post("/jobs", json={"dataset": "synthetic", "epochs": 1,
+                                       "nproc_per_node": 2}).json()["id"]
+        job = server.wait_for(job_id, {"succeeded"})
+        assert job["attempts"][0]["rank_exit_codes"] == {"0": 0, "1": 0}
+    # Each relay said why it went cold in its rank's log, or the shim did in the attempt's log
+    # (when the pool had already noticed: it then starts plain torchrun).
+    assert "warm start unavailable" in rank_logs(server, job_id), rank_logs(server, job_id)
+    warm = wait_warm(server)
+    assert warm["restarts"] >= 1 and warm["state"] == "ready", warm
+    assert_gone(status["idle_pids"])
