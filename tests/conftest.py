@@ -73,19 +73,24 @@ HEAVY_FIRST = [
 ]
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--bench", action="store_true",
+        help="also run the benchmarks at smoke sizes (marker 'bench'; CI: pytest --bench -m bench)",
+    )
+
+
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: two workers per core. With warm ranks most of a live test is waiting (for a
-    rank's epoch, a heartbeat, a restart), not computing: on 2 cores, 2 workers left a core idle
-    for a third of the run."""
-    return 2 * (os.cpu_count() or 1)
+    """``-n auto``: one worker more than the cores. With warm ranks a live test spends much of
+    its time waiting (a heartbeat timeout, a deadline, a failover, Slurm's scheduler), and the
+    extra worker fills that; more than one extra only added contention (measured on 2 cores)."""
+    return (os.cpu_count() or 1) + 1
 
 
 def _xdist_group(item: pytest.Item) -> str | None:
-    """The group of ``item``: every test using the Slurm cluster shares one (one cluster per
-    worker that starts it), a file whose tests share a module-scoped server or cluster stays
-    on one worker (one server, not one per worker), else ``XDIST_GROUPS``."""
-    if "slurm" in item.fixturenames:
-        return "slurm"
+    """The group of ``item``: ``XDIST_GROUPS``, else a file whose tests share a module-scoped
+    server stays on one worker (one server, not one per worker). A Slurm test elsewhere may
+    start a second cluster (session-scoped: one per worker) rather than wait for the group."""
     group = XDIST_GROUPS.get(item.path.name)
     if group is not None:
         return group
@@ -98,6 +103,13 @@ def _xdist_group(item: pytest.Item) -> str | None:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("bench"):
+        # The benchmarks' smoke runs check that bench/ still runs (~4 CPU-minutes of cold
+        # jobs and baselines): a step of their own in CI, not part of every run of the suite.
+        benches = [item for item in items if item.get_closest_marker("bench")]
+        if benches:
+            config.hook.pytest_deselected(items=benches)
+            items[:] = [item for item in items if not item.get_closest_marker("bench")]
     for item in items:
         group = _xdist_group(item)
         if group is not None:

@@ -23,6 +23,7 @@ HEADLINE = {
 }
 
 
+@pytest.mark.bench
 @pytest.mark.parametrize("name", BENCHES)
 def test_bench_runs_in_smoke_mode(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The suite turns warm ranks on for its own servers; a bench names what it compares.
