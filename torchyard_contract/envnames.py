@@ -7,6 +7,9 @@ job token travels only here, never on a command line or on disk. torchrun adds i
 
 API_URL = "TORCHYARD_API_URL"  # where ranks POST records
 JOB_ID = "TORCHYARD_JOB_ID"
+# The job's shim (its pid): a warm rank, which is not the shim's descendant, lets it and the
+# stack sampler it starts ptrace it (Yama's PR_SET_PTRACER; service.run.warm.child).
+STACKS_TRACER = "TORCHYARD_STACKS_TRACER"
 JOB_TOKEN = "TORCHYARD_JOB_TOKEN"  # bearer token for this job's record endpoint
 RUN_DIR = "TORCHYARD_RUN_DIR"  # see torchyard_contract.rundir
 ATTEMPT = "TORCHYARD_ATTEMPT"  # 1-based; set by the shim for each attempt

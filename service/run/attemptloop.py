@@ -99,6 +99,8 @@ class Shim:
             names.ATTEMPT: str(number),
             **self.config.rank_env(os.environ.get("PYTHONPATH")),
         }
+        if self.warm_socket:
+            env[names.STACKS_TRACER] = str(os.getpid())
         record = {
             "number": number,
             "started_at": time.time(),
@@ -114,7 +116,8 @@ class Shim:
         handle = self._start(number, logs, env)
         forced_reason: str | None = None
         while (code := handle.poll()) is None:
-            stacks.answer_requests(self.run, self.config, number, self.launcher)  # GET .../stacks
+            stacks.answer_requests(self.run, self.config, number, self.launcher,
+                                   self.warm_socket)  # GET .../stacks
             forced_reason = self._why_stop(number)
             if forced_reason is not None:
                 handle.terminate(self.config.stop_grace_s)
@@ -223,7 +226,8 @@ class Shim:
                     continue  # still starting; start-up has its own failure path
                 if idle > cfg.heartbeat_timeout_s:
                     stuck = f"rank {rank} made no progress for {cfg.heartbeat_timeout_s:g} s"
-                    return stacks.hang_reason(self.run, cfg, number, stuck, self.launcher)  # names it
+                    return stacks.hang_reason(  # names it
+                        self.run, cfg, number, stuck, self.launcher, self.warm_socket)
         return None
 
     def main(self) -> int:

@@ -143,6 +143,13 @@ def descendants(pid: int | None = None) -> list[psutil.Process]:
 # --- this process's place in the tree (Linux prctl, through ctypes) ------------------------
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_PTRACER = 0x59616D61  # Yama: who besides ancestors may ptrace this process
+
+
+def allow_tracer(pid: int) -> bool:
+    """Let ``pid`` and its descendants ptrace this process where Yama's ``ptrace_scope`` is 1
+    (ancestors only). False without Yama: then nothing restricts the tracer beyond the uid."""
+    return prctl(PR_SET_PTRACER, pid)
 
 
 def prctl(option: int, value: int) -> bool:

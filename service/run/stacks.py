@@ -17,8 +17,10 @@ server) into ``RUN_DIR/stacks/attempt-<n>-flight-recorder/``. Nothing here raise
 cannot be taken the snapshot's ``error`` says why and the attempt goes on as it would have.
 
 A rank program is the child of its ``service.run.ranktee`` (whose ``--run-dir`` names the run),
-with ``RANK`` in its environment. Locally the ranks are found below the shim (cold ranks only:
-warm ranks are processes of the warm server, and the snapshot says none was found). On Slurm the
+with ``RANK`` in its environment. Locally the ranks are found below the shim; warm ranks
+(``service.run.warm``) are processes of the warm server instead, which names them (its ``status``:
+pid, job and rank of each): each warm rank has let the shim trace it (``PR_SET_PTRACER``, see
+``torchyard_contract.envnames.STACKS_TRACER``), as an ancestor may a cold one. On Slurm the
 shim runs ``python -m service.run.stacks`` on every node as a step overlapping the attempt's
 (``srun --overlap``); each finds its node's ranks among all its processes and dumps them.
 """
@@ -35,6 +37,7 @@ from pathlib import Path
 
 import psutil
 
+from service.run.warm import relay
 from torchyard_contract.launch import LaunchConfig
 from torchyard_contract.rundir import RunDir
 
@@ -86,6 +89,31 @@ def _rank_processes(run: RunDir, world_size: int, anywhere: bool) -> dict[int, p
     return ranks
 
 
+def _warm_rank_processes(
+    warm_socket: str, job_id: int, world_size: int
+) -> dict[int, psutil.Process]:
+    """This job's warm rank programs, as the warm server at ``warm_socket`` names them (its
+    relays below the shim are not the programs); empty when it does not answer."""
+    try:
+        with relay.connect(warm_socket, 2.0) as conn:
+            relay.send_message(conn, {"op": "status"})
+            reply = relay.recv_message(conn)
+    except (OSError, ValueError):
+        return {}
+    status = reply[0] if reply and isinstance(reply[0], dict) else {}
+    ranks: dict[int, psutil.Process] = {}
+    for entry in status.get("ranks") or []:
+        try:
+            if entry.get("job_id") != str(job_id) or entry.get("rank") is None:
+                continue  # another job's, or torchrun's agent (no RANK)
+            rank = int(entry["rank"])
+            if 0 <= rank < world_size:
+                ranks.setdefault(rank, psutil.Process(int(entry["pid"])))
+        except (psutil.Error, ValueError, TypeError, AttributeError):
+            continue
+    return ranks
+
+
 def _arg(cmdline: list[str], name: str) -> str | None:
     return next((cmdline[i + 1] for i, a in enumerate(cmdline[:-1]) if a == name), None)
 
@@ -131,9 +159,13 @@ def classify(threads: list[dict]) -> dict:
             "collective": collective, "where": where}
 
 
-def take(run: RunDir, config: LaunchConfig, number: int, trigger: str, launcher: str) -> dict:
+def take(
+    run: RunDir, config: LaunchConfig, number: int, trigger: str, launcher: str,
+    warm_socket: str | None = None,
+) -> dict:
     """Every rank's stacks now (the ranks' dumps run in parallel), classified. ``launcher``
-    slurm: one task per node (``srun --overlap`` in the job's allocation) dumps that node's."""
+    slurm: one task per node (``srun --overlap`` in the job's allocation) dumps that node's.
+    ``warm_socket``: the attempt's ranks are warm, found through that warm server."""
     started = time.time()
     snapshot: dict = {"attempt": number, "trigger": trigger, "taken_at": started,
                       "host": socket.gethostname(), "error": None, "ranks": []}
@@ -146,8 +178,9 @@ def take(run: RunDir, config: LaunchConfig, number: int, trigger: str, launcher:
     if launcher == "slurm":
         entries, error = _take_on_nodes(run, config)
     else:
-        entries, error = _dump(_rank_processes(run, config.world_size, False), str(path),
-                               started + DUMP_TIMEOUT_S)
+        ranks = (_warm_rank_processes(warm_socket, config.job_id, config.world_size)
+                 if warm_socket else _rank_processes(run, config.world_size, False))
+        entries, error = _dump(ranks, str(path), started + DUMP_TIMEOUT_S)
     snapshot["ranks"] = sorted(entries, key=lambda e: e["rank"])
     snapshot["error"] = error
     snapshot["took_s"] = round(time.time() - started, 3)
@@ -157,7 +190,7 @@ def take(run: RunDir, config: LaunchConfig, number: int, trigger: str, launcher:
 def _dump(ranks: dict[int, psutil.Process], sampler: str, deadline: float) -> tuple[list[dict], str | None]:
     """py-spy on each of ``ranks`` at once; the entries, and the error when none was taken."""
     if not ranks:
-        return [], "no rank process found below the shim (warm ranks, or not started yet)"
+        return [], "no rank process found (the ranks have not started yet)"
     dumps = {
         rank: subprocess.Popen(
             [sampler, "dump", "--pid", str(proc.pid), "--json"], stdin=subprocess.DEVNULL,
@@ -243,10 +276,11 @@ def _sampler_error(stderr: str) -> str:
 
 
 def hang_reason(
-    run: RunDir, config: LaunchConfig, number: int, reason: str, launcher: str = "local"
+    run: RunDir, config: LaunchConfig, number: int, reason: str, launcher: str = "local",
+    warm_socket: str | None = None,
 ) -> str:
     """At a heartbeat timeout: take and keep the stacks; the reason, naming the stuck ranks."""
-    snapshot = take(run, config, number, "heartbeat timeout", launcher)
+    snapshot = take(run, config, number, "heartbeat timeout", launcher, warm_socket)
     _write_json(hang_file(run, number), snapshot)
     return describe_hang(snapshot, reason)
 
@@ -270,7 +304,8 @@ def describe_hang(snapshot: dict, reason: str) -> str:
 
 
 def answer_requests(
-    run: RunDir, config: LaunchConfig, number: int, launcher: str = "local"
+    run: RunDir, config: LaunchConfig, number: int, launcher: str = "local",
+    warm_socket: str | None = None,
 ) -> None:
     """Answer the server's requests for stacks (``stacks/requests/<nonce>``), a few per poll."""
     requests = stacks_dir(run) / "requests"
@@ -281,7 +316,7 @@ def answer_requests(
     for name in names[:REQUESTS_MAX]:
         (requests / name).unlink(missing_ok=True)
         _write_json(stacks_dir(run) / f"{name}.json",
-                    take(run, config, number, "request", launcher))
+                    take(run, config, number, "request", launcher, warm_socket))
 
 
 def keep_with_attempt(run: RunDir, number: int) -> None:

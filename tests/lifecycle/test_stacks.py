@@ -62,14 +62,21 @@ def _server(tmp_path_factory: pytest.TempPathFactory, **env: str) -> LiveServer:
     (scripts / "hang.py").write_text(SCRIPT)
     return _start_server(tmp_path_factory.mktemp("stacks") / "home",
                          {"TORCHYARD_SCRIPT_DIRS": str(scripts),
-                          "TORCHYARD_API_TOKENS": API_TOKEN,
-                          # Locally, stacks are taken from cold ranks (service.run.stacks).
-                          "TORCHYARD_WARM_RANKS": "false", **env})
+                          "TORCHYARD_API_TOKENS": API_TOKEN, **env})
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """Warm ranks (the default): the ranks are the warm server's processes, not the shim's."""
     srv = _server(tmp_path_factory)
+    yield srv
+    _stop_server(srv)
+
+
+@pytest.fixture(scope="module")
+def cold_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """Cold ranks: found below the job's shim."""
+    srv = _server(tmp_path_factory, TORCHYARD_WARM_RANKS="false")
     yield srv
     _stop_server(srv)
 
@@ -122,7 +129,9 @@ def test_hang_names_the_stuck_rank_and_its_line(server: LiveServer) -> None:
     assert (kept_dumps / "rank_1").read_text() == "2000 1"
 
 
-def test_stacks_on_demand_for_a_running_job(server: LiveServer) -> None:
+@pytest.mark.parametrize("ranks", ["warm", "cold"])
+def test_stacks_on_demand_for_a_running_job(ranks: str, request: pytest.FixtureRequest) -> None:
+    server: LiveServer = request.getfixturevalue("server" if ranks == "warm" else "cold_server")
     job_id = _submit(server, "forever", heartbeat_timeout_s=None)
     try:
         _wait_ready(server, job_id)

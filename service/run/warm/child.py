@@ -25,6 +25,8 @@ from types import TracebackType
 from typing import NoReturn
 
 from service.run.fastexit import finish
+from service.run.proctree import allow_tracer
+from torchyard_contract.envnames import STACKS_TRACER
 
 
 def _stdio(unbuffered: bool) -> None:
@@ -81,6 +83,10 @@ def _apply(message: dict, fds: list[int]) -> None:
     _stdio(bool(message.get("unbuffered")))
     _threads_from_env(env)
     _reseed()
+    # The job's shim takes the ranks' stacks (service.run.stacks); a warm rank is not below it.
+    tracer = env.get(STACKS_TRACER, "")
+    if tracer.isdigit():
+        allow_tracer(int(tracer))
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_DFL)
