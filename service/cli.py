@@ -74,7 +74,7 @@ def serve(
                    "(--insecure)", err=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        application = create_app(settings)
+        application = create_app(settings, freeze_heap=True)
     except ValueError as exc:  # e.g. a tokens file that is missing or empty: fail closed
         _fail(str(exc))
     if workers == 1:

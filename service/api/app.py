@@ -63,10 +63,15 @@ from service.store.db import make_engine, make_session_factory, upgrade, with_lo
 def create_app(
     settings: Settings, *, api_url: str | None = None, executor: Executor | None = None,
     run_supervisor: bool = True, prometheus_multiprocess_dir: Path | None = None,
+    freeze_heap: bool = False,
 ) -> FastAPI:
     """The app. Migrations run and the supervisor starts (after recovery) when it starts up.
     ``prometheus_multiprocess_dir``: this app is one of several worker processes whose
     Prometheus counters are summed there (``service.api.routes.prometheus.Telemetry``).
+    ``freeze_heap``: the process serves this one app for its lifetime (``torchyard serve``):
+    at start-up, collect once and freeze the heap (see the lifespan). Off where one process
+    builds many apps (the tests, the OpenAPI export): there a full collection of that
+    process's whole heap at every start-up cost more than anything else the app did.
 
     Raises ``ValueError`` when a configured tokens file is unreadable or empty (fail closed).
     """
@@ -119,12 +124,14 @@ def create_app(
         # caches: most of the heap) lives as long as the process: keep it out of the cyclic
         # collector's full passes, which otherwise stalled every request ~0.1 s now and then
         # (docs/benchmarks.md, "Stores and workers").
-        gc.collect()
-        gc.freeze()
+        if freeze_heap:
+            gc.collect()
+            gc.freeze()
         try:
             yield
         finally:
-            gc.unfreeze()  # an app that stops (tests build many) leaves its objects collectable
+            if freeze_heap:
+                gc.unfreeze()  # an app that stops leaves its objects collectable
             app.state.draining.set()
             supervisor.stop()
             if warm is not None:
@@ -252,4 +259,5 @@ def create_app_from_environment() -> FastAPI:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     shared = os.environ.get(PROMETHEUS_DIR_VARIABLE)
-    return create_app(Settings(), prometheus_multiprocess_dir=Path(shared) if shared else None)
+    return create_app(Settings(), prometheus_multiprocess_dir=Path(shared) if shared else None,
+                      freeze_heap=True)

@@ -85,7 +85,10 @@ def scripts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(tmp_path_factory: pytest.TempPathFactory, scripts: Path) -> Iterator[LiveServer]:
     srv = _start_server(tmp_path_factory.mktemp("hostile") / "home",
                         {"TORCHYARD_SCRIPT_DIRS": str(scripts),
-                         "TORCHYARD_API_TOKENS": API_TOKEN})
+                         "TORCHYARD_API_TOKENS": API_TOKEN,
+                         # Cold: the shim's subreaper must catch what escapes. (A warm rank's
+                         # escapee is the warm server's to kill at once: tests/warm.)
+                         "TORCHYARD_WARM_RANKS": "false"})
     yield srv
     _stop_server(srv)
 
