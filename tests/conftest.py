@@ -312,15 +312,14 @@ def _start_server_on(
     tokens = [t for t in env.get("TORCHYARD_API_TOKENS", "").split(",") if t.strip()]
     server = LiveServer(url=url, port=port, home=home, proc=proc, log=log,
                         token=tokens[0].strip() if tokens else None)
-    if env.get("TORCHYARD_WARM_RANKS", "true").lower() in ("true", "1", "yes", "on") \
-            and env.get("TORCHYARD_EXECUTOR", "local") == "local":
-        _await_warm_pool(server)
+    _await_warm_pool(server)
     return server
 
 
 def _await_warm_pool(server: LiveServer, timeout_s: float = 120) -> None:
     """Until the server's warm pool is ready (or broken: tests of a broken pool), so the test's
-    jobs start warm rather than cold while the pool still imports torch."""
+    jobs start warm rather than cold while the pool still imports torch. At once where the
+    server has no pool (warm ranks off, the Slurm executor): ``/resources`` says ``warm: null``."""
     deadline = time.monotonic() + timeout_s
     with server.client() as c:
         while True:

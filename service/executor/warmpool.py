@@ -35,13 +35,13 @@ from pathlib import Path
 import psutil
 
 from service.run.warm import BUSY_EXIT, LOCK_NAME, relay
+from service.run.warm.relay import ask  # the one control request, shared with the shim's stacks
 from torchyard_contract.childenv import environ_for_children
 
 logger = logging.getLogger(__name__)
 
 CHECK_S = 1.0  # status poll of the warm server
 MEMORY_CHECK_S = 10.0  # USS reads /proc/PID/smaps: not every poll
-STATUS_TIMEOUT_S = 2.0
 STARTUP_TIMEOUT_S = 300.0  # importing torch on a loaded machine; after this it counts as hung
 CLAIM_TIMEOUT_S = 30.0  # from spawn to holding the server's lock (before it imports torch)
 # Variables torch reads when the server imports it; the server must not inherit the server's.
@@ -99,18 +99,6 @@ def build_server_command(
     """The warm server's argv; pure."""
     return [python, "-u", "-m", "service.run.warm.server", "--socket", path, "--pool", str(size),
             "--preload", ",".join(preload), "--owner", str(owner)]
-
-
-def ask(path: str, message: dict, timeout_s: float = STATUS_TIMEOUT_S) -> dict | None:
-    """One control request to the warm server at ``path``; None when it does not answer, or
-    is not this user's own (``relay.connect``: nothing is sent to another uid)."""
-    try:
-        with relay.connect(path, timeout_s) as conn:
-            relay.send_message(conn, message)
-            reply = relay.recv_message(conn)
-    except (OSError, ValueError):
-        return None
-    return reply[0] if reply and isinstance(reply[0], dict) else None
 
 
 def pool_memory(server: int, idle: list[int]) -> int:

@@ -94,13 +94,7 @@ def _warm_rank_processes(
 ) -> dict[int, psutil.Process]:
     """This job's warm rank programs, as the warm server at ``warm_socket`` names them (its
     relays below the shim are not the programs); empty when it does not answer."""
-    try:
-        with relay.connect(warm_socket, 2.0) as conn:
-            relay.send_message(conn, {"op": "status"})
-            reply = relay.recv_message(conn)
-    except (OSError, ValueError):
-        return {}
-    status = reply[0] if reply and isinstance(reply[0], dict) else {}
+    status = relay.ask(warm_socket, {"op": "status"}) or {}
     ranks: dict[int, psutil.Process] = {}
     for entry in status.get("ranks") or []:
         try:

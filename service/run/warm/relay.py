@@ -159,6 +159,19 @@ def flags() -> dict[str, int]:
     return {name: int(getattr(sys.flags, name, 0)) for name in FLAGS}
 
 
+def ask(path: str, message: dict, timeout_s: float = 2.0) -> dict | None:
+    """One control request to the warm server at ``path`` (``{"op": "status"}``, ``drain``…);
+    its reply, or None when it does not answer or is not this user's own (:func:`connect`:
+    nothing is sent to another uid)."""
+    try:
+        with connect(path, timeout_s) as conn:
+            send_message(conn, message)
+            reply = recv_message(conn)
+    except (OSError, ValueError):
+        return None
+    return reply[0] if reply and isinstance(reply[0], dict) else None
+
+
 def job_sys_path(target: list[str]) -> list[str]:
     """``sys.path`` of ``python <target>`` started as this relay was: the relay's own, without
     the relay's directory, with what ``python`` puts first for ``-m``/``-c``/a script."""
