@@ -253,8 +253,15 @@ def _take_on_nodes(run: RunDir, config: LaunchConfig) -> tuple[list[dict], str |
             entries += [e for e in node.get("ranks", []) if isinstance(e, dict)]
             if node.get("error"):
                 errors.append(f"{node.get('host')}: {node['error']}")
-    # One entry per rank (nodes that share a host, as a test cluster's do, each see them all).
-    entries = list({e.get("rank"): e for e in reversed(entries)}.values())
+    # One entry per rank: nodes that share a host (a test cluster's) each see them all, and
+    # their samplers attach to the same rank at once, where one of the two may be refused:
+    # keep a dump that worked over one that did not.
+    by_rank: dict[object, dict] = {}
+    for entry in entries:
+        kept = by_rank.get(entry.get("rank"))
+        if kept is None or (kept.get("error") and not entry.get("error")):
+            by_rank[entry.get("rank")] = entry
+    entries = list(by_rank.values())
     if not entries:
         why = errors[0] if errors else " ".join(done.stderr.decode("utf-8", "replace").split())
         return [], (why or f"srun exited with {done.returncode}")[:500]
