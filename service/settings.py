@@ -81,6 +81,11 @@ class Settings(SlurmSettings, PackageSettings, WebhookSettings, BaseSettings):
         le=600,
         description="seconds between SIGTERM and SIGKILL when a job is cancelled or stopped",
     )
+    preempt_min_run_s: float = Field(
+        default=120.0, ge=0, le=86400,
+        description="a job preempted once runs at least this long after each start before "
+        "it may be preempted again (no thrashing; docs/lifecycle.md)",
+    )
     python_executable: str | None = Field(
         default=None,
         description="Python interpreter that runs torchrun and the ranks; unset = the server's "

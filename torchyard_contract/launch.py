@@ -37,6 +37,9 @@ class LaunchConfig:
     restart_backoff_s: float = 0.0
     # Hang diagnosis (``service.run.stacks``): the program that dumps a rank's stacks; None = off.
     stack_sampler: str | None = None
+    # A pause (``RunDir.pause_request``): SIGTERM to the ranks, then this long before the group
+    # is stopped as a cancel would stop it (docs/lifecycle.md).
+    pause_grace_s: float = 60.0
 
     @property
     def world_size(self) -> int:

@@ -46,6 +46,12 @@ class RunDir:
         return self.root / "exit.json"
 
     @property
+    def pause_request(self) -> Path:
+        """Written by the supervisor to pause the running launch (its content: why); the attempt
+        loop and ``worker.should_stop()`` look for it. Removed when the job is launched again."""
+        return self.root / "pause.json"
+
+    @property
     def spool_dir(self) -> Path:
         return self.root / "spool"
 
@@ -101,7 +107,9 @@ class RunDir:
         return self.stacks_dir / "flight-recorder" / "rank_"
 
     def prepare(self) -> None:
+        """Ready for a launch: a resumed job's run directory loses its last launch's outcome,
+        claim and pause request (its attempts, spools and checkpoints stay)."""
         self.root.mkdir(parents=True, exist_ok=True)
         self.logs_dir.mkdir(exist_ok=True)
-        for stale in (self.error_file, self.exit_file):
+        for stale in (self.error_file, self.exit_file, self.claim_file, self.pause_request):
             stale.unlink(missing_ok=True)

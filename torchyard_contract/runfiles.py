@@ -6,7 +6,7 @@ so nothing is taken on trust (docs/security.md, "What a job can do"):
 * only names torchyard makes are read: ``attempts/1.json``, ``attempts/2.json``, … in order, and
   ``exit.json``; any other file there (``attempts/results.json``) is never looked at;
 * attempt ``n + 1`` exists only once attempt ``n`` has ended (the shim's order), and never more
-  than the job's ``max_restarts + 1``;
+  than the job's ``max_restarts + 1`` plus one per pause;
 * regular files only (a FIFO would block the reader), at most ``RUN_FILE_MAX_BYTES`` each;
 * every field is validated and bounded (``AttemptFile``, ``Outcome``).
 
@@ -87,6 +87,7 @@ class AttemptFile(BaseModel):
     startup_failure: bool | None = None
     decision: AttemptDecision | None = None  # failed attempts since retry rules; None before
     stacks: HangStacks | None = None  # a heartbeat timeout: where each rank was
+    paused: bool | None = None  # it ended because the job was paused (not a failure)
 
     _times = field_validator("started_at", "ended_at", mode="before")(
         lambda v: _time(float(v)) if isinstance(v, int | float) and not isinstance(v, bool) else v
@@ -99,7 +100,7 @@ class Outcome(BaseModel):
 
     model_config = ConfigDict(extra="ignore", strict=True)
 
-    state: Literal["succeeded", "failed", "cancelled"]
+    state: Literal["succeeded", "failed", "cancelled", "paused"]
     exit_code: int | None = Field(default=None, ge=-EXIT_CODE_BOUND, lt=EXIT_CODE_BOUND)
     reason: str | None = None
 
@@ -151,7 +152,7 @@ def read_attempts(
 ) -> list[dict]:
     """Attempt records ``1, 2, …`` as plain dicts, up to the first missing or invalid one.
 
-    ``max_attempts``: the job's ``max_restarts + 1``; ``world_size``: its ranks (exit codes of
+    ``max_attempts``: the job's ``max_restarts + 1`` plus its pauses; ``world_size``: its ranks (exit codes of
     other ranks are dropped)."""
     attempts: list[dict] = []
     for number in range(1, min(max_attempts, ATTEMPTS_MAX) + 1):

@@ -183,9 +183,7 @@ class JobSpec(BaseModel):
         "no such job exists)",
     )
     max_restarts: int = Field(
-        default=0,
-        ge=0,
-        le=100,
+        default=0, ge=0, le=100,
         description="group restarts from the last checkpoint after a rank fails mid-training",
     )
     on_failure: list[FailureRule] = Field(
@@ -200,18 +198,23 @@ class JobSpec(BaseModel):
         description="seconds between a failed attempt and the next one; doubles after each "
         "restart, up to 10 times this value",
     )
+    pause_grace_s: float = Field(
+        default=60, gt=0, le=3600, allow_inf_nan=False,
+        description="a pause (or preemption) sends the ranks SIGTERM; ranks still running this "
+        "many seconds later are killed (the built-in trainer and worker.should_stop() stop at "
+        "the next epoch's end with a checkpoint)",
+    )
+    preemptible: bool = Field(
+        default=False, strict=True,
+        description="a job of higher priority that cannot start otherwise may "
+        "pause this one; it resumes on its own when there is room (docs/lifecycle.md)",
+    )
     max_runtime_s: float | None = Field(
-        default=None,
-        gt=0,
-        le=30 * 86400,
-        allow_inf_nan=False,
+        default=None, gt=0, le=30 * 86400, allow_inf_nan=False,
         description="wall-clock limit for the whole job; the job fails with 'deadline exceeded'",
     )
     heartbeat_timeout_s: float | None = Field(
-        default=600,
-        gt=0,
-        le=86400,
-        allow_inf_nan=False,
+        default=600, gt=0, le=86400, allow_inf_nan=False,
         description="a rank with no training progress for this long fails the attempt; null = off",
     )
     entrypoint: str | None = Field(
@@ -252,7 +255,7 @@ class JobSpec(BaseModel):
         default_factory=list,
         max_length=NOTIFY_MAX,
         description="names of webhook endpoints in the server's TORCHYARD_WEBHOOKS_FILE to tell "
-        "of this job's state changes (running, succeeded, failed, cancelled, restarted); an "
+        "of this job's state changes (running, succeeded, failed, cancelled, restarted, paused); an "
         "unknown name is 422. URLs never come from a spec (docs/webhooks.md)",
     )
     nonfinite_patience: int | None = Field(
@@ -381,8 +384,6 @@ class JobSpec(BaseModel):
             raise ValueError("dataset_root: must not contain NUL bytes")
         if self.backend is Backend.nccl and self.device is Device.cpu:
             raise ValueError("backend: 'nccl' needs device 'cuda' or 'auto', not 'cpu'")
-        if self.model is ModelName.resnet18 and self.dataset is DatasetName.synthetic:
-            pass  # synthetic data is shaped per model by the worker
         return self
 
 

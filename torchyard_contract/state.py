@@ -1,4 +1,9 @@
-"""Job states and the only legal transitions between them. Terminal states are terminal."""
+"""Job states and the only legal transitions between them. Terminal states are terminal.
+
+``pausing`` and ``paused`` (docs/lifecycle.md): a running job asked to pause is ``pausing`` while
+its ranks stop at a safe point (it still holds its resources), then ``paused`` (none held) until
+it is resumed, when it is ``queued`` again. A queued job pauses at once.
+"""
 
 from enum import Enum
 
@@ -7,19 +12,25 @@ class JobState(str, Enum):
     queued = "queued"
     starting = "starting"
     running = "running"
+    pausing = "pausing"
+    paused = "paused"
     succeeded = "succeeded"
     failed = "failed"
     cancelled = "cancelled"
 
 
 TERMINAL_STATES = frozenset({JobState.succeeded, JobState.failed, JobState.cancelled})
-ACTIVE_STATES = frozenset({JobState.starting, JobState.running})
+# A group of the job may run and it holds resources.
+ACTIVE_STATES = frozenset({JobState.starting, JobState.running, JobState.pausing})
 
 # target state -> states it may be entered from
 ALLOWED_FROM: dict[JobState, frozenset[JobState]] = {
+    JobState.queued: frozenset({JobState.paused}),  # resumed
     JobState.starting: frozenset({JobState.queued}),
     JobState.running: frozenset({JobState.starting}),
+    JobState.pausing: frozenset({JobState.starting, JobState.running}),
+    JobState.paused: frozenset({JobState.queued, JobState.pausing}),
     JobState.succeeded: ACTIVE_STATES,
     JobState.failed: frozenset({JobState.queued}) | ACTIVE_STATES,
-    JobState.cancelled: frozenset({JobState.queued}) | ACTIVE_STATES,
+    JobState.cancelled: frozenset({JobState.queued, JobState.paused}) | ACTIVE_STATES,
 }

@@ -12,6 +12,8 @@ SDK (cheap to import: no torch import here, on purpose)::
         for epoch in ...:
             worker.report(epoch=epoch, loss=loss, accuracy=acc)
             checkpoint.save({"model": model.state_dict()}, epoch)   # rank 0 only
+            if worker.should_stop():        # paused: the checkpoint above is where it resumes
+                return
 
 * :func:`report` ``(epoch=..., step=None, **metrics)`` reports metrics for the calling rank
   through one process-wide :class:`~worker.reporter.Reporter`, created on first use from the
@@ -25,6 +27,9 @@ SDK (cheap to import: no torch import here, on purpose)::
   done": the job turns ``running`` once rank 0 is ready, a failure before every rank is ready
   is a *start-up failure* (never retried), and ``heartbeat_timeout_s`` counts from the last
   touch. A script that never reports has no heartbeat and every failure of it is a start-up one.
+* :func:`should_stop` is True when the job is being paused: call it on every rank at each
+  epoch's end (it is a collective once a process group exists), and when True save a
+  checkpoint and return; the resumed job goes on from it (``worker.stopping``).
 * :func:`params` returns a sweep trial's parameters (``{"lr": 0.01, …}``, from
   ``TORCHYARD_PARAMS``; docs/sweeps.md); ``{}`` in a job that is not a trial.
 * Outside torchyard (no ``TORCHYARD_*`` variables: plain ``torchrun`` or ``python``) all of this
@@ -40,8 +45,12 @@ from torchyard_contract.rundir import RunDir
 from worker.env import WorkerEnv
 from worker.heartbeat import Heartbeat
 from worker.reporter import Reporter
+from worker.stopping import should_stop
 
-__all__ = ["Reporter", "WorkerEnv", "default_reporter", "params", "ready", "record", "report"]
+__all__ = [
+    "Reporter", "WorkerEnv", "default_reporter", "params", "ready", "record", "report",
+    "should_stop",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -53,6 +53,7 @@ from worker.datasets import Splits, load_dataset
 from worker.env import WorkerEnv
 from worker.heartbeat import Heartbeat
 from worker.models import build_model
+from worker.stopping import catch_sigterm, should_stop
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +133,7 @@ def _run(spec: JobSpec, env: WorkerEnv, run_dir: Path, use_cuda: bool) -> None:
             resumed_from = _maybe_resume(directory, model, optimizer, device if use_cuda else None)
     start_epoch = 1 if resumed_from is None else resumed_from + 1
     loss_fn = nn.CrossEntropyLoss()
+    catch_sigterm()  # a pause's SIGTERM: stop after this epoch (worker.stopping), not now
     try:
         if resumed_from is not None and start_epoch <= spec.epochs:
             reporter.report(epoch=start_epoch, resumed_from_epoch=resumed_from)
@@ -148,13 +150,19 @@ def _run(spec: JobSpec, env: WorkerEnv, run_dir: Path, use_cuda: bool) -> None:
                 "epoch %d/%d: loss %.6g, %d samples, %.0f samples/s", epoch, spec.epochs,
                 metrics["loss"], metrics["samples"], metrics["samples_per_s"],
             )
-            if env.rank == 0 and _checkpoint_due(spec, epoch):
+            # Paused (worker.stopping: every rank agrees): checkpoint this epoch even when
+            # none is due, so the resumed job neither repeats nor skips an epoch.
+            pausing = epoch < spec.epochs and should_stop()
+            if env.rank == 0 and (pausing or _checkpoint_due(spec, epoch)):
                 save_checkpoint(
                     checkpoint_dir,
                     epoch,
                     _checkpoint_state(model, optimizer, device if use_cuda else None),
                     keep=spec.keep_checkpoints,
                 )
+            if pausing:
+                log.info("paused after epoch %d; the resumed job goes on from it", epoch)
+                return
         if env.rank == 0 and env.output_dir is not None:
             _save_model(env.output_dir, model)
     finally:

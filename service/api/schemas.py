@@ -115,11 +115,18 @@ class AttemptRead(BaseModel):
         description="an attempt ended by a heartbeat timeout: where each rank was (collective "
         "or elsewhere, and its line of user code); null otherwise",
     )
+    paused: bool = Field(
+        default=False, description="it ended because the job was paused (no restart used)")
 
     @field_validator("reason")
     @classmethod
     def _bounded(cls, v: str | None) -> str | None:  # rows stored before reasons were bounded
         return bounded_text(v) if v is not None else None
+
+    @field_validator("paused", mode="before")
+    @classmethod
+    def _not_paused(cls, v: object) -> object:  # the shim writes null for an attempt not paused
+        return False if v is None else v
 
 
 class JobRead(BaseModel):
@@ -155,6 +162,12 @@ class JobRead(BaseModel):
         default=None, description="a sweep's trial: its sweep (GET /sweeps/{id}); else null")
     params: dict[str, bool | int | float | str] | None = Field(
         default=None, description="a sweep's trial: the parameters it was given; else null")
+    pauses: int = Field(default=0, description="times the job was paused (by a user or a "
+                        "preemption); each adds an attempt beyond max_restarts + 1")
+    preemptions: int = Field(default=0, description="times the supervisor paused it to run a "
+                             "job of higher priority")
+    preempted_by: int | None = Field(
+        default=None, description="paused by a preemption: the job it made room for; else null")
 
     @classmethod
     def from_row(cls, job: Job, waiting: Waiting | None = None) -> "JobRead":
@@ -171,7 +184,7 @@ class JobRead(BaseModel):
             first_metric_at=job.first_metric_at,
             ended_at=job.ended_at,
             queue_position=waiting.position if queued and waiting else None,
-            waiting_reason=waiting.reason if queued and waiting else None,
+            waiting_reason=_waiting_reason(job, waiting) if queued and waiting else None,
             exit_code=job.exit_code,
             reason=bounded_text(job.reason) if job.reason is not None else None,
             pid=shim_pid(job.executor, job.executor_ref),
@@ -179,7 +192,17 @@ class JobRead(BaseModel):
             attempts=_attempts(job.attempts),
             sweep_id=job.sweep_id,
             params=job.params,
+            pauses=job.pauses or 0,
+            preemptions=job.preemptions or 0,
+            preempted_by=job.preempted_by,
         )
+
+
+def _waiting_reason(job: Job, waiting: Waiting) -> str:
+    """The scheduler's reason; a preempted job says first who it made room for."""
+    if job.preempted_by is not None:
+        return f"preempted by job {job.preempted_by}; {waiting.reason}"
+    return waiting.reason
 
 
 def _attempts(stored: list | None) -> list[AttemptRead]:

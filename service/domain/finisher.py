@@ -34,6 +34,7 @@ from service.domain.recordscope import job_attempts, world_size
 from service.domain.spool import SpoolChunk, SpoolTally, read_rank_spool
 from service.store import repository as repo
 from service.store.db import is_busy
+from service.store.tables import Job
 from torchyard_contract.bounds import bounded_text
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.runfiles import read_outcome
@@ -60,6 +61,9 @@ class Ended:
     # The executor cancelled it (Slurm: an operator's scancel, maybe while pending): without an
     # outcome file it ends ``cancelled`` (issue 25, item 5), not ``failed``.
     cancelled: bool = False
+    # The executor's reference of what ended; None when unknown. A job that no longer has it
+    # (paused while pending in Slurm, then resumed: service.domain.pauses) has nothing to finish.
+    ref: str | None = None
 
 
 @dataclass
@@ -93,13 +97,14 @@ class Finisher:
     def enqueue(
         self, job_id: int, shim_code: int | None, why: str | None = None,
         reason: str | None = None, ended_at: datetime | None = None, cancelled: bool = False,
+        ref: str | None = None,
     ) -> None:
         """Finish ``job_id`` soon (once: a job already waiting is not queued twice)."""
         with self._lock:
             if job_id in self._pending:
                 return
             self._pending.add(job_id)
-        self._queue.put(Ended(job_id, shim_code, why, reason, ended_at, cancelled))
+        self._queue.put(Ended(job_id, shim_code, why, reason, ended_at, cancelled, ref))
 
     def is_pending(self, job_id: int) -> bool:
         with self._lock:
@@ -109,7 +114,7 @@ class Finisher:
         while isinstance(item := self._queue.get(), Ended) and not self._halt.is_set():
             try:
                 self.finish(item.job_id, item.shim_code, item.why, item.reason, item.ended_at,
-                            item.cancelled)
+                            item.cancelled, item.ref)
             except Exception as exc:  # one job's failure must not stop the others'
                 if is_busy(exc):
                     logger.warning("job %s: finishing again in %gs, the database is busy: %s",
@@ -126,6 +131,7 @@ class Finisher:
     def finish(
         self, job_id: int, shim_code: int | None, why: str | None = None,
         reason: str | None = None, ended_at: datetime | None = None, cancelled: bool = False,
+        ref: str | None = None,
     ) -> None:
         """Steps 1–3 of the module docstring, for one job (callable directly, e.g. by tests)."""
         run = RunDir.for_job(self.runs_dir, job_id)
@@ -135,12 +141,14 @@ class Finisher:
             job = repo.get_job(session, job_id)
             if job is None:
                 return
+            if ref is not None and job.executor_ref != ref and job.state == JobState.queued.value:
+                return  # a withdrawn submission of a job resumed since (a new one follows)
             # It ended before a tick saw it start (a Slurm job, fast or purged meanwhile): a
             # queued job becomes starting first, so its spools are stored and it may end.
             repo.transition(session, job_id, JobState.starting, started_at=repo.utcnow())
             spec = dict(job.spec or {})
             ranks = world_size(spec)
-            repo.set_attempts(session, job_id, job_attempts(run, spec))
+            repo.set_attempts(session, job_id, job_attempts(run, spec, job.pauses or 0))
             session.commit()
         notes, added = [], 0
         for rank in range(ranks):
@@ -198,7 +206,22 @@ class Finisher:
             if not self.fence(session):
                 return
             job = repo.get_job(session, job_id)
+            if job is not None and job.state == JobState.paused.value:
+                # Paused while an executor still held it queued (Slurm): withdrawn, not ended.
+                repo.release(session, job_id)
+                repo.clear_executor_ref(session, job_id)
+                session.commit()
+                return
             stop_reason = job.stop_reason if job is not None else None
+            fields: dict[str, object] = {}
+            if state is JobState.paused and job is not None:
+                if job.state == JobState.pausing.value:
+                    # The pause's own reason stays ("paused by user", "preempted by job 12").
+                    reason = job.reason
+                    fields = {"pauses": Job.pauses + 1, "executor_ref": None}
+                else:  # the job's own processes may write exit.json: a pause nobody asked for
+                    state = JobState.failed
+                    reason = "the job's outcome says paused, but it was not asked to pause"
             if job is not None:
                 repo.set_attempts(session, job_id, _closed_attempts(
                     job.attempts or [], stop_reason if state is JobState.cancelled else None,
@@ -207,9 +230,10 @@ class Finisher:
             if stop_reason is not None:
                 # A guard tripped (maybe just before the job ended on its own): it failed.
                 state, reason = JobState.failed, stop_reason
+            if state is not JobState.paused:
+                fields["ended_at"] = ended_at or repo.utcnow()
             won = repo.transition(session, job_id, state, exit_code=exit_code,
-                                  reason=bounded_text(reason) if reason else None,
-                                  ended_at=ended_at or repo.utcnow())
+                                  reason=bounded_text(reason) if reason else None, **fields)
             if not won and job is not None:
                 repo.set_exit_code_if_unknown(session, job_id, exit_code)
             repo.release(session, job_id)

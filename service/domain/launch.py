@@ -53,6 +53,7 @@ def launch_config(settings: Settings, job_id: int, spec: JobSpec, program: RankP
         on_failure=[r.model_dump(exclude_none=True) for r in spec.on_failure] or None,
         restart_backoff_s=spec.restart_backoff_s,
         stack_sampler=stack_sampler(settings),
+        pause_grace_s=spec.pause_grace_s,
     )
 
 
@@ -175,6 +176,7 @@ class Launcher:
         if not ctx.lease.fence(session) or not repo.transition(
             session, job.id, JobState.starting,
             started_at=repo.utcnow(), devices=",".join(placement.resources), token_hash=token_hash,
+            preempted_by=None, reason=None,  # a resumed job's pause is over
         ):
             session.rollback()
             return

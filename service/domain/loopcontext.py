@@ -31,18 +31,22 @@ class Watched:
     seen_started: set[int] = field(default_factory=set)
     # Jobs seen ended whose exit.json is not visible yet: job id → first seen (monotonic).
     awaiting_outcome: dict[int, float] = field(default_factory=dict)
+    # Pausing jobs whose attempt loop was asked to pause (service.domain.pauses).
+    told_to_pause: set[int] = field(default_factory=set)
 
     def forget(self, job_id: int) -> None:
         self.refs.pop(job_id, None)
         self.stopping.discard(job_id)
         self.seen_started.discard(job_id)
         self.awaiting_outcome.pop(job_id, None)
+        self.told_to_pause.discard(job_id)
 
     def clear(self) -> None:
         self.refs.clear()
         self.stopping.clear()
         self.seen_started.clear()
         self.awaiting_outcome.clear()
+        self.told_to_pause.clear()
 
 
 @dataclass

@@ -43,8 +43,10 @@ class Reaper:
         for job_id, status in statuses.items():
             if status.phase is not Phase.ended or self._outcome_pending(job_id):
                 continue
+            ref = watched.refs.get(job_id)
             watched.forget(job_id)
-            self.finish(job_id, status.exit_code, status.reason, cancelled=status.cancelled)
+            self.finish(job_id, status.exit_code, status.reason, cancelled=status.cancelled,
+                        ref=ref)
 
     def _outcome_pending(self, job_id: int) -> bool:
         """The job ended but its outcome file is not visible here yet, and the executor's
@@ -78,13 +80,14 @@ class Reaper:
 
     def finish(
         self, job_id: int, loop_code: int | None, why: str | None = None,
-        reason: str | None = None, cancelled: bool = False,
+        reason: str | None = None, cancelled: bool = False, ref: str | None = None,
     ) -> None:
         """Free the job's resources now; the finisher re-ingests its spools and makes it
         terminal, off this thread. ``loop_code``: the attempt loop's exit code, None when unknown
         (it ended unwatched); ``why``: the executor's account of the end (Slurm's state), used
         when there is no outcome file; ``reason``: why it failed if it left no outcome, when
-        known better than that; ``cancelled``: the executor cancelled it (see ``Status``)."""
+        known better than that; ``cancelled``: the executor cancelled it (see ``Status``);
+        ``ref``: the executor's reference of what ended, when known."""
         ctx = self.ctx
         ended = repo.utcnow()  # before the release: a job started on its slots starts after
         try:
@@ -99,7 +102,8 @@ class Reaper:
             # The job is no longer watched: the finisher (fenced too) frees them as it ends it.
             logger.warning("job %s: resources not freed yet, the database is busy: %s",
                            job_id, getattr(exc, "orig", exc))
-        self.finisher.enqueue(job_id, loop_code, why, reason, ended_at=ended, cancelled=cancelled)
+        self.finisher.enqueue(job_id, loop_code, why, reason, ended_at=ended, cancelled=cancelled,
+                              ref=ref)
         ctx.queue_changed()
 
     def mark_running(self) -> None:
@@ -123,12 +127,13 @@ class Reaper:
 
     def _sync_attempts(self, session: Session, job: Job) -> None:
         run = RunDir.for_job(self.ctx.settings.runs_dir, job.id)
-        attempts = job_attempts(run, job.spec)
+        attempts = job_attempts(run, job.spec, job.pauses or 0)
         if attempts != (job.attempts or []):
             repo.set_attempts(session, job.id, attempts)
         if job.state != JobState.starting.value or not attempts:
             return
-        if run.ready_marker(attempts[-1]["number"], 0).exists():
+        latest = attempts[-1]  # a resumed job's last one may be its paused launch's: ended
+        if latest.get("ended_at") is None and run.ready_marker(latest["number"], 0).exists():
             # Seen up to a tick late; never after the first metric it made possible.
             now = repo.utcnow()
             running_at = min(now, job.first_metric_at) if job.first_metric_at else now

@@ -25,17 +25,17 @@ def world_size(spec: dict | None) -> int:
 
 
 
-def attempt_limit(spec: dict | None) -> int:
-    """Attempts a job may have: its ``max_restarts + 1``."""
+def attempt_limit(spec: dict | None, pauses: int = 0) -> int:
+    """Attempts a job may have: its ``max_restarts + 1``, and one more per pause."""
     try:
-        return int((spec or {}).get("max_restarts", 0) or 0) + 1
+        return int((spec or {}).get("max_restarts", 0) or 0) + 1 + max(0, pauses)
     except (TypeError, ValueError):
-        return 1
+        return 1 + max(0, pauses)
 
 
-def job_attempts(run: RunDir, spec: dict | None) -> list[dict]:
+def job_attempts(run: RunDir, spec: dict | None, pauses: int = 0) -> list[dict]:
     """The attempt records the job's run directory holds, within its limits (attempts, ranks)."""
-    return read_attempts(run, attempt_limit(spec), world_size(spec))
+    return read_attempts(run, attempt_limit(spec, pauses), world_size(spec))
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ Two strategies behind one method, chosen by the executor's capability (``queues_
 
 * :class:`HostScheduling` — the supervisor places jobs on this host's inventory
   (``service.domain.queue.scheduler``: priority, FIFO, gang allocation, backfill behind a
-  reservation) and launches them (``service.domain.launch``).
+  reservation) and launches them (``service.domain.launch``); a more urgent job that cannot
+  start may preempt preemptible ones (``service.domain.queue.preemption``).
 * :class:`ExecutorQueueing` — the executor queues and places jobs itself (Slurm): every queued
   job is handed to it at once, each on a submit thread (``service.domain.submits``), and stays
   ``queued`` until the executor starts it (``service.domain.reaping``).
@@ -24,8 +25,9 @@ from sqlalchemy.orm import Session
 from service.domain.jobtoken import new_token
 from service.domain.launch import Launcher
 from service.domain.loopcontext import LoopContext
+from service.domain.pauses import Pauses
 from service.domain.placement import capacity_shortfall, placement_for, resource_kind
-from service.domain.queue import scheduler
+from service.domain.queue import preemption, scheduler
 from service.domain.scriptpath import ScriptRefused
 from service.domain.secretstore import SecretRefused
 from service.domain.submits import Submits
@@ -62,6 +64,7 @@ def stored_spec(session: Session, job: Job, ctx: LoopContext) -> JobSpec | None:
 class HostScheduling:
     ctx: LoopContext
     launcher: Launcher
+    pauses: Pauses
 
     def run_pass(self, now: float) -> None:
         ctx = self.ctx
@@ -81,7 +84,7 @@ class HostScheduling:
                 ctx.set_waiting({})
                 return
             held = repo.allocated_resources(reader)
-            running = self._running_jobs(reader, held)
+            running, active = self._running_jobs(reader, held)
         # Checked at submit, but a restart with fewer GPUs or slots can leave a job that never
         # fits: it would hold the head of its kind's queue forever, so it fails instead.
         queue = [job for job in queue if not self._fail_if_never_fits(job)]
@@ -98,6 +101,28 @@ class HostScheduling:
                     continue
                 self.launcher.launch(session, job, spec, placement_for(spec, launch.resources))
         ctx.set_waiting(decision.waiting)
+        launched = {r for launch in decision.launches for r in launch.resources}
+        left = {kind: len([r for r in names if r not in launched]) for kind, names in free.items()}
+        self._preempt([j for j in queue if j.id in decision.waiting], left, active, now)
+
+    def _preempt(
+        self, waiting: list[scheduler.QueuedJob], free: dict[str, int],
+        active: list[preemption.ActiveJob], now: float,
+    ) -> None:
+        """Pause preemptible jobs of lower priority for a waiting urgent one (see
+        ``service.domain.queue.preemption``); it starts on a later pass, once they are paused."""
+        ctx = self.ctx
+        chosen = preemption.choose(waiting, free, active, ctx.settings.preempt_min_run_s, now)
+        if not chosen:
+            return
+        with ctx.loop_sessions() as session:
+            if not ctx.lease.fence(session):
+                return
+            for decision in chosen:
+                for victim in decision.victims:
+                    if self.pauses.preempt(session, victim, decision.for_job):
+                        logger.info("job %s: preempted by job %s", victim, decision.for_job)
+            session.commit()
 
     def close(self) -> None:
         pass
@@ -114,12 +139,15 @@ class HostScheduling:
         logger.info("job %s: can never fit this host; failed", job.id)
         return True
 
-    def _running_jobs(self, session: Session, held: dict[str, int]) -> list[scheduler.RunningJob]:
-        """Jobs holding resources, with the time by which their deadline ends them."""
+    def _running_jobs(
+        self, session: Session, held: dict[str, int]
+    ) -> tuple[list[scheduler.RunningJob], list[preemption.ActiveJob]]:
+        """Jobs holding resources, with the time by which their deadline ends them, and what
+        preemption needs to know of them."""
         by_job: dict[int, list[str]] = {}
         for resource, job_id in held.items():
             by_job.setdefault(job_id, []).append(resource)
-        running = []
+        running, active = [], []
         for job_id, resources in by_job.items():
             job = repo.get_job(session, job_id)
             limit = (job.spec or {}).get("max_runtime_s") if job is not None else None
@@ -132,7 +160,12 @@ class HostScheduling:
             )
             kind = scheduler.GPU if resources[0].startswith("gpu:") else scheduler.CPU
             running.append(scheduler.RunningJob(job_id, kind, len(resources), ends_by))
-        return running
+            if job is not None and started is not None:
+                active.append(preemption.ActiveJob(
+                    job_id, job.priority, kind, len(resources),
+                    started.replace(tzinfo=UTC).timestamp(), bool(job.preemptible),
+                    job.state == JobState.pausing.value, bool(job.preemptions)))
+        return running, active
 
 
 @dataclass

@@ -17,6 +17,10 @@ from torchyard_contract.state import TERMINAL_STATES, JobState
 
 logger = logging.getLogger(__name__)
 
+# States whose group must not run: ended, and paused while an executor held it queued (Slurm's
+# pending job is withdrawn; service.domain.pauses).
+_STOPPED = TERMINAL_STATES | {JobState.paused}
+
 
 @dataclass
 class Stops:
@@ -35,8 +39,8 @@ class Stops:
             session.commit()
 
     def stop_ended(self) -> None:
-        """Jobs whose group still runs but which are terminal in the database are stopped by
-        the executor, each in its own thread."""
+        """Jobs whose group still runs (or waits in the executor's queue) but which are terminal
+        or paused in the database are stopped by the executor, each in its own thread."""
         watched = self.ctx.watched
         running = [j for j in watched.refs if j not in watched.stopping]
         if not running:
@@ -44,7 +48,7 @@ class Stops:
         with self.ctx.loop_sessions() as session:
             for job_id in running:
                 job = repo.get_job(session, job_id)
-                if job is not None and JobState(job.state) in TERMINAL_STATES:
+                if job is not None and JobState(job.state) in _STOPPED:
                     watched.stopping.add(job_id)
                     threading.Thread(target=self._stop_group, args=(job_id,), daemon=True).start()
 

@@ -1,7 +1,8 @@
 """The supervisor owns jobs' lives and every state change after submission.
 
 One background thread runs ``tick()``, each step a part of its own: fail jobs a loss guard asked
-to stop and stop the groups of cancelled and failed jobs (``service.domain.stops``), reap finished
+to stop and stop the groups of cancelled and failed jobs (``service.domain.stops``), ask pausing
+jobs' attempt loops to pause (``service.domain.pauses``), reap finished
 ones and mark started ones running (``service.domain.reaping``: resources are freed at once;
 ``service.domain.finisher`` re-ingests their spools and makes them terminal on a thread of its
 own), then advance the sweeps (``service.domain.sweepdriver``: new trials, pruning), then run a
@@ -10,8 +11,8 @@ reservation; launches through ``service.domain.launch``). The webhook outbox is 
 ``service.domain.webhooks`` on threads of its own. Submissions go through
 ``service.domain.intake``; each lease term starts with ``service.domain.recovery``. Each step,
 and each job within a step, is isolated: whatever one job left in its run directory cannot stop
-the loop. It is the only code that allocates resources, so two jobs never share one. Routes call ``submit``, ``cancel``,
-``queue_status`` and ``resources``.
+the loop. It is the only code that allocates resources, so two jobs never share one. Routes call
+``submit``, ``cancel``, ``pause``, ``resume``, ``queue_status`` and ``resources``.
 
 Every server process has a supervisor, but only the holder of the lease (``service.domain.lease``)
 acts: it recovers at the start of each term, ticks while ``held()``, and writes its state
@@ -37,6 +38,7 @@ from service.domain.intake import Intake
 from service.domain.launch import Launcher
 from service.domain.lease import Lease
 from service.domain.loopcontext import LoopContext
+from service.domain.pauses import Pauses
 from service.domain.queue import scheduler
 from service.domain.queue.inventory import Inventory
 from service.domain.queue.snapshot import PUBLISH_MIN_S, SnapshotReader, encode
@@ -120,9 +122,10 @@ class Supervisor:
         self.intake = Intake(self.settings, self.session_factory, self.inventory,
                              self.executor.queues_jobs, self._queue_changed)
         launcher = Launcher(self.ctx)
+        self.pauses = Pauses(self.ctx)
         self.scheduling: Scheduling = (
             ExecutorQueueing(self.ctx, launcher) if self.executor.queues_jobs
-            else HostScheduling(self.ctx, launcher)
+            else HostScheduling(self.ctx, launcher, self.pauses)
         )
         self.reaper = Reaper(self.ctx, self.finisher)
         self.stops = Stops(self.ctx, self._wake.set)
@@ -183,6 +186,14 @@ class Supervisor:
             logger.info("job %s: cancelled", job_id)
             self._queue_changed()  # the loop stops the group (service.domain.stops)
         return job
+
+    def pause(self, job_id: int) -> Job | None:
+        """See :meth:`service.domain.pauses.Pauses.pause`."""
+        return self.pauses.pause(job_id)
+
+    def resume(self, job_id: int) -> Job | None:
+        """See :meth:`service.domain.pauses.Pauses.resume`."""
+        return self.pauses.resume(job_id)
 
     # --- the loop ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -255,6 +266,7 @@ class Supervisor:
         # Each step on its own: one that fails (a bug, a database error) must not starve the
         # others, or a stuck reap would hold every queued job.
         for step in (self.stops.fail_stop_requests, self.stops.stop_ended,
+                     self.pauses.tell_pausing, self.pauses.resume_preempted,
                      self.reaper.reap_finished, self.reaper.mark_running,
                      self.sweep_driver.step, self._schedule,
                      self._publish_waiting, self._clean_up):

@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 SETTING = "TORCHYARD_WEBHOOKS_FILE"
 FIELD = "notify"
-EVENTS = ("running", "succeeded", "failed", "cancelled", "restarted")
+EVENTS = ("running", "succeeded", "failed", "cancelled", "restarted", "paused")
 FORMATS = ("standard", "slack")
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 SECRET_PREFIX = "whsec_"

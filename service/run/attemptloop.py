@@ -9,7 +9,10 @@ enforces ``max_runtime_s`` and ``heartbeat_timeout_s``, and writes:
 
 * ``attempts/<n>.json`` — number, started_at, ended_at, exit_code, rank_exit_codes (per rank,
   as torchrun's failure summary gives them; all 0 on success), reason, startup_failure;
-* ``exit.json`` — the job's outcome: state (succeeded|failed|cancelled), exit_code, reason.
+* ``exit.json`` — the job's outcome: state (succeeded|failed|cancelled|paused), exit_code, reason.
+
+A pause (``RUN_DIR/pause.json``, ``service.run.pausing``) ends the attempt with the ranks'
+grace; the outcome is ``paused`` and a resumed job's next launch numbers its attempts on.
 
 Launchers (``--launcher``): ``local`` (default) runs each attempt's torchrun on this host;
 ``slurm`` — inside a Slurm allocation, on its batch host — runs each attempt as one job step,
@@ -40,6 +43,7 @@ from pathlib import Path
 
 from service.run import ranktee, retrydecision, stacks
 from service.run.exitreason import describe_exit, failed_rank_exit_codes
+from service.run.pausing import PAUSED_REASON, PauseWatch
 from service.run.proctree import (
     ProcessGroupHandle,
     become_subreaper,
@@ -54,6 +58,7 @@ from torchyard_contract import claim as runclaim
 from torchyard_contract import envnames as names
 from torchyard_contract.launch import LaunchConfig
 from torchyard_contract.rundir import RunDir
+from torchyard_contract.runfiles import read_attempts
 
 POLL_S = 0.2
 STRAY_GRACE_S = 2.0  # SIGTERM → this → SIGKILL for processes a finished attempt left behind
@@ -87,6 +92,12 @@ class Shim:
         self.cancelled = False
         self.started = time.time()
         self.stopped_by_shim = False
+        self.pause = PauseWatch(run, config, launcher, warm_socket)
+        # A resumed job's run directory holds its earlier launches' attempts: numbering goes
+        # on after them, and the ones a pause ended used no restart.
+        earlier = read_attempts(run)
+        self.first_number = 1 + max((a["number"] for a in earlier), default=0)
+        self.paused_attempts = sum(1 for a in earlier if a.get("paused"))
 
     def on_sigterm(self, _signum: int, _frame: object) -> None:
         self.cancelled = True
@@ -119,6 +130,8 @@ class Shim:
             stacks.answer_requests(self.run, self.config, number, self.launcher,
                                    self.warm_socket)  # GET .../stacks
             forced_reason = self._why_stop(number)
+            if forced_reason is None and self.pause.grace_over():
+                forced_reason = PAUSED_REASON  # the ranks had their grace; stop what is left
             if forced_reason is not None:
                 handle.terminate(self.config.stop_grace_s)
                 code = handle.poll()
@@ -135,7 +148,10 @@ class Shim:
         ready = all(
             self.run.ready_marker(number, r).exists() for r in range(self.config.world_size)
         )
-        if forced_reason is not None:
+        paused = self.pause.requested and not self.cancelled
+        if paused:
+            reason = PAUSED_REASON  # however the ranks ended: they were asked to stop
+        elif forced_reason is not None:
             reason = forced_reason  # torchrun may exit 0 on SIGTERM; the stop still failed it
         elif code == 0:
             reason = None
@@ -154,8 +170,10 @@ class Shim:
             exit_code=code,
             reason=reason,
             rank_exit_codes=rank_codes,
-            startup_failure=(code != 0 and not ready and forced_reason is None),
+            startup_failure=(code != 0 and not ready and forced_reason is None and not paused),
         )
+        if paused:
+            record["paused"] = True
         _write_json(self.run.attempt_file(number), record)
         return code, reason, bool(record["startup_failure"])
 
@@ -231,23 +249,33 @@ class Shim:
         return None
 
     def main(self) -> int:
-        number = 1
+        number = self.first_number
         while True:
+            if self.pause.requested and not self.cancelled:  # asked between two attempts
+                outcome = {"state": "paused", "exit_code": None, "reason": PAUSED_REASON}
+                number -= 1
+                break
             code, reason, startup = self.run_attempt(number)
             stacks.keep_with_attempt(self.run, number)  # the hang's stacks, Flight Recorder dumps
             if self.cancelled:
                 outcome = {"state": "cancelled", "exit_code": code, "reason": "cancelled by user"}
                 break
+            if reason == PAUSED_REASON:
+                outcome = {"state": "paused", "exit_code": code, "reason": PAUSED_REASON}
+                break
             if code == 0 and reason is None:
                 outcome = {"state": "succeeded", "exit_code": 0, "reason": None}
                 break
-            last = startup or number > self.config.max_restarts or reason == DEADLINE_REASON
+            failures = number - self.paused_attempts  # attempts a pause ended are no failures
+            last = startup or failures > self.config.max_restarts or reason == DEADLINE_REASON
             # --- retries decided by the cause (service.run.retrydecision) ---
             if not startup and reason != DEADLINE_REASON and not self.stopped_by_shim:
-                decided = retrydecision.decide_attempt(self.run, self.config, number, reason)
+                decided = retrydecision.decide_attempt(self.run, self.config, number, reason,
+                                                       failures)
                 last, reason = not decided.retry, decided.reason
                 if not last:
-                    retrydecision.wait_backoff(decided.backoff_s, lambda: self.cancelled)
+                    retrydecision.wait_backoff(
+                        decided.backoff_s, lambda: self.cancelled or self.pause.requested)
             # --- end retries decided by the cause ---
             if last:
                 if startup:

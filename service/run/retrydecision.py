@@ -49,23 +49,29 @@ def _failures(run: RunDir, number: int, record: dict, world_size: int) -> list[R
 
 
 def decide_attempt(
-    run: RunDir, config: LaunchConfig, number: int, reason: str | None
+    run: RunDir, config: LaunchConfig, number: int, reason: str | None,
+    failures: int | None = None,
 ) -> AttemptDecision:
-    """Decide after failed attempt ``number``; records the decision in ``attempts/<n>.json``."""
+    """Decide after failed attempt ``number``; records the decision in ``attempts/<n>.json``.
+    ``failures``: the job's failed attempts so far, this one included (``number`` less the
+    attempts a pause ended; default ``number``)."""
+    failures = number if failures is None else failures
     try:
-        return _decide(run, config, number, reason)
+        return _decide(run, config, number, reason, failures)
     except (OSError, ValueError) as exc:  # never worse than before rules: retry while allowed
         print(f"attempt {number}: retry rules not applied: {exc}", flush=True)
-        return AttemptDecision(number <= config.max_restarts, reason or "failed", 0.0)
+        return AttemptDecision(failures <= config.max_restarts, reason or "failed", 0.0)
 
 
-def _decide(run: RunDir, config: LaunchConfig, number: int, reason: str | None) -> AttemptDecision:
+def _decide(
+    run: RunDir, config: LaunchConfig, number: int, reason: str | None, failures: int
+) -> AttemptDecision:
     path = run.attempt_file(number)
     record = json.loads(path.read_text())
     rules = [FailureRule.model_validate(r) for r in config.on_failure or []]
     decision = decide(rules, _failures(run, number, record, config.world_size))
     label = decision.label()
-    used_up = number > config.max_restarts
+    used_up = failures > config.max_restarts
     if decision.action == "fail":
         retry, summary = False, f"not restarted: {decision.why} ({label})"
     elif used_up:
@@ -75,7 +81,7 @@ def _decide(run: RunDir, config: LaunchConfig, number: int, reason: str | None) 
         retry, summary = True, f"restarted: {decision.why} ({label})"
     backoff = 0.0
     if retry and config.restart_backoff_s > 0:
-        growth = min(2.0 ** (number - 1), BACKOFF_GROWTH_MAX)
+        growth = min(2.0 ** (failures - 1), BACKOFF_GROWTH_MAX)
         backoff = config.restart_backoff_s * growth
     record["decision"] = {
         "action": (decision.action or "retry") if retry else "fail",

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import psutil
 
-from service.run.warm import relay
+from service.run.rankprocs import node_rank_processes, rank_processes
 from torchyard_contract.launch import LaunchConfig
 from torchyard_contract.rundir import RunDir
 
@@ -62,61 +62,6 @@ def stacks_dir(run: RunDir) -> Path:
 
 def hang_file(run: RunDir, number: int) -> Path:
     return stacks_dir(run) / f"attempt-{number}.json"
-
-
-def _rank_processes(run: RunDir, world_size: int, anywhere: bool) -> dict[int, psutil.Process]:
-    """This run's rank programs on this host: below this process, or (``anywhere``: a node of a
-    Slurm job, where ranks live under ``slurmstepd``) any process whose ranktee names the run."""
-    ranks: dict[int, psutil.Process] = {}
-    try:
-        candidates = (list(psutil.process_iter()) if anywhere
-                      else psutil.Process(os.getpid()).children(recursive=True))
-    except psutil.Error:
-        return ranks
-    for proc in candidates:
-        try:
-            parent = proc.parent()
-            if parent is None or _is_ranktee(proc.cmdline()):
-                continue
-            tee = parent.cmdline()
-            if not _is_ranktee(tee) or _arg(tee, "--run-dir") != str(run.root):
-                continue
-            rank = int(proc.environ().get("RANK", "-1"))
-        except (psutil.Error, ValueError):
-            continue
-        if 0 <= rank < world_size:
-            ranks.setdefault(rank, proc)
-    return ranks
-
-
-def _warm_rank_processes(
-    warm_socket: str, job_id: int, world_size: int
-) -> dict[int, psutil.Process]:
-    """This job's warm rank programs, as the warm server at ``warm_socket`` names them (its
-    relays below the shim are not the programs); empty when it does not answer."""
-    status = relay.ask(warm_socket, {"op": "status"}) or {}
-    ranks: dict[int, psutil.Process] = {}
-    for entry in status.get("ranks") or []:
-        try:
-            if entry.get("job_id") != str(job_id) or entry.get("rank") is None:
-                continue  # another job's, or torchrun's agent (no RANK)
-            rank = int(entry["rank"])
-            if 0 <= rank < world_size:
-                ranks.setdefault(rank, psutil.Process(int(entry["pid"])))
-        except (psutil.Error, ValueError, TypeError, AttributeError):
-            continue
-    return ranks
-
-
-def _arg(cmdline: list[str], name: str) -> str | None:
-    return next((cmdline[i + 1] for i, a in enumerate(cmdline[:-1]) if a == name), None)
-
-
-def _is_ranktee(cmdline: list[str]) -> bool:
-    """``python [-u] -m service.run.ranktee …`` (torchrun's own command line names it later,
-    after its first ``-m``)."""
-    first = next((i for i, arg in enumerate(cmdline[:8]) if arg == "-m"), None)
-    return first is not None and cmdline[first + 1:first + 2] == ["service.run.ranktee"]
 
 
 def _frame(f: dict) -> dict:
@@ -172,8 +117,7 @@ def take(
     if launcher == "slurm":
         entries, error = _take_on_nodes(run, config)
     else:
-        ranks = (_warm_rank_processes(warm_socket, config.job_id, config.world_size)
-                 if warm_socket else _rank_processes(run, config.world_size, False))
+        ranks = rank_processes(run, config, warm_socket)
         entries, error = _dump(ranks, str(path), started + DUMP_TIMEOUT_S)
     snapshot["ranks"] = sorted(entries, key=lambda e: e["rank"])
     snapshot["error"] = error
@@ -362,7 +306,7 @@ def node_main(argv: list[str]) -> None:
         error: str | None = (f"the stack sampler {sampler!r} was not found" if sampler
                              else "stacks are turned off (TORCHYARD_STACK_SAMPLER is off)")
     else:
-        entries, error = _dump(_rank_processes(run, world_size, True), path,
+        entries, error = _dump(node_rank_processes(run, world_size), path,
                                time.time() + DUMP_TIMEOUT_S)
     print(json.dumps({"host": socket.gethostname(), "ranks": entries, "error": error}), flush=True)
 

@@ -18,7 +18,7 @@ from torchyard_contract.bounds import bounded_text
 DELIVERY_PENDING, DELIVERY_DELIVERED, DELIVERY_FAILED = "pending", "delivered", "failed"
 
 
-WEBHOOK_EVENTS = frozenset({"running", "succeeded", "failed", "cancelled", "restarted"})
+WEBHOOK_EVENTS = frozenset({"running", "succeeded", "failed", "cancelled", "restarted", "paused"})
 
 
 def queue_webhook(

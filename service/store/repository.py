@@ -13,7 +13,7 @@ from service.store.outbox import WEBHOOK_EVENTS, queue_webhook
 from service.store.tables import Allocation, Job, JobLabel
 from torchyard_contract.bounds import bounded_text
 from torchyard_contract.spec import JobSpec
-from torchyard_contract.state import ALLOWED_FROM, TERMINAL_STATES, JobState
+from torchyard_contract.state import ACTIVE_STATES, ALLOWED_FROM, TERMINAL_STATES, JobState
 
 
 def create_job(
@@ -26,6 +26,7 @@ def create_job(
         name=spec.name,
         state=JobState.queued.value,
         priority=spec.priority,
+        preemptible=spec.preemptible,
         idempotency_key=idempotency_key,
         spec=spec.model_dump(mode="json"),
         created_at=utcnow(),
@@ -101,9 +102,25 @@ def queued_for_scheduling(
     return session.execute(q).tuples().all()
 
 
+_ACTIVE = [s.value for s in sorted(ACTIVE_STATES)]
+
+
 def active_jobs(session: Session) -> Sequence[Job]:
-    states = [JobState.starting.value, JobState.running.value]
+    """Jobs whose group may run (starting, running, pausing), oldest first."""
+    states = _ACTIVE
     return session.scalars(select(Job).where(Job.state.in_(states)).order_by(Job.id)).all()
+
+
+def ids_in_state(session: Session, state: JobState) -> list[int]:
+    """Ids of the jobs in ``state``, oldest first."""
+    q = select(Job.id).where(Job.state == state.value).order_by(Job.id)
+    return list(session.scalars(q).all())
+
+
+def preempted_and_paused(session: Session) -> list[int]:
+    """Ids of paused jobs a preemption paused (they are resumed on their own), oldest first."""
+    q = select(Job.id).where(Job.state == JobState.paused.value, Job.preempted_by.is_not(None))
+    return list(session.scalars(q.order_by(Job.id)).all())
 
 
 def queued_with_reference(session: Session) -> Sequence[Job]:
@@ -118,16 +135,21 @@ def queued_unsubmitted(session: Session) -> Sequence[Job]:
     return session.scalars(q.order_by(Job.priority.desc(), Job.id)).all()
 
 
-def transition(session: Session, job_id: int, to: JobState, **fields: object) -> bool:
-    """Move a job to ``to`` only from a state allowed by ``ALLOWED_FROM``; True if this call won.
+def transition(
+    session: Session, job_id: int, to: JobState, only_from: JobState | None = None,
+    **fields: object,
+) -> bool:
+    """Move a job to ``to`` only from a state allowed by ``ALLOWED_FROM`` (and only from
+    ``only_from``, when given); True if this call won. Each change counts in ``state_changes``.
 
     A ``reason`` is stored cut to ``REASON_MAX_CHARS`` (it may come from the job: bounded). The
     webhook outbox (``queue_webhook``) gets the change in the same transaction when the job's
     subscriptions name its event: every state change goes through here, so none is missed."""
-    allowed = [s.value for s in ALLOWED_FROM[to]]
+    allowed = [s.value for s in ALLOWED_FROM[to] if only_from in (None, s)]
     if isinstance(fields.get("reason"), str):
         fields["reason"] = bounded_text(fields["reason"])  # type: ignore[arg-type]
-    values: dict[str, object] = {"state": to.value, **fields}
+    values: dict[str, object] = {
+        "state": to.value, "state_changes": Job.state_changes + 1, **fields}
     if to in TERMINAL_STATES:
         values.setdefault("ended_at", utcnow())
     rows = session.execute(
@@ -151,6 +173,11 @@ def set_executor_ref(session: Session, job_id: int, executor: str, reference: st
     session.execute(
         update(Job).where(Job.id == job_id).values(executor=executor, executor_ref=reference)
     )
+
+
+def clear_executor_ref(session: Session, job_id: int) -> None:
+    """The executor no longer holds the job (paused): a resume submits it again."""
+    session.execute(update(Job).where(Job.id == job_id).values(executor_ref=None))
 
 
 def set_token_hash(session: Session, job_id: int, token_hash: str) -> None:
@@ -193,6 +220,8 @@ def _queue_restarts(
         if not isinstance(number, int) or number <= max(seen, 1):
             continue
         prior = previous.get(number - 1) or {}
+        if prior.get("paused"):
+            continue  # a resume, not a restart (the job's own "running" event tells of it)
         queue_webhook(session, job_id, name, webhooks, "restarted", {
             "state": "running", "attempt": number, "previous_attempt_reason": prior.get("reason"),
         })
@@ -218,7 +247,7 @@ def release(session: Session, job_id: int) -> None:
 def request_stop(session: Session, job_id: int, reason: str) -> bool:
     """Note why a guard wants an active job stopped; only the first request counts (CAS).
     True if this call set it. The supervisor acts on it (``stop_requested``)."""
-    active = [JobState.starting.value, JobState.running.value]
+    active = _ACTIVE
     result = session.execute(
         update(Job)
         .where(Job.id == job_id, Job.stop_reason.is_(None), Job.state.in_(active))
@@ -229,9 +258,14 @@ def request_stop(session: Session, job_id: int, reason: str) -> bool:
 
 def stop_requested(session: Session) -> Sequence[tuple[int, str]]:
     """``(job id, stop_reason)`` of active jobs a guard wants stopped."""
-    active = [JobState.starting.value, JobState.running.value]
+    active = _ACTIVE
     q = select(Job.id, Job.stop_reason).where(Job.state.in_(active), Job.stop_reason.is_not(None))
     return session.execute(q).tuples().all()  # type: ignore[return-value]
+
+
+def count_preemptions(session: Session) -> int:
+    """Preemptions of every job there is (a deleted job's are gone with it)."""
+    return int(session.scalar(select(func.coalesce(func.sum(Job.preemptions), 0))) or 0)
 
 
 def count_jobs_by_state(session: Session) -> dict[str, int]:

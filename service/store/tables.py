@@ -5,6 +5,7 @@ from datetime import datetime
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
     Float,
     ForeignKey,
@@ -14,6 +15,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -69,6 +71,16 @@ class Job(Base):
     sweep_id: Mapped[int | None] = mapped_column(Integer, index=True)
     params: Mapped[dict | None] = mapped_column(JSON)
     pruned_epoch: Mapped[int | None] = mapped_column(Integer)
+    # Every state change counts one (``repository.transition``): states may go back (a resumed
+    # job is queued again), so the event stream's cursor counts changes (0012_pause).
+    state_changes: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Times paused (each adds an attempt beyond max_restarts + 1), times preempted by the
+    # supervisor, the job that preempted it last (null once it runs again), and the spec's
+    # ``preemptible`` copied out for the scheduler (docs/lifecycle.md).
+    pauses: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    preemptions: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    preempted_by: Mapped[int | None] = mapped_column(Integer)
+    preemptible: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 Index("ix_jobs_queue", Job.state, Job.priority, Job.id)

@@ -18,7 +18,7 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])
 class DeliveryRead(BaseModel):
     """One event told to one endpoint (service.domain.webhooks); times are UTC."""
 
-    event: Literal["running", "succeeded", "failed", "cancelled", "restarted"]
+    event: Literal["running", "succeeded", "failed", "cancelled", "restarted", "paused"]
     endpoint: str = Field(description="the endpoint's name in TORCHYARD_WEBHOOKS_FILE")
     webhook_id: str = Field(description="the webhook-id header, the same on every try")
     state: Literal["pending", "delivered", "failed"] = Field(

@@ -2,14 +2,16 @@
 
 Events:
 
-* ``state`` — data: the job (as ``GET /jobs/{id}``), sent first and whenever the state moved on
-  since the last one sent. States advance along queued → starting → running → terminal, so a
-  state that lasted less than one poll may be skipped; the terminal state is always sent, last.
+* ``state`` — data: the job (as ``GET /jobs/{id}``), sent first and whenever the state changed
+  since the last one sent (queued → starting → running → terminal; a pause goes on to pausing →
+  paused, a resume back to queued). A state that lasted less than one poll may be skipped; the
+  terminal state is always sent, last.
 * ``metric`` — data: one record, as an item of ``GET /jobs/{id}/metrics``, in ``seq`` order.
 
 Every event's ``id`` is the cursor ``<seq>-<stage>``: the last record ``seq`` sent and the stage
-of the last state sent (0 queued, 1 starting, 2 running, 3 terminal; -1 none yet, as when a
-stream opened on a finished job sends its records before the terminal state). A client that reconnects
+of the last state sent: how many state changes the job had made then (its ``state_changes``; 0
+queued, 1 starting, 2 running, 3 ended for a job never paused; -1 none yet, as when a stream
+opened on a finished job sends its records before the terminal state). A client that reconnects
 with ``Last-Event-ID`` gets only newer records and only a later state: no gap, no duplicate.
 The stream ends once the job is terminal and every record has been sent, or when the server
 shuts down (``service.api.drain``): a client then reconnects with ``Last-Event-ID``.
@@ -36,16 +38,14 @@ from service.api.hotreads import HotReads
 from service.api.schemas import JobRead, MetricRead
 from service.store import records as recordstore
 from service.store import repository as repo
-from torchyard_contract.state import TERMINAL_STATES, JobState
+from torchyard_contract.state import TERMINAL_STATES
 
 router = APIRouter(prefix="/jobs", tags=["events"])
 EVENTS_POLL_S = 0.5
 EVENTS_PAGE = 1000
-TERMINAL_STAGE = 3
-STAGES = {JobState.queued: 0, JobState.starting: 1, JobState.running: 2}
 # An event id of this stream, or empty (start from the beginning); blanks around it are ignored.
-LAST_EVENT_ID_PATTERN = r"^[ \t]*(?:[0-9]{1,18}-(?:-1|[0-3]))?[ \t]*$"
-_CURSOR = re.compile(r"^([0-9]{1,18})-(-1|[0-3])$")
+LAST_EVENT_ID_PATTERN = r"^[ \t]*(?:[0-9]{1,18}-(?:-1|[0-9]{1,9}))?[ \t]*$"
+_CURSOR = re.compile(r"^([0-9]{1,18})-(-1|[0-9]{1,9})$")
 
 
 @dataclass(frozen=True)
@@ -56,10 +56,6 @@ class Cursor:
     @property
     def id(self) -> str:
         return f"{self.seq}-{self.stage}"
-
-
-def stage_of(state: JobState) -> int:
-    return TERMINAL_STAGE if state in TERMINAL_STATES else STAGES[state]
 
 
 def _cursor(
@@ -81,7 +77,8 @@ class Tail:
     """What one wake-up of a job's streams reads: the job's state, the job as a ``state``
     event's data, and the next records, each already serialized (shared by every stream)."""
 
-    stage: int
+    stage: int  # the job's state_changes
+    ended: bool  # the job is terminal
     job_json: str
     records: list[tuple[int, str]]  # (seq, the record as JSON)
 
@@ -89,10 +86,12 @@ class Tail:
 def _read_tail(factory: sessionmaker[Session], job_id: int, after: int) -> Tail:
     """The job, then the records after ``after``: state first, as ``GET /metrics`` reads them."""
     with factory() as session:
-        job = JobRead.from_row(repo.get_job(session, job_id))  # type: ignore[arg-type]
+        row = repo.get_job(session, job_id)
+        job = JobRead.from_row(row)  # type: ignore[arg-type]
         rows = recordstore.read_records(session, job_id, after, EVENTS_PAGE)
         records = [(r.seq, MetricRead.from_row(r).model_dump_json()) for r in rows]
-    return Tail(stage_of(job.state), job.model_dump_json(), records)
+    return Tail(row.state_changes or 0, job.state in TERMINAL_STATES,  # type: ignore[union-attr]
+                job.model_dump_json(), records)
 
 
 def _event(event: str, cursor: Cursor, data: str) -> ServerSentEvent:
@@ -121,16 +120,16 @@ async def job_events(
         # A live state goes out before the records read after it (a client sees "running"
         # before that attempt's epochs). The terminal state goes out only once a poll that saw
         # it found no new record, so it comes after every record.
-        if cursor.stage < stage < TERMINAL_STAGE:
+        if cursor.stage < stage and not tail.ended:
             cursor = Cursor(cursor.seq, stage)
             yield _event("state", cursor, tail.job_json)
         for seq, record in tail.records:
             cursor = Cursor(seq, cursor.stage)
             yield _event("metric", cursor, record)
-        if stage == TERMINAL_STAGE and cursor.stage < stage and not tail.records:
+        if tail.ended and cursor.stage < stage and not tail.records:
             cursor = Cursor(cursor.seq, stage)
             yield _event("state", cursor, tail.job_json)
-        if stage == TERMINAL_STAGE and not tail.records:
+        if tail.ended and not tail.records:
             return
         if len(tail.records) < EVENTS_PAGE:
             await changes.wait(job_id, seen, changes.fallback_s(EVENTS_POLL_S))

@@ -1,4 +1,4 @@
-"""Job routes: submit, read, list, wait, cancel, and read metrics with a cursor."""
+"""Job routes: submit, read, list, wait, cancel, pause, resume, and read metrics with a cursor."""
 
 import time
 from typing import Annotated
@@ -25,6 +25,7 @@ from service.api.middleware.writegate import WriteSlotDep
 from service.api.schemas import AttemptRead, JobList, JobRead, MetricRead, MetricsPage
 from service.domain.cleanup import JobLive, JobNotFound
 from service.domain.intake import SubmitRejected
+from service.domain.pauses import PauseRefused
 from service.domain.supervisor import Supervisor
 from service.store import records as recordstore
 from service.store import repository as repo
@@ -179,6 +180,34 @@ def cancel_job(_write: WriteSlotDep, job: JobDep, supervisor: SupervisorDep) -> 
     """Cancel a queued or running job; cancelling a finished job returns it unchanged (200)."""
     cancelled = supervisor.cancel(job.id) or job  # None: deleted meanwhile; answer what we read
     return _job_read(cancelled, supervisor)
+
+
+_PAUSE_CONFLICT = {409: {**ERROR_RESPONSES[409], "description": "the job is in a state that "
+                   "cannot be paused or resumed (the message names it)"}}
+
+
+@router.post("/{job_id}/pause", response_model=JobRead, responses=_PAUSE_CONFLICT)
+def pause_job(_write: WriteSlotDep, job: JobDep, supervisor: SupervisorDep) -> JobRead:
+    """Pause a job: a queued one is ``paused`` at once; a starting or running one is
+    ``pausing`` while its ranks stop at a safe point with a checkpoint (SIGTERM, then the spec's
+    ``pause_grace_s``), then ``paused`` with its resources free. A paused or pausing job is
+    returned unchanged (200); a finished one is 409. Resume it with ``/resume``."""
+    try:
+        paused = supervisor.pause(job.id) or job
+    except PauseRefused as exc:
+        raise ApiError(409, "conflict", str(exc)) from None
+    return _job_read(paused, supervisor)
+
+
+@router.post("/{job_id}/resume", response_model=JobRead, responses=_PAUSE_CONFLICT)
+def resume_job(_write: WriteSlotDep, job: JobDep, supervisor: SupervisorDep) -> JobRead:
+    """Queue a paused job again; when it runs it goes on from its last checkpoint as a new
+    attempt (no restart used). Any other state is 409 (a pausing job: once it is paused)."""
+    try:
+        resumed = supervisor.resume(job.id) or job
+    except PauseRefused as exc:
+        raise ApiError(409, "conflict", str(exc)) from None
+    return _job_read(resumed, supervisor)
 
 
 @router.delete(

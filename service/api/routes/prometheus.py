@@ -57,14 +57,18 @@ class StateCollector(Collector):
         self._warm = warm
         self._home = home
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         with self._session_factory() as session:
             by_state = repo.count_jobs_by_state(session)
             held = repo.allocated_resources(session)
+            preemptions = repo.count_preemptions(session)
         jobs = GaugeMetricFamily("torchyard_jobs", "Jobs in each state.", labels=["state"])
         for state in JobState:
             jobs.add_metric([state.value], by_state.get(state.value, 0))
         yield jobs
+        yield CounterMetricFamily(
+            "torchyard_preemptions", "Jobs paused to run a job of higher priority (of the jobs "
+            "kept).", value=preemptions)
         yield GaugeMetricFamily(
             "torchyard_queue_length", "Queued jobs.", value=by_state.get(JobState.queued.value, 0)
         )

@@ -1,0 +1,187 @@
+"""Pause and resume (issue 25, item 1) with real 2-rank torchrun groups on CPU/gloo: the built-in
+trainer, a script using the SDK's ``worker.should_stop()``, and a script that only handles
+SIGTERM. A paused job frees its slots, resumes from its checkpoint as a new attempt without
+using a restart, and every (rank, epoch) is reported exactly once across attempts
+(docs/lifecycle.md, "Pause and resume")."""
+
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.conftest import LiveServer, _start_server, _stop_server, every_record
+
+API_TOKEN = "pause-tests-api-token-0123456789abcdef"
+
+# Checkpoints with the SDK each epoch and stops where worker.should_stop() says.
+SDK_SCRIPT = '''
+import sys, time
+import torch, torch.distributed as dist
+import worker
+from worker import checkpoint
+dist.init_process_group("gloo")
+state = checkpoint.load_latest()
+start = state["epoch"] + 1 if state else 1
+for epoch in range(start, int(sys.argv[1]) + 1):
+    t = torch.tensor([float(epoch)])
+    dist.all_reduce(t)
+    time.sleep(0.4)
+    worker.report(epoch=epoch, loss=1.0 / epoch)
+    checkpoint.save({"seen": epoch}, epoch)
+    if worker.should_stop():
+        break
+dist.destroy_process_group()
+'''
+
+# No should_stop(): its own SIGTERM handler, its own state file, its own agreement.
+SIGTERM_SCRIPT = '''
+import json, os, signal, sys, time
+import torch, torch.distributed as dist
+import worker
+asked = []
+signal.signal(signal.SIGTERM, lambda *_: asked.append(1))
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+path = os.path.join(os.environ["TORCHYARD_RUN_DIR"], "my-state.json")
+start = json.load(open(path))["epoch"] + 1 if os.path.exists(path) else 1
+for epoch in range(start, int(sys.argv[1]) + 1):
+    time.sleep(0.4)
+    worker.report(epoch=epoch, loss=1.0 / epoch)
+    if rank == 0:
+        with open(path + ".tmp", "w") as f:
+            json.dump({"epoch": epoch}, f)
+        os.replace(path + ".tmp", path)
+    stop = torch.tensor([1 if asked else 0])
+    dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+    if stop.item():
+        sys.exit(0)
+dist.destroy_process_group()
+'''
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    scripts = tmp_path_factory.mktemp("pause-scripts")
+    (scripts / "sdk_pausable.py").write_text(SDK_SCRIPT)
+    (scripts / "sigterm_pausable.py").write_text(SIGTERM_SCRIPT)
+    srv = _start_server(tmp_path_factory.mktemp("pause") / "home", {
+        "TORCHYARD_SCRIPT_DIRS": str(scripts),
+        "TORCHYARD_API_TOKENS": API_TOKEN,  # script jobs need tokens
+        "TORCHYARD_TEST_EPOCH_SLEEP_S": "0.4",  # the built-in trainer: epochs to pause between
+    })
+    yield srv
+    _stop_server(srv)
+
+
+def _epochs_seen(server: LiveServer, job_id: int) -> Counter:
+    return Counter((r["rank"], r["epoch"]) for r in every_record(server, job_id)
+                   if r["name"] == "loss")
+
+
+def _wait_epochs(server: LiveServer, job_id: int, count: int) -> None:
+    end = time.monotonic() + 120
+    while sum(_epochs_seen(server, job_id).values()) < count:
+        assert time.monotonic() < end, "the job reported too few epochs"
+        time.sleep(0.2)
+
+
+def _states_of(server: LiveServer, job_id: int, into: list[str]) -> threading.Thread:
+    """Follow the job's event stream on a thread, collecting the states it sends."""
+    def follow() -> None:
+        headers = {"Authorization": f"Bearer {server.token}"}
+        with httpx.Client(base_url=server.url, timeout=180, headers=headers) as c, \
+                c.stream("GET", f"/jobs/{job_id}/events") as stream:
+            event = None
+            for line in stream.iter_lines():
+                if line.startswith("event:"):
+                    event = line.split(":", 1)[1].strip()
+                elif line.startswith("data:") and event == "state":
+                    into.append(json.loads(line.split(":", 1)[1])["state"])
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    return thread
+
+
+def _pause_resume_exactly_once(server: LiveServer, spec: dict, epochs: int) -> dict:
+    states: list[str] = []
+    with server.client() as c:
+        posted = c.post("/jobs", json=spec)
+        assert posted.status_code == 201, posted.text
+        job_id = posted.json()["id"]
+        follower = _states_of(server, job_id, states)
+        server.wait_for(job_id, {"running"})
+        _wait_epochs(server, job_id, 4)  # two epochs of both ranks
+        paused = c.post(f"/jobs/{job_id}/pause")
+        assert paused.status_code == 200, paused.text
+        assert paused.json()["state"] in ("pausing", "paused")
+        job = server.wait_for(job_id, {"paused"}, timeout_s=60, allowed={"pausing"})
+        assert job["reason"] == "paused by user" and job["pauses"] == 1
+        assert job["attempts"][-1]["paused"] is True
+        items = c.get("/resources").json()["items"]
+        assert len(items) == 4 and all(i["job_id"] != job_id for i in items), items
+        # Its slots are free: a job needing all four runs while it is paused.
+        other = c.post("/jobs", json={"dataset": "synthetic", "epochs": 1,
+                                      "nproc_per_node": 4}).json()["id"]
+        server.wait_for(other, {"succeeded"})
+        assert c.get(f"/jobs/{job_id}").json()["state"] == "paused"
+        resumed = c.post(f"/jobs/{job_id}/resume")
+        assert resumed.status_code == 200 and resumed.json()["state"] == "queued"
+        job = server.wait_for(job_id, {"succeeded"}, timeout_s=120)
+    follower.join(timeout=30)
+    seen = _epochs_seen(server, job_id)
+    assert set(seen) == {(r, e) for r in (0, 1) for e in range(1, epochs + 1)}
+    assert max(seen.values()) == 1, f"reported twice: {seen}"
+    numbers = [a["number"] for a in job["attempts"]]
+    assert numbers == list(range(1, len(numbers) + 1)) and len(numbers) == 2
+    assert job["attempts"][0]["paused"] and not job["attempts"][1]["paused"]
+    assert "paused" in states and states[-1] == "succeeded"
+    assert states.index("paused") < len(states) - 1 - states[::-1].index("queued")
+    return job
+
+
+def test_pause_and_resume_the_builtin_trainer(server: LiveServer) -> None:
+    # checkpoint_every 3: the pause still checkpoints the epoch it stopped after.
+    spec = {"dataset": "synthetic", "epochs": 7, "nproc_per_node": 2, "checkpoint_every": 3,
+            "max_restarts": 0}
+    _pause_resume_exactly_once(server, spec, 7)
+
+
+@pytest.mark.parametrize("script", ["sdk_pausable.py", "sigterm_pausable.py"])
+def test_pause_and_resume_a_script(server: LiveServer, script: str) -> None:
+    spec = {"entrypoint": script, "args": ["7"], "nproc_per_node": 2}
+    _pause_resume_exactly_once(server, spec, 7)
+
+
+def test_a_queued_job_pauses_at_once_and_waits_for_resume(server: LiveServer) -> None:
+    with server.client() as c:
+        blocker = c.post("/jobs", json={"dataset": "synthetic", "epochs": 50,
+                                        "nproc_per_node": 4}).json()["id"]
+        server.wait_for(blocker, {"running"})
+        waiting = c.post("/jobs", json={"dataset": "synthetic", "epochs": 1}).json()["id"]
+        job = c.post(f"/jobs/{waiting}/pause").json()
+        assert job["state"] == "paused" and job["attempts"] == []
+        assert c.post(f"/jobs/{waiting}/pause").json()["state"] == "paused"  # unchanged
+        c.post(f"/jobs/{blocker}/cancel")
+        server.wait_for(blocker, {"cancelled"}, allowed={"running"})
+        later = c.post("/jobs", json={"dataset": "synthetic", "epochs": 1}).json()["id"]
+        server.wait_for(later, {"succeeded"})  # a pass ran with free slots: still paused
+        assert c.get(f"/jobs/{waiting}").json()["state"] == "paused"
+        c.post(f"/jobs/{waiting}/resume")
+        job = server.wait_for(waiting, {"succeeded"})
+        assert [a["number"] for a in job["attempts"]] == [1] and job["pauses"] == 1
+
+
+def test_pause_and_resume_refuse_other_states(server: LiveServer) -> None:
+    with server.client() as c:
+        done = c.post("/jobs", json={"dataset": "synthetic", "epochs": 1}).json()["id"]
+        server.wait_for(done, {"succeeded"})
+        refused = c.post(f"/jobs/{done}/pause")
+        assert refused.status_code == 409
+        assert "succeeded" in refused.text and "queued, starting or running" in refused.text
+        resumed = c.post(f"/jobs/{done}/resume")
+        assert resumed.status_code == 409 and "only a paused job" in resumed.text
+        assert c.post("/jobs/999999/pause").status_code == 404
