@@ -9,16 +9,19 @@ spec's ``pause_grace_s`` runs out. The resumed job's next attempt finds the chec
 
 Contract:
 
-* :func:`catch_sigterm` makes SIGTERM set the flag instead of ending the process. It takes
-  effect only in the main thread and only where SIGTERM still has Python's default action (a
-  script's own handler is left alone). :func:`should_stop` calls it, so the first call arms it;
-  the built-in trainer arms it before training.
+* :func:`catch_sigterm` makes a pause's SIGTERM set the flag instead of ending the process; a
+  SIGTERM while no pause is requested (a cancel, a deadline, a guard's stop) still ends it at
+  once, as Python's default action does. It takes effect only in the main thread and only
+  where SIGTERM still has Python's default action (a script's own handler is left alone).
+  :func:`should_stop` calls it, so the first call arms it; the built-in trainer arms it before
+  training.
 * :func:`should_stop` is a collective when ``torch.distributed`` is initialized: every rank must
   call it at the same point (a MAX all-reduce of one flag), so all ranks stop after the same
   epoch and none waits in a collective for a peer that left. Without a process group it only
   looks at this rank. Outside torchyard it is False unless the process got SIGTERM.
 """
 
+import os
 import signal
 import sys
 import threading
@@ -29,8 +32,18 @@ from worker.env import WorkerEnv
 _asked = threading.Event()
 
 
-def _on_sigterm(_signum: int, _frame: object) -> None:
-    _asked.set()
+def _on_sigterm(signum: int, _frame: object) -> None:
+    if _pause_requested():
+        _asked.set()
+        return
+    # Not a pause (a cancel, a deadline, a stop): end now, as Python's default action would.
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _pause_requested() -> bool:
+    run_dir = WorkerEnv.current().run_dir
+    return run_dir is not None and RunDir(run_dir).pause_request.exists()
 
 
 def catch_sigterm() -> bool:
@@ -47,11 +60,8 @@ def catch_sigterm() -> bool:
 
 
 def asked_here() -> bool:
-    """This rank got SIGTERM, or its job's run directory holds a pause request."""
-    if _asked.is_set():
-        return True
-    run_dir = WorkerEnv.current().run_dir
-    return run_dir is not None and RunDir(run_dir).pause_request.exists()
+    """This rank got a pause's SIGTERM, or its job's run directory holds a pause request."""
+    return _asked.is_set() or _pause_requested()
 
 
 def should_stop() -> bool:

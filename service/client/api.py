@@ -128,6 +128,12 @@ class TorchyardClient:
     def cancel(self, job_id: int) -> dict[str, Any]:
         return self._call("POST", f"/jobs/{job_id}/cancel")
 
+    def pause(self, job_id: int) -> dict[str, Any]:
+        return self._call("POST", f"/jobs/{job_id}/pause")
+
+    def resume(self, job_id: int) -> dict[str, Any]:
+        return self._call("POST", f"/jobs/{job_id}/resume")
+
     def create_sweep(self, spec: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", "/sweeps", json=spec)
 

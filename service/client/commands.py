@@ -25,11 +25,7 @@ from service.client.api import TERMINAL, ClientError, TorchyardClient
 from service.client.follow import follow
 from service.client.workdir import pack
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_CANCELLED = 3
-EXIT_TIMEOUT = 4
-EXIT_ERROR = 5
+EXIT_OK, EXIT_FAILED, EXIT_CANCELLED, EXIT_TIMEOUT, EXIT_ERROR = 0, 1, 3, 4, 5
 STATE_EXIT = {"succeeded": EXIT_OK, "failed": EXIT_FAILED, "cancelled": EXIT_CANCELLED}
 DEFAULT_URL = "http://127.0.0.1:8000"
 LOG_POLL_S = 0.5
@@ -392,8 +388,12 @@ COMMANDS: list[Callable[..., None]] = [
 
 def register(app: typer.Typer) -> None:
     """Add the client commands to the ``torchyard`` app."""
+    from service.client.pausing import pause, resume  # they import this module's helpers
+    from service.client.sweep import sweep_app  # so does it
+
     for command in COMMANDS:
         app.command()(command)
-    from service.client.sweep import sweep_app  # it imports this module's helpers
+        for after_cancel in (pause, resume) if command is cancel else ():
+            app.command()(after_cancel)
 
     app.add_typer(sweep_app, name="sweep")

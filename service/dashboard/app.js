@@ -15,7 +15,9 @@
   const LOG_PAGE_BYTES = 64 * 1024;
   const SERIES_MAX_POINTS = 2000;
   const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
-  const STATES = ["queued", "starting", "running", "succeeded", "failed", "cancelled"];
+  const STATES = ["queued", "starting", "running", "pausing", "paused", "succeeded", "failed",
+                  "cancelled"];
+  const PAUSABLE = new Set(["queued", "starting", "running"]);
   const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
                    "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
   const DASHES = ["solid", "dot", "dash", "longdash", "dashdot"];
@@ -472,6 +474,9 @@
     const badge = h("span", {id: "job-state"});
     const cancelBtn = h("button", {type: "button", id: "cancel-button", class: "danger",
                                    hidden: true}, "Cancel job");
+    // Pause: the ranks checkpoint and the job's slots come free; Resume queues it again.
+    const pauseBtn = h("button", {type: "button", id: "pause-button", hidden: true}, "Pause");
+    const resumeBtn = h("button", {type: "button", id: "resume-button", hidden: true}, "Resume");
     const reason = h("p", {class: "reason", id: "job-reason"});
     const phases = h("div", {id: "phases"});
     const attempts = h("div", {id: "attempts"});
@@ -483,7 +488,8 @@
     const logs = h("div", {id: "logs"});
     const deliveries = h("section", {id: "deliveries", hidden: true});
     view.replaceChildren(
-      h("div", {class: "job-head"}, title, badge, h("span", {class: "spacer"}), cancelBtn),
+      h("div", {class: "job-head"}, title, badge, h("span", {class: "spacer"}), pauseBtn,
+        resumeBtn, cancelBtn),
       reason,
       h("section", {class: "chart-section"},
         h("div", {class: "row"}, h("h2", {}, "Per-rank curves"),
@@ -514,6 +520,22 @@
       }
     });
 
+    for (const [button, action] of [[pauseBtn, "pause"], [resumeBtn, "resume"]]) {
+      button.addEventListener("click", async () => {
+        button.disabled = true;
+        try {
+          const updated = await api(`/jobs/${jobId}/${action}`, {method: "POST"});
+          badge.replaceChildren(stateBadge(updated.state));
+          pauseBtn.hidden = !PAUSABLE.has(updated.state);
+          resumeBtn.hidden = updated.state !== "paused";
+        } catch (err) {
+          reportError(err);
+        } finally {
+          button.disabled = false;
+        }
+      });
+    }
+
     async function refreshSummary(name) {
       try {
         renderDivergence(divergence, await api(
@@ -532,6 +554,8 @@
       title.textContent = `Job ${job.id} · ${job.name}`;
       badge.replaceChildren(stateBadge(job.state));
       cancelBtn.hidden = TERMINAL.has(job.state);
+      pauseBtn.hidden = !PAUSABLE.has(job.state);
+      resumeBtn.hidden = job.state !== "paused";
       reason.textContent = job.reason || "";
       renderPhases(phases, job);
       renderAttempts(attempts, job);

@@ -48,7 +48,11 @@ def _assert_stopped(server: LiveServer, job: dict) -> None:
             assert time.monotonic() < deadline, "the job's group was not stopped"
             time.sleep(0.2)
         records = c.get(f"/jobs/{job['id']}/metrics", params={"name": "loss"}).json()["items"]
-        final = c.get(f"/jobs/{job['id']}").json()
+        # The resources are freed as soon as the group ends; the finisher closes its attempt
+        # record just after (service.domain.finisher).
+        while (final := c.get(f"/jobs/{job['id']}").json())["attempts"][-1]["ended_at"] is None:
+            assert time.monotonic() < deadline, final["attempts"]
+            time.sleep(0.1)
     assert final["state"] == "failed" and final["reason"] == job["reason"], "stays failed"
     last = final["attempts"][-1]
     assert last["ended_at"] is not None and last["reason"] == job["reason"], last

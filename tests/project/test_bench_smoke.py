@@ -20,6 +20,7 @@ HEADLINE = {
     "slurm": "local: submit → first metric (server)",
     "stores": "sqlite, 1 worker(s): ingest records/s",
     "stacks": "2 ranks on demand: wall (median)",  # 8 in the full run
+    "pause": "pause → slots free (p50)",
 }
 
 
