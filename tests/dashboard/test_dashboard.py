@@ -106,20 +106,26 @@ def test_cancel_button_cancels_the_job(server, page) -> None:  # type: ignore[no
 
 def test_pause_and_resume_buttons(server, page) -> None:  # type: ignore[no-untyped-def]
     with server.client() as c:
-        job_id = c.post("/jobs", json={**LONG_JOB, "epochs": 3}).json()["id"]
-    server.wait_for(job_id, {"running"}, timeout_s=120)
-    page.goto(f"{server.url}/#/jobs/{job_id}")
-    assert page.locator("#resume-button").is_hidden()
-    page.locator("#pause-button").click()
-    server.wait_for(job_id, {"paused"}, timeout_s=60, allowed={"running", "pausing"})
-    page.wait_for_function("() => document.getElementById('job-state').innerText === 'paused'")
-    page.locator("#pause-button").wait_for(state="hidden")
-    _shot(page, "paused-job")
-    page.locator("#resume-button").click()
-    job = server.wait_for(job_id, {"succeeded"}, timeout_s=120)
-    assert job["pauses"] == 1 and [a["paused"] for a in job["attempts"]] == [True, False]
-    page.wait_for_function("() => document.getElementById('job-state').innerText === 'succeeded'")
-    assert page.locator("#resume-button").is_hidden() and page.locator("#pause-button").is_hidden()
+        job_id = c.post("/jobs", json=LONG_JOB).json()["id"]
+        try:
+            server.wait_for(job_id, {"running"}, timeout_s=120)
+            page.goto(f"{server.url}/#/jobs/{job_id}")
+            page.locator("#pause-button").click()
+            server.wait_for(job_id, {"paused"}, timeout_s=60, allowed={"running", "pausing"})
+            page.wait_for_function(
+                "() => document.getElementById('job-state').innerText === 'paused'")
+            page.locator("#pause-button").wait_for(state="hidden")
+            _shot(page, "paused-job")
+            page.locator("#resume-button").click()
+            job = server.wait_for(job_id, {"running"}, timeout_s=120,
+                                  allowed={"paused", "queued", "starting"})
+            assert job["pauses"] == 1 and job["attempts"][0]["paused"] is True
+            page.wait_for_function(
+                "() => document.getElementById('job-state').innerText === 'running'")
+            page.locator("#resume-button").wait_for(state="hidden")
+            assert page.locator("#pause-button").is_visible()
+        finally:
+            c.post(f"/jobs/{job_id}/cancel")
 
 
 def test_submit_form_creates_a_job_and_shows_validation_errors(server, page) -> None:  # type: ignore[no-untyped-def]

@@ -27,7 +27,7 @@ from service.domain.webhooks import Outgoing, build_request
 from service.store import outbox
 from service.store import repository as repo
 from service.store.db import make_engine, make_session_factory, upgrade
-from service.store.tables import WebhookDelivery
+from service.store.tables import Job, WebhookDelivery
 from tests.conftest import LiveServer, both_stores, free_port, leader_and_standby
 from torchyard_contract.spec import JobSpec
 from torchyard_contract.state import JobState
@@ -338,3 +338,29 @@ def test_a_receiver_down_across_a_leader_failover_gets_every_event(
         _wait_delivered(standby, job, {"running", "succeeded"})
     finally:
         receiver.stop()
+
+
+@both_stores
+def test_a_pause_sends_paused_and_a_resumed_attempt_is_no_restart(
+    sessions: sessionmaker[Session],
+) -> None:
+    subscribed = {"ci": ["running", "paused", "restarted"]}
+    with sessions() as s:
+        job_id = repo.create_job(s, JobSpec.model_validate({"notify": ["ci"]}), None,
+                                 subscribed).id
+        s.commit()
+    with sessions() as s:
+        assert repo.transition(s, job_id, JobState.starting)
+        assert repo.transition(s, job_id, JobState.running)
+        repo.set_attempts(s, job_id, [{"number": 1}])
+        assert repo.transition(s, job_id, JobState.pausing)
+        assert repo.transition(s, job_id, JobState.paused)
+        assert repo.transition(s, job_id, JobState.queued)  # resumed
+        assert repo.transition(s, job_id, JobState.starting)
+        repo.set_attempts(s, job_id, [{"number": 1, "paused": True, "reason": "paused"},
+                                      {"number": 2}])
+        assert repo.transition(s, job_id, JobState.running)
+        s.commit()
+    assert _outbox(sessions, job_id) == [("running", "ci"), ("paused", "ci"), ("running", "ci")]
+    with sessions() as s:
+        assert s.get(Job, job_id).state_changes == 7

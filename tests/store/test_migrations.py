@@ -50,14 +50,18 @@ def test_upgrade_from_the_previous_head_keeps_rows(url: str) -> None:
     engine = make_engine(url)
     assert _revision(engine) == previous
     with engine.begin() as conn:
-        conn.execute(text(
-            "INSERT INTO jobs (name, state, spec, created_at, priority)"
-            " VALUES ('old', 'succeeded', '{}', '2026-01-01 00:00:00', 0)"
-        ))
+        for name, state in (("old", "succeeded"), ("live", "running")):
+            conn.execute(text(
+                "INSERT INTO jobs (name, state, spec, created_at, priority)"
+                f" VALUES ('{name}', '{state}', '{{}}', '2026-01-01 00:00:00', 0)"
+            ))
     upgrade(url)
     assert _revision(engine) == head.revision
     with engine.connect() as conn:
-        assert conn.execute(text("SELECT name, state FROM jobs")).all() == [("old", "succeeded")]
+        rows = conn.execute(text("SELECT name, state, state_changes, pauses FROM jobs"
+                                 " ORDER BY id")).all()
+    # 0012_pause: the count of state changes the state implies (the event stream's cursor).
+    assert rows == [("old", "succeeded", 3, 0), ("live", "running", 2, 0)]
     engine.dispose()
 
 
