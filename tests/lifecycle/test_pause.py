@@ -14,7 +14,14 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.conftest import LiveServer, _start_server, _stop_server, cli, every_record
+from tests.conftest import (
+    LiveServer,
+    _start_server,
+    _stop_server,
+    both_stores,
+    cli,
+    every_record,
+)
 
 API_TOKEN = "pause-tests-api-token-0123456789abcdef"
 
@@ -196,6 +203,7 @@ def test_pause_and_resume_refuse_other_states(server: LiveServer) -> None:
     assert refused_cli.returncode == 5 and "409" in refused_cli.stderr
 
 
+@both_stores  # the pause's compare-and-sets and recovery, on SQLite and PostgreSQL
 def test_a_job_pausing_across_a_server_kill_is_paused_and_resumes(live_server_factory) -> None:  # type: ignore[no-untyped-def]
     server = live_server_factory(TORCHYARD_TEST_EPOCH_SLEEP_S="0.4")
     spec = {"dataset": "synthetic", "epochs": 6, "nproc_per_node": 2}
