@@ -41,18 +41,19 @@ class PauseRefused(Exception):
 class Pauses:
     ctx: LoopContext
 
-    def pause(self, job_id: int, why: str = USER_PAUSE, preempted_by: int | None = None) -> Job | None:
+    def pause(self, job_id: int, why: str = USER_PAUSE) -> Job | None:
         """queued → paused, starting/running → pausing. A job already pausing or paused is
         returned unchanged; None if there is no such job; raises ``PauseRefused`` when it has
-        ended. ``preempted_by``: the job a preemption makes room for (counted, shown)."""
-        extra: dict[str, object] = {"reason": why}
-        if preempted_by is not None:
-            extra.update(preempted_by=preempted_by, preemptions=Job.preemptions + 1)
+        ended. A user's pause stays until a user resumes, even of a job a preemption had
+        queued again (``preempted_by`` is cleared, so ``resume_preempted`` leaves it)."""
+        extra: dict[str, object] = {"reason": why, "preempted_by": None}
         with self.ctx.sessions() as session:
             won = repo.transition(session, job_id, JobState.paused, **extra,
                                   pauses=Job.pauses + 1, only_from=JobState.queued)
             if not won:
                 won = repo.transition(session, job_id, JobState.pausing, **extra)
+            if not won:  # pausing or paused for a preemption: now for the user, so it stays
+                repo.keep_paused(session, job_id, why)
             session.commit()
             job = repo.get_job(session, job_id)
         if job is not None and not won and job.state not in (JobState.pausing, JobState.paused):

@@ -117,6 +117,17 @@ def ids_in_state(session: Session, state: JobState) -> list[int]:
     return list(session.scalars(q).all())
 
 
+def keep_paused(session: Session, job_id: int, reason: str) -> None:
+    """A job pausing or paused for a preemption is paused by a user now: it is not resumed on
+    its own (``preempted_and_paused`` no longer lists it)."""
+    session.execute(
+        update(Job).where(Job.id == job_id, Job.preempted_by.is_not(None),
+                          Job.state.in_([JobState.pausing.value, JobState.paused.value]))
+        .values(preempted_by=None, reason=reason)
+    )
+    note_change(session, job_id)
+
+
 def preempted_and_paused(session: Session) -> list[int]:
     """Ids of paused jobs a preemption paused (they are resumed on their own), oldest first."""
     q = select(Job.id).where(Job.state == JobState.paused.value, Job.preempted_by.is_not(None))

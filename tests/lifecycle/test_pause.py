@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from service.store import repository as repo
 from tests.conftest import (
     LiveServer,
     _start_server,
@@ -22,6 +23,7 @@ from tests.conftest import (
     cli,
     every_record,
 )
+from torchyard_contract.state import JobState
 
 API_TOKEN = "pause-tests-api-token-0123456789abcdef"
 
@@ -224,3 +226,20 @@ def test_a_job_pausing_across_a_server_kill_is_paused_and_resumes(live_server_fa
     assert [a["paused"] for a in job["attempts"]] == [True, False]
     seen = _epochs_seen(again, job_id)
     assert set(seen) == {(r, e) for r in (0, 1) for e in range(1, 7)} and max(seen.values()) == 1
+
+
+def test_a_users_pause_of_a_preempted_job_is_not_undone_by_the_preemptions_resume(api) -> None:  # type: ignore[no-untyped-def]
+    """In process, the supervisor's loop not running: the states as the routes leave them."""
+    job_id = api.post("/jobs", json={"dataset": "synthetic", "epochs": 1}).json()["id"]
+    with api.app.state.session_factory() as session:
+        assert repo.transition(session, job_id, JobState.starting)
+        assert repo.transition(session, job_id, JobState.running)
+        assert repo.transition(session, job_id, JobState.pausing, reason="preempted by job 9",
+                               preempted_by=9)
+        session.commit()
+    job = api.post(f"/jobs/{job_id}/pause").json()
+    assert job["state"] == "pausing" and job["reason"] == "paused by user"
+    assert job["preempted_by"] is None
+    with api.app.state.session_factory() as session:
+        assert repo.preempted_and_paused(session) == []
+    assert api.post(f"/jobs/{job_id}/resume").status_code == 409  # once it is paused
