@@ -397,13 +397,61 @@ def shared_server(_shared_server: LiveServer) -> Iterator[LiveServer]:
     its own jobs by id and never counts the server's jobs, its free slots or its queue; per-job
     rank hooks (``hooks``) stand in for the ``TORCHYARD_TEST_*`` server variables. Jobs the test
     left unfinished are cancelled after it, so that they hold no slot of the next test."""
-    with _shared_server.client() as c:
+    with _cancelled_after(_shared_server):
+        yield _shared_server
+
+
+# The shared script server's token: tests read it as ``server.token`` (``client()`` sends it).
+SHARED_API_TOKEN = "shared-script-server-api-token-0123456789"
+
+
+@pytest.fixture(scope="session")
+def _shared_script_server(
+    tmp_path_factory: pytest.TempPathFactory, _migrated_sqlite: Path
+) -> Iterator[LiveServer]:
+    root = tmp_path_factory.mktemp("shared-scripts")
+    (root / "scripts").mkdir()
+    _copy_sqlite(_migrated_sqlite, root / "home")
+    server = _start_server(root / "home", {
+        "TORCHYARD_SCRIPT_DIRS": str(root / "scripts"), "TORCHYARD_API_TOKENS": SHARED_API_TOKEN,
+        "TORCHYARD_DATA_DIRS": str(tmp_path_factory.getbasetemp()),
+    })
+    yield server
+    _stop_server(server)
+
+
+@pytest.fixture
+def shared_script_server(_shared_script_server: LiveServer) -> Iterator[LiveServer]:
+    """As ``shared_server``, with script jobs on: API tokens (``server.token``) and a script
+    directory (``add_script``). One per session (per xdist worker)."""
+    with _cancelled_after(_shared_script_server):
+        yield _shared_script_server
+
+
+def add_script(server: LiveServer, name: str, text: str) -> Path:
+    """``name`` (``a.py``, ``pkg/mod.py``) into the script directory of the shared script
+    server, which every file's tests share: the same name with other text fails."""
+    path = server.home.parent / "scripts" / name
+    if path.exists():
+        assert path.read_text() == text, f"two tests' scripts named {name} differ"
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")  # never half a script under its name
+    partial.write_text(text)
+    partial.rename(path)
+    return path
+
+
+@contextmanager
+def _cancelled_after(server: LiveServer) -> Iterator[None]:
+    """Cancels the jobs submitted inside the block that are not finished at its end."""
+    with server.client() as c:
         newest = c.get("/jobs", params={"limit": 1}).json()["items"]
     first_id = newest[0]["id"] + 1 if newest else 1
-    yield _shared_server
-    if _shared_server.proc.poll() is not None:
+    yield
+    if server.proc.poll() is not None:
         return
-    with _shared_server.client() as c:
+    with server.client() as c:
         for job in c.get("/jobs", params={"limit": 500}).json()["items"]:
             if job["id"] >= first_id and job["state"] not in TERMINAL:
                 c.post(f"/jobs/{job['id']}/cancel")
