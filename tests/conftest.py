@@ -60,7 +60,7 @@ XDIST_GROUPS = {
     "test_slurm.py": "slurm", "test_slurm_security.py": "slurm",
     "test_failover.py": "failover",
     **{name: name for name in (
-        "test_apidocs.py", "test_dashboard.py", "test_fuzz.py", "test_hostile_scripts.py",
+        "test_dashboard.py", "test_fuzz.py", "test_hostile_scripts.py",
         "test_openapi.py", "test_warm_security.py", "test_warm_server.py",
     )},
 }
