@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,7 +60,7 @@ XDIST_GROUPS = {
     "test_slurm.py": "slurm", "test_slurm_security.py": "slurm", "test_slurm_pause.py": "slurm",
     "test_failover.py": "failover",
     **{name: name for name in (
-        "test_apidocs.py", "test_dashboard.py", "test_fuzz.py", "test_hostile_scripts.py",
+        "test_dashboard.py", "test_fuzz.py", "test_hostile_scripts.py",
         "test_openapi.py", "test_warm_security.py", "test_warm_server.py",
     )},
 }
@@ -370,7 +371,102 @@ def live_server_factory(
 
 @pytest.fixture
 def live_server(live_server_factory: Callable[..., LiveServer]) -> LiveServer:
+    """A server of the test's own, on the test's store: for tests that need an empty server.
+    Tests that only need their jobs run take ``shared_server``."""
     return live_server_factory()
+
+
+@pytest.fixture(scope="session")
+def _shared_server(
+    tmp_path_factory: pytest.TempPathFactory, _migrated_sqlite: Path
+) -> Iterator[LiveServer]:
+    home = tmp_path_factory.mktemp("shared") / "home"
+    _copy_sqlite(_migrated_sqlite, home)
+    # Dataset roots under any test's tmp_path (the session's base temp holds them all).
+    server = _start_server(home, {"TORCHYARD_DATA_DIRS": str(tmp_path_factory.getbasetemp())})
+    yield server
+    _stop_server(server)
+
+
+@pytest.fixture
+def shared_server(_shared_server: LiveServer) -> Iterator[LiveServer]:
+    """One server with the default settings (SQLite, warm ranks, 4 CPU slots, no tokens) per
+    session, i.e. per xdist worker, shared by every test (and module fixture, through
+    ``_shared_server``) that needs nothing of a server but that it runs its jobs: a server
+    start and its warm pool cost ~6.5 CPU s. Other tests' jobs are on it too, so a test reads
+    its own jobs by id and never counts the server's jobs, its free slots or its queue; per-job
+    rank hooks (``hooks``) stand in for the ``TORCHYARD_TEST_*`` server variables. Jobs the test
+    left unfinished are cancelled after it, so that they hold no slot of the next test."""
+    with _cancelled_after(_shared_server):
+        yield _shared_server
+
+
+# The shared script server's token: tests read it as ``server.token`` (``client()`` sends it).
+SHARED_API_TOKEN = "shared-script-server-api-token-0123456789"
+
+
+@pytest.fixture(scope="session")
+def _shared_script_server(
+    tmp_path_factory: pytest.TempPathFactory, _migrated_sqlite: Path
+) -> Iterator[LiveServer]:
+    root = tmp_path_factory.mktemp("shared-scripts")
+    (root / "scripts").mkdir()
+    _copy_sqlite(_migrated_sqlite, root / "home")
+    server = _start_server(root / "home", {
+        "TORCHYARD_SCRIPT_DIRS": str(root / "scripts"), "TORCHYARD_API_TOKENS": SHARED_API_TOKEN,
+        "TORCHYARD_DATA_DIRS": str(tmp_path_factory.getbasetemp()),
+    })
+    yield server
+    _stop_server(server)
+
+
+@pytest.fixture
+def shared_script_server(_shared_script_server: LiveServer) -> Iterator[LiveServer]:
+    """As ``shared_server``, with script jobs on: API tokens (``server.token``) and a script
+    directory (``add_script``). One per session (per xdist worker)."""
+    with _cancelled_after(_shared_script_server):
+        yield _shared_script_server
+
+
+def add_script(server: LiveServer, name: str, text: str) -> Path:
+    """``name`` (``a.py``, ``pkg/mod.py``) into the script directory of the shared script
+    server, which every file's tests share: the same name with other text fails."""
+    path = server.home.parent / "scripts" / name
+    if path.exists():
+        assert path.read_text() == text, f"two tests' scripts named {name} differ"
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")  # never half a script under its name
+    partial.write_text(text)
+    partial.rename(path)
+    return path
+
+
+@contextmanager
+def _cancelled_after(server: LiveServer) -> Iterator[None]:
+    """Cancels the jobs submitted inside the block that are not finished at its end."""
+    with server.client() as c:
+        newest = c.get("/jobs", params={"limit": 1}).json()["items"]
+    first_id = newest[0]["id"] + 1 if newest else 1
+    yield
+    if server.proc.poll() is not None:
+        return
+    with server.client() as c:
+        for job in c.get("/jobs", params={"limit": 500}).json()["items"]:
+            if job["id"] >= first_id and job["state"] not in TERMINAL:
+                c.post(f"/jobs/{job['id']}/cancel")
+
+
+def hooks(epoch_sleep_s: float | None = None, fail_rank: int | None = None) -> dict[str, str]:
+    """Job labels that turn on the rank hooks (``tests/rankhooks``) for that job alone:
+    ``{"labels": hooks(epoch_sleep_s=0.5)}``; as ``TORCHYARD_TEST_EPOCH_SLEEP_S`` and
+    ``TORCHYARD_TEST_FAIL_RANK`` do for every job of a server."""
+    labels = {}
+    if epoch_sleep_s is not None:
+        labels["test.epoch_sleep_s"] = str(epoch_sleep_s)
+    if fail_rank is not None:
+        labels["test.fail_rank"] = str(fail_rank)
+    return labels
 
 
 def give_token(api: TestClient, job_id: int) -> str:
@@ -450,12 +546,28 @@ def slurm_server(
     slurm.cancel_all()  # a previous test's leftovers must not hold the nodes
 
     def start(_home: Path | None = None, _port: int | None = None, **env: str) -> LiveServer:
-        return live_server_factory(
-            _home, _port, TORCHYARD_EXECUTOR="slurm", TORCHYARD_STOP_GRACE_S="2", **slurm.env,
-            **env,
-        )
+        return live_server_factory(_home, _port, **slurm_server_env(slurm, **env))
 
     return start
+
+
+def slurm_server_env(slurm: SlurmCluster, **env: str) -> dict[str, str]:
+    """A server's environment for the Slurm executor of the test cluster, plus ``env``."""
+    return {"TORCHYARD_EXECUTOR": "slurm", "TORCHYARD_STOP_GRACE_S": "2", **slurm.env, **env}
+
+
+@contextmanager
+def module_slurm_server(
+    slurm: SlurmCluster, home: Path, migrated: Path, **env: str
+) -> Iterator[LiveServer]:
+    """A Slurm-executor server for a module's tests that leave it running (those that kill or
+    restart it, or need other settings, take ``slurm_server``): a start costs ~3 CPU s."""
+    _copy_sqlite(migrated, home)
+    server = _start_server(home, slurm_server_env(slurm, **env))
+    try:
+        yield server
+    finally:
+        _stop_server(server)
 
 
 def slurm_state(slurm: SlurmCluster, server: LiveServer, job_id: int) -> str | None:

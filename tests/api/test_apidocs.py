@@ -4,15 +4,12 @@ validator badge). Skipped, saying why, without ``/usr/bin/chromium`` (as tests/d
 """
 
 import json
-from collections.abc import Iterator
 from urllib.parse import urlparse
 
 import pytest
 
-from tests.conftest import LiveServer, _start_server, _stop_server
+from tests.conftest import LiveServer
 from tests.dashboard.browser import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS, UI_TIMEOUT_MS
-
-API_TOKEN = "apidocs-token-0123456789abcdef"
 
 pytestmark = pytest.mark.skipif(
     not CHROMIUM.exists(),
@@ -20,12 +17,10 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    srv = _start_server(tmp_path_factory.mktemp("apidocs") / "home",
-                        {"TORCHYARD_API_TOKENS": API_TOKEN})
-    yield srv
-    _stop_server(srv)
+@pytest.fixture
+def server(shared_script_server: LiveServer) -> LiveServer:
+    """The shared server with API tokens (its token is what the page is given)."""
+    return shared_script_server
 
 
 @pytest.fixture
@@ -69,7 +64,7 @@ def test_docs_open_offline_and_work_with_the_dashboards_token(server: LiveServer
     # No token yet: /openapi.json is 401, and the page asks for one, as the dashboard does.
     page.locator("#token-form").wait_for(state="visible")
     assert "401" in page.locator("#token-message").inner_text()
-    page.fill("#token-input", API_TOKEN)
+    page.fill("#token-input", server.token or "")
     page.locator("#token-form button[type=submit]").click()
     page.wait_for_load_state()
 
@@ -79,7 +74,7 @@ def test_docs_open_offline_and_work_with_the_dashboards_token(server: LiveServer
     operations = sum(len(ops) for ops in document["paths"].values())
     page.wait_for_function(f"() => document.querySelectorAll('.opblock').length >= {operations}")
     assert page.locator(".swagger-ui .info .title").inner_text().startswith("torchyard")
-    assert page.evaluate("() => localStorage.getItem('torchyard.token')") == API_TOKEN
+    assert page.evaluate("() => localStorage.getItem('torchyard.token')") == server.token
 
     # "Try it out" on an operation behind the token: the stored token goes with the call.
     block = page.locator("#operations-scheduling-read_resources")

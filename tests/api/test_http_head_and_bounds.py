@@ -16,7 +16,7 @@ from referencing.jsonschema import DRAFT202012
 from service.api.app import create_app
 from service.api.openapi import checked_in_document
 from service.settings import Settings
-from tests.conftest import LiveServer
+from tests.conftest import LiveServer, hooks
 from torchyard_contract.spec import SLURM_FIELDS
 
 API_TOKEN = "head-and-bounds-token-0123456789"
@@ -55,11 +55,10 @@ def test_head_answers_every_get_route_like_get_without_a_body(api: TestClient) -
 
 
 def test_head_is_checked_like_get_and_never_waits_for_a_stream(
-    live_server_factory, tmp_path: Path  # type: ignore[no-untyped-def]
+    shared_script_server: LiveServer,
 ) -> None:
-    server: LiveServer = live_server_factory(
-        TORCHYARD_API_TOKENS=API_TOKEN, TORCHYARD_TEST_EPOCH_SLEEP_S="2"
-    )
+    server = shared_script_server  # for its API tokens
+    log_start = server.log.stat().st_size  # the server is shared: this test's part of its log
     with httpx.Client(base_url=server.url, timeout=10) as anonymous:
         _same_answer(anonymous.get("/jobs"), anonymous.head("/jobs"))  # 401 both
         assert anonymous.head("/jobs").status_code == 401
@@ -70,7 +69,8 @@ def test_head_is_checked_like_get_and_never_waits_for_a_stream(
         for path in ("/jobs", f"/jobs/{done}"):
             _same_answer_live(c, path)
         # The event stream of a live job does not end by itself; its HEAD answers at once.
-        live = c.post("/jobs", json={"dataset": "synthetic", "epochs": 50}).json()["id"]
+        live = c.post("/jobs", json={"dataset": "synthetic", "epochs": 50,
+                                     "labels": hooks(epoch_sleep_s=2)}).json()["id"]
         started = time.monotonic()
         head = c.head(f"/jobs/{live}/events")
         assert head.status_code == 200 and head.content == b""
@@ -78,7 +78,7 @@ def test_head_is_checked_like_get_and_never_waits_for_a_stream(
         assert time.monotonic() - started < 5
         assert c.get("/healthz").status_code == 200  # the server is fine afterwards
         c.post(f"/jobs/{live}/cancel")
-    assert "Exception in ASGI application" not in server.log.read_text()
+    assert b"Exception in ASGI application" not in server.log.read_bytes()[log_start:]
 
 
 def _validator(document: dict) -> Draft202012Validator:

@@ -7,14 +7,12 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, LiveServer, _start_server, _stop_server
+from tests.conftest import REPO_ROOT, LiveServer
 
-TOKEN = "ci-flow-tests-api-token-0123456789"
 TRAIN = '''\
 import json, os, sys
 from helper import GREETING
@@ -29,16 +27,14 @@ with open(os.path.join(out, "model.pt"), "w") as f:
 '''
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    live = _start_server(tmp_path_factory.mktemp("ci") / "home",
-                         {"TORCHYARD_API_TOKENS": TOKEN})
-    yield live
-    _stop_server(live)
+@pytest.fixture
+def server(shared_script_server: LiveServer) -> LiveServer:
+    """The shared server with API tokens (package jobs need them); the test reads its own jobs."""
+    return shared_script_server
 
 
 def _cli(server: LiveServer, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "TORCHYARD_URL": server.url, "TORCHYARD_TOKEN": TOKEN,
+    env = {**os.environ, "TORCHYARD_URL": server.url, "TORCHYARD_TOKEN": server.token or "",
            "COLUMNS": "200", "PYTHONPATH": str(REPO_ROOT)}
     return subprocess.run([sys.executable, "-m", "service", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=180)

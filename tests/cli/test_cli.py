@@ -6,7 +6,7 @@ from pathlib import Path
 
 from service.client.commands import EXIT_CANCELLED, EXIT_ERROR, EXIT_FAILED, EXIT_TIMEOUT
 from service.client.render import fmt_value
-from tests.conftest import REPO_ROOT, LiveServer, cli
+from tests.conftest import REPO_ROOT, LiveServer, cli, hooks
 from torchyard_contract.rundir import RunDir
 
 
@@ -16,8 +16,9 @@ def test_client_commands_never_import_torch() -> None:
 
 
 def test_submit_follow_prints_final_losses_and_exits_0(
-    live_server: LiveServer, tmp_path: Path
+    shared_server: LiveServer, tmp_path: Path
 ) -> None:
+    live_server = shared_server
     spec_file = tmp_path / "job.yaml"
     spec_file.write_text("name: cli-follow\ndataset: digits\nepochs: 2\nlabels: {team: ml}\n")
     run = cli(live_server, "submit", str(spec_file), "--nproc-per-node", "2", "--set", "lr=0.1",
@@ -56,9 +57,10 @@ def test_submit_follow_prints_final_losses_and_exits_0(
     assert only.returncode == 0 and only.stdout == stderr_file.read_text(errors="replace")
 
 
-def test_wait_exit_codes(live_server_factory) -> None:  # type: ignore[no-untyped-def]
-    server: LiveServer = live_server_factory(TORCHYARD_TEST_FAIL_RANK="1")
-    spec = {"name": "doomed", "dataset": "digits", "epochs": 2, "nproc_per_node": 2}
+def test_wait_exit_codes(shared_server: LiveServer) -> None:
+    server = shared_server
+    spec = {"name": "doomed", "dataset": "digits", "epochs": 2, "nproc_per_node": 2,
+            "labels": hooks(fail_rank=1)}
     with server.client() as c:
         failing = c.post("/jobs", json=spec).json()["id"]
         cancelled = c.post("/jobs", json={**spec, "name": "cancelled"}).json()["id"]
@@ -73,7 +75,7 @@ def test_wait_exit_codes(live_server_factory) -> None:  # type: ignore[no-untype
     assert failed.returncode == EXIT_FAILED, failed.stdout + failed.stderr
     assert f"job {failing} failed" in failed.stdout and "rank 1" in failed.stdout
 
-    unknown = cli(server, "wait", "999")
-    assert unknown.returncode == EXIT_ERROR and "job 999 not found" in unknown.stderr
+    unknown = cli(server, "wait", "999999")  # the shared server has nowhere near that many
+    assert unknown.returncode == EXIT_ERROR and "job 999999 not found" in unknown.stderr
     bad = cli(server, "submit", "--set", "epochs=0")
     assert bad.returncode == EXIT_ERROR and "epochs" in bad.stderr

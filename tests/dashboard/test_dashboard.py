@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import REPO_ROOT, LiveServer, _start_server, _stop_server
+from tests.conftest import REPO_ROOT, LiveServer, _start_server, _stop_server, add_script
 from tests.dashboard.browser import CHROMIUM, SCREENSHOTS, chart_traces
 
 LONG_JOB = {"name": "long", "dataset": "synthetic", "epochs": 1000, "nproc_per_node": 2,
@@ -163,19 +163,13 @@ def test_nan_stopped_job_shows_why_it_stopped(server, page) -> None:  # type: ig
     _shot(page, "nan-stopped-job")
 
 
-SCRIPT_TOKEN = "dashboard-tests-api-token-0123456789"
-
-
-@pytest.fixture(scope="module")
-def script_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    """A server that runs script jobs (they need API tokens)."""
-    scripts = tmp_path_factory.mktemp("scripts")
-    (scripts / "losses.py").write_text((REPO_ROOT / "tests" / "jobs" / "losses.py").read_text())
-    srv = _start_server(tmp_path_factory.mktemp("dash-scripts") / "home",
-                        {"TORCHYARD_SCRIPT_DIRS": str(scripts),
-                         "TORCHYARD_API_TOKENS": SCRIPT_TOKEN})
-    yield srv
-    _stop_server(srv)
+@pytest.fixture
+def script_server(shared_script_server: LiveServer) -> LiveServer:
+    """A server that runs script jobs (they need API tokens): the session's shared one; the
+    test opens its own job's page only."""
+    add_script(shared_script_server, "losses.py",
+               (REPO_ROOT / "tests" / "jobs" / "losses.py").read_text())
+    return shared_script_server
 
 
 def test_script_job_output_shows_prints_and_logs_live_in_order(script_server, page) -> None:  # type: ignore[no-untyped-def]
@@ -188,7 +182,7 @@ def test_script_job_output_shows_prints_and_logs_live_in_order(script_server, pa
                                        "nproc_per_node": 2, "args": [losses, "1"]}).json()["id"]
     try:
         script_server.wait_for(job_id, {"running"}, timeout_s=120)
-        page.add_init_script(f"localStorage.setItem('torchyard.token', '{SCRIPT_TOKEN}')")
+        page.add_init_script(f"localStorage.setItem('torchyard.token', '{script_server.token}')")
         page.goto(f"{script_server.url}/#/jobs/{job_id}")
         page.evaluate("() => { window.sameDocument = true; }")
         page.wait_for_function(

@@ -2,12 +2,12 @@
 defaults, on real 2-rank torchrun script jobs; the decision is in the attempt record and a job
 that is not restarted says which rule stopped it (docs/lifecycle.md, "Retry rules")."""
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import LiveServer, _start_server, _stop_server
+from tests.conftest import LiveServer, add_script
 from tests.slurmcluster import SlurmCluster
 from torchyard_contract.retryrules import DEFAULT_RULES, FailureRule, RankFailure, decide
 from torchyard_contract.spec import JobSpec
@@ -47,19 +47,14 @@ print(f"rank {rank} attempt {attempt} done", flush=True)
 '''
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    scripts = tmp_path_factory.mktemp("retry-scripts")
-    (scripts / "failing.py").write_text(FAILING)
-    srv = _start_server(tmp_path_factory.mktemp("retry") / "home",
-                        {"TORCHYARD_SCRIPT_DIRS": str(scripts),
-                         "TORCHYARD_API_TOKENS": API_TOKEN})
-    yield srv
-    _stop_server(srv)
+@pytest.fixture
+def server(shared_script_server: LiveServer) -> LiveServer:
+    add_script(shared_script_server, "retry_failing.py", FAILING)
+    return shared_script_server
 
 
 def _run(server: LiveServer, mode: str, **spec: object) -> dict:
-    body = {"entrypoint": "failing.py", "args": [mode], "nproc_per_node": 2,
+    body = {"entrypoint": "retry_failing.py", "args": [mode], "nproc_per_node": 2,
             "heartbeat_timeout_s": None}
     body.update(spec)
     with server.client() as c:
@@ -189,7 +184,7 @@ def test_rules_on_slurm(
 ) -> None:
     """The same rules through the Slurm executor: 2 nodes × 1 rank, the shim on the batch host
     reading rank 1's output from the other node's log on the shared run directory."""
-    (tmp_path / "failing.py").write_text(FAILING)
+    (tmp_path / "retry_failing.py").write_text(FAILING)
     server = slurm_server(TORCHYARD_SCRIPT_DIRS=str(tmp_path), TORCHYARD_API_TOKENS=API_TOKEN)
     common = {"nnodes": 2, "nproc_per_node": 1, "device": "cpu"}
     failed = _run(server, "code3", max_restarts=1,

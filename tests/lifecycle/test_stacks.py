@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from service.run.stacks import classify, describe_hang
-from tests.conftest import REPO_ROOT, LiveServer, _start_server, _stop_server
+from tests.conftest import REPO_ROOT, LiveServer, _start_server, _stop_server, add_script
 from tests.slurmcluster import SlurmCluster
 
 API_TOKEN = "stacks-api-token-0123456789abcdef0123"
@@ -65,12 +65,12 @@ def _server(tmp_path_factory: pytest.TempPathFactory, **env: str) -> LiveServer:
                           "TORCHYARD_API_TOKENS": API_TOKEN, **env})
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    """Warm ranks (the default): the ranks are the warm server's processes, not the shim's."""
-    srv = _server(tmp_path_factory)
-    yield srv
-    _stop_server(srv)
+@pytest.fixture
+def server(shared_script_server: LiveServer) -> LiveServer:
+    """Warm ranks (the default): the ranks are the warm server's processes, not the shim's.
+    The session's shared script server: this file's jobs are read by id."""
+    add_script(shared_script_server, "hang.py", SCRIPT)
+    return shared_script_server
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +79,11 @@ def cold_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer
     srv = _server(tmp_path_factory, TORCHYARD_WARM_RANKS="false")
     yield srv
     _stop_server(srv)
+
+
+def _token(server: LiveServer) -> str:
+    """The API token the server takes (this file's own servers, or the shared one's)."""
+    return server.token or API_TOKEN
 
 
 def _submit(server: LiveServer, mode: str, heartbeat_timeout_s: float | None) -> int:
@@ -151,7 +156,7 @@ def test_stacks_on_demand_for_a_running_job(ranks: str, request: pytest.FixtureR
         # The CLI: one line per rank, then its threads.
         out = subprocess.run(
             [sys.executable, "-m", "service", "stacks", str(job_id)], cwd=REPO_ROOT,
-            env={**os.environ, "TORCHYARD_URL": server.url, "TORCHYARD_TOKEN": API_TOKEN,
+            env={**os.environ, "TORCHYARD_URL": server.url, "TORCHYARD_TOKEN": _token(server),
                  "COLUMNS": "200"},
             capture_output=True, text=True, timeout=120, check=False,
         )
@@ -229,7 +234,7 @@ def _dashboard_shows_where_ranks_were(server: LiveServer, job_id: int) -> None:
         try:
             page = browser.new_page()
             page.set_default_timeout(60_000)
-            page.add_init_script(f"localStorage.setItem('torchyard.token', '{API_TOKEN}')")
+            page.add_init_script(f"localStorage.setItem('torchyard.token', '{_token(server)}')")
             page.goto(f"{server.url}/#/jobs/{job_id}")
             page.wait_for_function(
                 "(r) => document.getElementById('attempts').innerText.includes(r)",

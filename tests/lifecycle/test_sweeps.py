@@ -8,16 +8,15 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import LiveServer, _start_server, _stop_server
-from tests.warm.warmjobs import WARM_ENV, wait_warm
+from tests.conftest import LiveServer, _start_server, _stop_server, add_script
+from tests.warm.warmjobs import wait_warm
 
-API_TOKEN = "sweep-tests-api-token-0123456789"
 SWEEP_TIMEOUT_S = 240.0
 
 # A script trial: its lr comes from the placeholder in argv and, the same, from worker.params();
@@ -39,20 +38,12 @@ BUILTIN = {"dataset": "digits", "model": "mlp", "epochs": 2, "batch_size": 256, 
            "checkpoint_every": 0}
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    root = tmp_path_factory.mktemp("sweeps")
-    scripts = root / "scripts"
-    scripts.mkdir()
-    (scripts / "trial.py").write_text(SCRIPT)
-    live = _start_server(root / "home", {
-        **WARM_ENV, "TORCHYARD_SCRIPT_DIRS": str(scripts), "TORCHYARD_API_TOKENS": API_TOKEN,
-    })
-    try:
-        wait_warm(live, idle=2)
-        yield live
-    finally:
-        _stop_server(live)
+@pytest.fixture
+def server(shared_script_server: LiveServer) -> LiveServer:
+    """The session's shared script server (warm ranks); a sweep's trials are read by id."""
+    add_script(shared_script_server, "trial.py", SCRIPT)
+    wait_warm(shared_script_server, idle=2)
+    return shared_script_server
 
 
 def wait_sweep(server: LiveServer, sweep_id: int, timeout_s: float = SWEEP_TIMEOUT_S,

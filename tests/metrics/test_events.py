@@ -9,7 +9,7 @@ from httpx_sse import connect_sse
 
 from service.api.routes.logs import read_chunk
 from service.executor.local import LocalExecutor
-from tests.conftest import LiveServer, every_record, give_token
+from tests.conftest import LiveServer, every_record, give_token, hooks
 from torchyard_contract.rundir import RunDir
 
 SPEC = {"name": "events", "dataset": "digits", "epochs": 4, "nproc_per_node": 2}
@@ -34,11 +34,11 @@ def _read_events(
     return events
 
 
-def test_reconnect_with_last_event_id_gets_every_record_once(live_server_factory) -> None:  # type: ignore[no-untyped-def]
-    # A second per epoch keeps the job running while the first connection is dropped.
-    server: LiveServer = live_server_factory(TORCHYARD_TEST_EPOCH_SLEEP_S="1")
+def test_reconnect_with_last_event_id_gets_every_record_once(shared_server: LiveServer) -> None:
+    server = shared_server
     with httpx.Client(base_url=server.url, timeout=60) as c:
-        job_id = c.post("/jobs", json=SPEC).json()["id"]
+        # A second per epoch keeps the job running while the first connection is dropped.
+        job_id = c.post("/jobs", json={**SPEC, "labels": hooks(epoch_sleep_s=1)}).json()["id"]
         first = _read_events(c, job_id, None, stop_after_metrics=3)
         mid_job_state = c.get(f"/jobs/{job_id}").json()["state"]
         second = _read_events(c, job_id, first[-1][1], stop_after_metrics=None)
@@ -88,13 +88,13 @@ def test_reconnect_with_last_event_id_gets_every_record_once(live_server_factory
             assert read["stdout"] == "" and read["combined"] == read["stderr"]
 
 
-def test_many_streams_of_one_job_each_get_every_record_once(live_server_factory) -> None:  # type: ignore[no-untyped-def]
+def test_many_streams_of_one_job_each_get_every_record_once(shared_server: LiveServer) -> None:
     # Streams woken by the same commit share one read (service.api.hotreads): each must still
     # get the whole job, in order, on its own cursor.
-    server: LiveServer = live_server_factory(TORCHYARD_TEST_EPOCH_SLEEP_S="0.3")
+    server = shared_server
     streams = 12
     with httpx.Client(base_url=server.url, timeout=60) as c:
-        job_id = c.post("/jobs", json=SPEC).json()["id"]
+        job_id = c.post("/jobs", json={**SPEC, "labels": hooks(epoch_sleep_s=0.3)}).json()["id"]
 
     def follow(_: int) -> list[tuple[str, str, dict]]:
         with httpx.Client(base_url=server.url, timeout=60) as client:

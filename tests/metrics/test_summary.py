@@ -1,15 +1,13 @@
 """Cross-rank summary: the divergence rule (pure) and a real job whose rank 1 diverges."""
 
 import math
-import shutil
 import statistics
-from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
 from service.domain.metricsummary import EpochValue, diverged_ranks, summarize
-from tests.conftest import REPO_ROOT, LiveServer
+from tests.conftest import REPO_ROOT, LiveServer, add_script
 
 NAN, INF = math.nan, math.inf
 
@@ -60,17 +58,15 @@ def test_summary_errors(api: TestClient) -> None:
     assert r.status_code == 422 and r.json()["details"][0]["field"] == "threshold"
 
 
-def test_diverging_rank_is_flagged(live_server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_diverging_rank_is_flagged(shared_script_server: LiveServer) -> None:
     """A script job whose rank 1 reports ten times rank 0's loss: flagged every epoch."""
-    scripts = tmp_path / "scripts"
-    scripts.mkdir()
-    shutil.copy(REPO_ROOT / "tests" / "jobs" / "losses.py", scripts / "losses.py")
-    server: LiveServer = live_server_factory(
-        TORCHYARD_SCRIPT_DIRS=str(scripts), TORCHYARD_API_TOKENS="summary-tests-api-token-0123"
-    )
+    server = shared_script_server
+    add_script(server, "losses.py", (REPO_ROOT / "tests" / "jobs" / "losses.py").read_text())
     spec = {"name": "diverge", "entrypoint": "losses.py", "args": ["1.5,0.75;15,7.5", "0"],
             "nproc_per_node": 2}
     with server.client() as c:
+        # The server is shared: its ingest counter holds other tests' records too.
+        ingested = _ingested(c.get("/metrics").text)
         job_id = c.post("/jobs", json=spec).json()["id"]
         server.wait_for(job_id, {"succeeded"})
         summary = c.get(f"/jobs/{job_id}/metrics/summary", params={"name": "loss"}).json()
@@ -89,4 +85,11 @@ def test_diverging_rank_is_flagged(live_server_factory, tmp_path: Path) -> None:
         assert item["diverged_ranks"] == [1]
     # Where the ranks agree, nothing is flagged.
     assert [i["diverged_ranks"] for i in accuracy["items"]] == [[], []]
-    assert f"torchyard_metric_records_ingested_total {float(stored)}" in exposition
+    assert _ingested(exposition) == ingested + stored
+
+
+def _ingested(exposition: str) -> float:
+    """``torchyard_metric_records_ingested_total`` of a scrape (0 before any record)."""
+    name = "torchyard_metric_records_ingested_total "
+    lines = [line for line in exposition.splitlines() if line.startswith(name)]
+    return float(lines[0].removeprefix(name)) if lines else 0.0

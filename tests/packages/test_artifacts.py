@@ -12,16 +12,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import LiveServer, _start_server, _stop_server
+from tests.conftest import LiveServer
 
 JOB = {"dataset": "synthetic", "epochs": 2, "synthetic_samples": 64}
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    live = _start_server(tmp_path_factory.mktemp("art") / "home", {})
-    yield live
-    _stop_server(live)
+def server(_shared_server: LiveServer) -> LiveServer:
+    """The session's shared server (``tests/conftest.py``): the tests read their own job only."""
+    return _shared_server
 
 
 @pytest.fixture(scope="module")

@@ -1,39 +1,74 @@
 """Test-only hooks into the built-in trainer's ranks, injected from outside the product.
 
 The live-server fixture (``tests/conftest.py``) puts this directory on the ``PYTHONPATH`` every
-job process inherits, so Python imports this file at start-up in every rank. When the server was
-started with one of these variables, it wraps ``worker.train._train_epoch`` as soon as
-``worker.train`` is imported:
+job process inherits, so Python imports this file at start-up in every rank (and in a warm
+server, whose forked ranks inherit it). It wraps ``worker.train._train_epoch`` as soon as
+``worker.train`` is imported. Two hooks, each set per job or per server:
 
-* ``TORCHYARD_TEST_EPOCH_SLEEP_S`` — sleep that long before each epoch's training pass (outside
-  its timing, and without a heartbeat: a long sleep looks like a hung rank), so a test can watch
-  or cancel a running job;
-* ``TORCHYARD_TEST_FAIL_RANK`` — that rank raises at the start of epoch 1.
+* epoch sleep — sleep that long before each epoch's training pass (outside its timing, and
+  without a heartbeat: a long sleep looks like a hung rank), so a test can watch or cancel a
+  running job;
+* fail rank — that rank raises at the start of epoch 1.
 
-Without either variable nothing is touched.
+Per job, from the job's labels (``RUN_DIR/spec.json``; ``tests.conftest.hooks`` builds them):
+``test.epoch_sleep_s`` and ``test.fail_rank``; so jobs with different hooks share one server.
+Per server, from its environment (the ranks inherit ``TORCHYARD_TEST_*``):
+``TORCHYARD_TEST_EPOCH_SLEEP_S`` and ``TORCHYARD_TEST_FAIL_RANK``. A job's label wins.
+
+Both are read when the wrapped function runs, not when ``worker.train`` is imported: a warm
+server imports it once and forks it for every rank of every job.
 """
 
 import importlib.abc
 import importlib.machinery
+import json
 import os
 import sys
 import time
 
-SLEEP_S = float(os.environ.get("TORCHYARD_TEST_EPOCH_SLEEP_S") or 0)
-FAIL_RANK = os.environ.get("TORCHYARD_TEST_FAIL_RANK")
 TARGET = "worker.train"
+# label key → the server-wide variable it stands in for
+HOOKS = {
+    "test.epoch_sleep_s": "TORCHYARD_TEST_EPOCH_SLEEP_S",
+    "test.fail_rank": "TORCHYARD_TEST_FAIL_RANK",
+}
+
+
+def _labels() -> dict:
+    """The job's labels, from ``RUN_DIR/spec.json`` ({} outside a job, or without a spec)."""
+    run_dir = os.environ.get("TORCHYARD_RUN_DIR")
+    if not run_dir:
+        return {}
+    try:
+        with open(os.path.join(run_dir, "spec.json")) as f:
+            return json.load(f).get("labels") or {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _settings() -> dict[str, str]:
+    """Each hook's value for this job: its label, else the server's variable; absent = off."""
+    labels = _labels()
+    found = {}
+    for label, variable in HOOKS.items():
+        value = labels.get(label) or os.environ.get(variable)
+        if value:
+            found[label] = value
+    return found
 
 
 def _patch(module) -> None:  # type: ignore[no-untyped-def]
     train_epoch = module._train_epoch
 
     def hooked(model, optimizer, loss_fn, sampler, *args, **kwargs):  # type: ignore[no-untyped-def]
-        # Read now, not when worker.train is imported: a warm server imports it for every rank.
+        settings = _settings()  # per call: a warm rank imported this module before its job
         rank = int(os.environ.get("RANK", "0"))
-        if FAIL_RANK is not None and int(FAIL_RANK) == rank and sampler.epoch == 1:
+        fail_rank = settings.get("test.fail_rank")
+        if fail_rank is not None and int(fail_rank) == rank and sampler.epoch == 1:
             raise RuntimeError(f"test hook: rank {rank} failed")
-        if SLEEP_S:
-            time.sleep(SLEEP_S)
+        sleep_s = float(settings.get("test.epoch_sleep_s") or 0)
+        if sleep_s:
+            time.sleep(sleep_s)
         return train_epoch(model, optimizer, loss_fn, sampler, *args, **kwargs)
 
     module._train_epoch = hooked
@@ -61,5 +96,4 @@ class _Finder(importlib.abc.MetaPathFinder):
         return spec
 
 
-if SLEEP_S or FAIL_RANK is not None:
-    sys.meta_path.insert(0, _Finder())
+sys.meta_path.insert(0, _Finder())

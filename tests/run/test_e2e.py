@@ -5,7 +5,7 @@ import time
 
 import psutil
 
-from tests.conftest import LiveServer
+from tests.conftest import LiveServer, hooks
 
 DIGITS_2RANK = {"name": "digits-ddp", "model": "mlp", "dataset": "digits", "epochs": 4,
                 "batch_size": 64, "lr": 0.05, "nproc_per_node": 2}
@@ -29,7 +29,10 @@ def _poll_all(server: LiveServer, job_id: int, timeout_s: float = 180) -> tuple[
     raise AssertionError(f"job {job_id} did not finish in {timeout_s} s")
 
 
-def test_two_rank_digits_job_reports_every_epoch_from_every_rank(live_server: LiveServer) -> None:
+def test_two_rank_digits_job_reports_every_epoch_from_every_rank(
+    shared_server: LiveServer,
+) -> None:
+    live_server = shared_server
     with live_server.client() as c:
         r = c.post("/jobs", json=DIGITS_2RANK)
         assert r.status_code == 201
@@ -78,11 +81,11 @@ def test_cancel_running_job_leaves_no_process(live_server_factory) -> None:  # t
         assert c.get(f"/jobs/{job_id}").json()["state"] == "cancelled"
 
 
-def test_failing_rank_is_named_in_reason(live_server_factory) -> None:  # type: ignore[no-untyped-def]
-    server = live_server_factory(TORCHYARD_TEST_FAIL_RANK="1")
+def test_failing_rank_is_named_in_reason(shared_server: LiveServer) -> None:
+    server = shared_server
     with server.client() as c:
-        job_id = c.post("/jobs", json={"dataset": "synthetic", "epochs": 2,
-                                       "nproc_per_node": 2}).json()["id"]
+        job_id = c.post("/jobs", json={"dataset": "synthetic", "epochs": 2, "nproc_per_node": 2,
+                                       "labels": hooks(fail_rank=1)}).json()["id"]
     job = server.wait_for(job_id, {"failed"})
     assert job["exit_code"] not in (None, 0)
     assert "rank 1" in job["reason"] and "test hook" in job["reason"], job["reason"]

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -18,8 +18,8 @@ import pytest
 
 from service.executor.warmpool import ask, build_server_command, socket_path
 from service.run.warm import RELAY_PATH
-from tests.conftest import REPO_ROOT, LiveServer, every_record
-from tests.warm.warmjobs import WARM_ENV, wait_warm
+from tests.conftest import REPO_ROOT, LiveServer, add_script, every_record
+from tests.warm.warmjobs import wait_warm
 
 # Everything a program can see of its interpreter's end, per MODE.
 PROGRAM = textwrap.dedent("""
@@ -152,18 +152,12 @@ def _wait(c: httpx.Client, job_id: int) -> dict:
 
 
 @pytest.mark.slow
-def test_a_warm_job_ends_with_nothing_lost(
-    live_server_factory: Callable[..., LiveServer], tmp_path: Path
-) -> None:
+def test_a_warm_job_ends_with_nothing_lost(shared_script_server: LiveServer) -> None:
     """Warm ranks (the agent and both ranks warm processes): every record a rank sent before it
     exited is stored when the job turns terminal, the last unterminated lines of both streams
     are in the rank's log, and a rank's exit code reads as it does cold."""
-    scripts = tmp_path / "scripts"
-    scripts.mkdir()
-    (scripts / "ending.py").write_text(JOB)
-    token = "end-path-token-0123456789abcdef"
-    server = live_server_factory(TORCHYARD_SCRIPT_DIRS=str(scripts), TORCHYARD_API_TOKENS=token,
-                                 **WARM_ENV)
+    server = shared_script_server
+    add_script(server, "ending.py", JOB)
     wait_warm(server)
     served = ask(socket_path(server.home), {"op": "status"})["served"]  # type: ignore[index]
     with server.client() as c:

@@ -9,7 +9,7 @@ from collections import Counter
 import httpx
 import psutil
 
-from tests.conftest import LiveServer, both_stores, every_record
+from tests.conftest import LiveServer, both_stores, every_record, hooks
 
 
 def _rank_pids(shim_pid: int) -> dict[int, int]:
@@ -149,10 +149,10 @@ def test_server_killed_between_starting_a_shim_and_storing_it_keeps_the_job(live
     assert losses == {(r, e) for r in (0, 1) for e in range(1, 5)}
 
 
-def test_hung_rank_fails_with_progress_reason(live_server_factory) -> None:  # type: ignore[no-untyped-def]
-    server = live_server_factory(TORCHYARD_TEST_EPOCH_SLEEP_S="120")
+def test_hung_rank_fails_with_progress_reason(shared_server: LiveServer) -> None:
+    server = shared_server
     spec = {"dataset": "synthetic", "epochs": 2, "nproc_per_node": 2, "heartbeat_timeout_s": 3,
-            "max_restarts": 0}
+            "max_restarts": 0, "labels": hooks(epoch_sleep_s=120)}
     with server.client() as c:
         job_id = c.post("/jobs", json=spec).json()["id"]
     job = server.wait_for(job_id, {"running"})
@@ -162,17 +162,18 @@ def test_hung_rank_fails_with_progress_reason(live_server_factory) -> None:  # t
     _assert_gone([job["pid"], *ranks])
 
 
-def test_deadline_fails_the_job(live_server_factory) -> None:  # type: ignore[no-untyped-def]
-    server = live_server_factory(TORCHYARD_TEST_EPOCH_SLEEP_S="1")
+def test_deadline_fails_the_job(shared_server: LiveServer) -> None:
+    server = shared_server
     spec = {"dataset": "synthetic", "epochs": 100, "nproc_per_node": 1, "max_runtime_s": 4,
-            "max_restarts": 3}
+            "max_restarts": 3, "labels": hooks(epoch_sleep_s=1)}
     with server.client() as c:
         job_id = c.post("/jobs", json=spec).json()["id"]
     job = server.wait_for(job_id, {"failed"}, timeout_s=60)
     assert job["reason"] == "deadline exceeded" and len(job["attempts"]) == 1
 
 
-def test_startup_failure_is_not_retried(live_server: LiveServer, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_startup_failure_is_not_retried(shared_server: LiveServer, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    live_server = shared_server
     spec = {"dataset": "mnist", "dataset_root": str(tmp_path / "nothing"), "nproc_per_node": 2,
             "max_restarts": 3}
     with live_server.client() as c:
@@ -182,9 +183,10 @@ def test_startup_failure_is_not_retried(live_server: LiveServer, tmp_path) -> No
     assert job["reason"].startswith("start-up failure (not retried)")
 
 
-def test_exhausted_restarts_fail_with_last_reason(live_server_factory) -> None:  # type: ignore[no-untyped-def]
-    server = live_server_factory(TORCHYARD_TEST_FAIL_RANK="1")
-    spec = {"dataset": "synthetic", "epochs": 2, "nproc_per_node": 2, "max_restarts": 1}
+def test_exhausted_restarts_fail_with_last_reason(shared_server: LiveServer) -> None:
+    server = shared_server
+    spec = {"dataset": "synthetic", "epochs": 2, "nproc_per_node": 2, "max_restarts": 1,
+            "labels": hooks(fail_rank=1)}
     with server.client() as c:
         job_id = c.post("/jobs", json=spec).json()["id"]
     job = server.wait_for(job_id, {"failed"})
@@ -194,7 +196,8 @@ def test_exhausted_restarts_fail_with_last_reason(live_server_factory) -> None: 
         assert len(c.get(f"/jobs/{job_id}/attempts").json()) == 2
 
 
-def test_new_job_starts_from_an_earlier_jobs_checkpoint(live_server: LiveServer) -> None:
+def test_new_job_starts_from_an_earlier_jobs_checkpoint(shared_server: LiveServer) -> None:
+    live_server = shared_server
     with live_server.client() as c:
         first = c.post("/jobs", json={"dataset": "synthetic", "epochs": 3,
                                       "nproc_per_node": 2}).json()["id"]

@@ -3,12 +3,22 @@ allocations kept across a server restart."""
 
 import signal
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
+from pathlib import Path
 
 import httpx
+import pytest
 
-from tests.conftest import LiveServer, both_stores
+from tests.conftest import (
+    LiveServer,
+    _copy_sqlite,
+    _start_server,
+    _stop_server,
+    both_stores,
+    hooks,
+)
 
 ONE_SLOT = {"dataset": "synthetic", "synthetic_samples": 64, "epochs": 2, "nproc_per_node": 1}
 
@@ -17,12 +27,25 @@ def _t(value: str) -> datetime:
     return datetime.fromisoformat(value)
 
 
-def test_two_slots_run_two_jobs_side_by_side_and_the_third_after(live_server_factory) -> None:  # type: ignore[no-untyped-def]
-    server: LiveServer = live_server_factory(
-        TORCHYARD_CPU_SLOTS="2", TORCHYARD_TEST_EPOCH_SLEEP_S="1.5"
-    )
+@pytest.fixture(scope="module")
+def two_slots(
+    tmp_path_factory: pytest.TempPathFactory, _migrated_sqlite: Path
+) -> Iterator[LiveServer]:
+    """Two CPU slots, for the tests that leave the server with no unfinished job (each counts
+    the slots, so none can share the session's server)."""
+    home = tmp_path_factory.mktemp("two-slots") / "home"
+    _copy_sqlite(_migrated_sqlite, home)
+    server = _start_server(home, {"TORCHYARD_CPU_SLOTS": "2"})
+    yield server
+    _stop_server(server)
+
+
+def test_two_slots_run_two_jobs_side_by_side_and_the_third_after(two_slots: LiveServer) -> None:
+    server = two_slots
     with server.client() as c:
-        ids = [c.post("/jobs", json={**ONE_SLOT, "name": f"j{i}"}).json()["id"] for i in range(3)]
+        ids = [c.post("/jobs", json={**ONE_SLOT, "name": f"j{i}",
+                                     "labels": hooks(epoch_sleep_s=1.5)}).json()["id"]
+               for i in range(3)]
         # The third waits, and says why.
         deadline = time.monotonic() + 30
         while True:
@@ -50,9 +73,14 @@ def test_two_slots_run_two_jobs_side_by_side_and_the_third_after(live_server_fac
 
 # SQLite only: one process writes, so the store's locking is not what is tested here (its
 # PostgreSQL half: test_store, test_queue_snapshot; two writing processes: test_workers).
-def test_fifty_concurrent_posts_are_all_stored_and_never_share_a_slot(live_server_factory) -> None:  # type: ignore[no-untyped-def]
-    server: LiveServer = live_server_factory(TORCHYARD_CPU_SLOTS="2")
+def test_fifty_concurrent_posts_are_all_stored_and_never_share_a_slot(
+    two_slots: LiveServer,
+) -> None:
+    server = two_slots
     spec = {"dataset": "synthetic", "synthetic_samples": 64, "epochs": 1, "nproc_per_node": 1}
+    with server.client() as c:  # the module's earlier jobs are finished: its newest
+        earlier = c.get("/jobs", params={"limit": 1}).json()["items"]
+    newest_before = earlier[0]["id"] if earlier else 0
 
     def post(i: int) -> httpx.Response:
         with server.client() as c:
@@ -65,7 +93,8 @@ def test_fifty_concurrent_posts_are_all_stored_and_never_share_a_slot(live_serve
     assert len(set(ids)) == 50
     keep = set(ids[:5])
     with server.client() as c:
-        assert len(c.get("/jobs?limit=100").json()["items"]) == 50
+        listed = [j["id"] for j in c.get("/jobs?limit=100").json()["items"]]
+        assert sorted(i for i in listed if i > newest_before) == ids
         for job_id in ids[5:]:
             c.post(f"/jobs/{job_id}/cancel")
         deadline = time.monotonic() + 180
@@ -88,7 +117,7 @@ def test_fifty_concurrent_posts_are_all_stored_and_never_share_a_slot(live_serve
     assert samples > 5
     assert all(j["state"] == "succeeded" for j in finals if j["id"] in keep), finals[:5]
     assert {j["state"] for j in finals if j["id"] not in keep} <= {"cancelled", "succeeded"}
-    assert "database is locked" not in server.log.read_text()
+    assert "database is locked" not in server.log.read_text()  # the module's server's whole log
 
 
 # SQLite only: allocation rows on PostgreSQL are covered by test_supervisor_frees_resources.py

@@ -25,15 +25,25 @@ def secrets_file(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.fixture
-def server(live_server_factory, tmp_path: Path, secrets_file: Path) -> LiveServer:  # type: ignore[no-untyped-def]
+def _server(factory, tmp_path: Path, secrets_file: Path, **env: str) -> LiveServer:  # type: ignore[no-untyped-def]
     scripts = tmp_path / "scripts"
     scripts.mkdir()
     shutil.copy(REPO_ROOT / "tests" / "jobs" / "secret.py", scripts / "secret.py")
-    return live_server_factory(
+    return factory(
         TORCHYARD_SCRIPT_DIRS=str(scripts), TORCHYARD_API_TOKENS=API_TOKEN,
-        TORCHYARD_SECRETS_FILE=str(secrets_file),
+        TORCHYARD_SECRETS_FILE=str(secrets_file), **env,
     )
+
+
+@pytest.fixture
+def server(live_server_factory, tmp_path: Path, secrets_file: Path) -> LiveServer:  # type: ignore[no-untyped-def]
+    return _server(live_server_factory, tmp_path, secrets_file)
+
+
+@pytest.fixture
+def refusing_server(live_server_factory, tmp_path: Path, secrets_file: Path) -> LiveServer:  # type: ignore[no-untyped-def]
+    """As ``server``, for a test whose every job is refused: no warm pool to start."""
+    return _server(live_server_factory, tmp_path, secrets_file, TORCHYARD_WARM_RANKS="false")
 
 
 def test_a_secret_reaches_the_ranks_and_nowhere_else(server: LiveServer) -> None:
@@ -81,8 +91,10 @@ def test_a_secret_reaches_the_ranks_and_nowhere_else(server: LiveServer) -> None
         assert secret not in server.log.read_text(errors="replace")
 
 
-def test_unknown_or_misplaced_secrets_are_422_naming_the_field(server: LiveServer) -> None:
-    with server.client() as c:
+def test_unknown_or_misplaced_secrets_are_422_naming_the_field(
+    refusing_server: LiveServer,
+) -> None:
+    with refusing_server.client() as c:
         c.headers["Authorization"] = f"Bearer {API_TOKEN}"
         cases = [
             ({"entrypoint": "secret.py", "secret_env": {"HF_TOKEN": "nope"}}, "unknown secret 'nope'"),

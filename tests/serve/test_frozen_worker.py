@@ -174,6 +174,7 @@ def test_a_frozen_worker_holding_the_lock_stalls_no_other_worker(
         TORCHYARD_LEASE_TTL_S="60",  # no takeover while one is frozen: the roles stay put
         TORCHYARD_DB_LOCK_TIMEOUT_S=str(LOCK_TIMEOUT_S),
         TORCHYARD_TEST_RECORD_PAUSE_S=str(PAUSE_S),
+        TORCHYARD_WARM_RANKS="false",  # no job is launched here: no warm pool to start
     )
     deadline = time.monotonic() + 30
     while "supervises, generation" not in server.log.read_text():

@@ -8,16 +8,32 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
 from bench.loadgen import Connection
-from tests.conftest import LiveServer
+from tests.conftest import LiveServer, _copy_sqlite, _start_server, _stop_server
 
 pytestmark = pytest.mark.slow
 CONNECTIONS = 40
+# No job runs in this file: no warm pool to start (~3.5 CPU s a server).
+NO_WARM = {"TORCHYARD_WARM_RANKS": "false"}
+WORKERS_2 = ("--workers", "2")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, _migrated_sqlite: Path) -> Iterator[LiveServer]:
+    """``serve --workers 2`` for the tests that leave it and its workers alone (those that kill
+    the parent or a worker start their own)."""
+    home = tmp_path_factory.mktemp("workers") / "home"
+    _copy_sqlite(_migrated_sqlite, home)
+    live = _start_server(home, NO_WARM, args=WORKERS_2)
+    yield live
+    _stop_server(live)
 
 
 def _workers(server: LiveServer) -> list[psutil.Process]:
@@ -52,7 +68,7 @@ def _until(condition, timeout_s: float, what: str):  # type: ignore[no-untyped-d
 def test_connections_reach_every_worker_and_a_dead_worker_is_replaced(
     live_server_factory,  # type: ignore[no-untyped-def]
 ) -> None:
-    server: LiveServer = live_server_factory(_args=("--workers", "2"))
+    server: LiveServer = live_server_factory(_args=WORKERS_2, **NO_WARM)
     first = _until(lambda: len(_workers(server)) == 2 and _workers(server), 30, "two workers")
     # Exactly one worker supervises; both take connections (a shared accept socket gave a
     # burst of connections all to one worker).
@@ -84,7 +100,7 @@ def test_connections_reach_every_worker_and_a_dead_worker_is_replaced(
 def test_workers_do_not_outlive_the_parent(
     live_server_factory, parent_signal: signal.Signals,  # type: ignore[no-untyped-def]
 ) -> None:
-    server: LiveServer = live_server_factory(_args=("--workers", "2"))
+    server: LiveServer = live_server_factory(_args=WORKERS_2, **NO_WARM)
     workers = _until(lambda: len(_workers(server)) == 2 and _workers(server), 30, "two workers")
     os.kill(server.proc.pid, parent_signal)
     server.proc.wait(30)
@@ -97,9 +113,8 @@ def test_workers_do_not_outlive_the_parent(
         httpx.get(f"{server.url}/healthz", timeout=2)
 
 
-def test_a_second_server_cannot_share_the_port(live_server_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_second_server_cannot_share_the_port(server: LiveServer, tmp_path: Path) -> None:
     # SO_REUSEPORT would let it bind and silently take half of the first one's connections.
-    server: LiveServer = live_server_factory(_args=("--workers", "2"))
     env = {**os.environ, "TORCHYARD_HOME": str(tmp_path / "other"), "TORCHYARD_GPUS": "none"}
     second = subprocess.run(
         [sys.executable, "-m", "service", "serve", "--workers", "2", "--port", str(server.port)],
@@ -119,10 +134,10 @@ def _healthz_count(text: str) -> float:
     )
 
 
-def test_every_scrape_counts_every_workers_requests(live_server_factory) -> None:  # type: ignore[no-untyped-def]
+def test_every_scrape_counts_every_workers_requests(server: LiveServer) -> None:
     # A scrape lands on one worker; per-process counters would show that worker's share only
-    # and jump between scrapes (read by Prometheus as resets).
-    server: LiveServer = live_server_factory(_args=("--workers", "2"))
+    # and jump between scrapes (read by Prometheus as resets). The counts are since the
+    # server's start: the module's earlier tests' requests only add to them.
     _until(lambda: len(_workers(server)) == 2, 30, "two workers")
     roles = _until(lambda: (r := _roles_over_new_connections(server))["standby"]
                    and r["supervisor"] and r, 30, "both workers answering")

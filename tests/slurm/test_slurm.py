@@ -12,17 +12,42 @@ import shutil
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.conftest import REPO_ROOT, LiveServer, every_record, slurm_state
+from tests.conftest import (
+    REPO_ROOT,
+    LiveServer,
+    every_record,
+    hooks,
+    module_slurm_server,
+    slurm_state,
+)
 from tests.slurmcluster import NODES, SlurmCluster
 from tests.worker.tinymnist import write_tiny_mnist
 
 API_TOKEN = "slurm-tests-api-token-0123456789"
+
+
+@pytest.fixture(scope="module")
+def _module_server(
+    slurm: SlurmCluster, tmp_path_factory: pytest.TempPathFactory, _migrated_sqlite: Path
+) -> Iterator[LiveServer]:
+    home = tmp_path_factory.mktemp("slurm-module") / "home"
+    with module_slurm_server(slurm, home, _migrated_sqlite) as server:
+        yield server
+
+
+@pytest.fixture
+def server(slurm: SlurmCluster, _module_server: LiveServer) -> LiveServer:
+    """The module's server with the default settings, for the tests that neither kill it nor
+    need settings of their own; their rank hooks are per job (``hooks``). Its earlier tests'
+    jobs are finished or cancelled (a failed test's may not be: Slurm's are cancelled here)."""
+    slurm.cancel_all()
+    return _module_server
 
 
 def _wait_records(server: LiveServer, job_id: int, pred, timeout_s: float = 90) -> list[dict]:  # type: ignore[no-untyped-def]
@@ -88,9 +113,8 @@ def test_cluster_runs_a_batch_job_across_both_nodes(slurm: SlurmCluster, tmp_pat
 
 
 def test_two_node_builtin_job_reports_every_rank_from_both_nodes(
-    slurm: SlurmCluster, slurm_server: Callable[..., LiveServer]
+    slurm: SlurmCluster, server: LiveServer
 ) -> None:
-    server = slurm_server()
     with server.client() as c:
         resources = c.get("/resources").json()
         assert resources["executor"] == "slurm"
@@ -138,12 +162,9 @@ def test_two_node_script_job_mnist_example(
 
 
 @pytest.mark.slow
-def test_sigkill_rank_on_second_node_restarts_from_checkpoint(
-    slurm_server: Callable[..., LiveServer],
-) -> None:
-    server = slurm_server(TORCHYARD_TEST_EPOCH_SLEEP_S="0.7")
+def test_sigkill_rank_on_second_node_restarts_from_checkpoint(server: LiveServer) -> None:
     spec = {"nnodes": 2, "dataset": "synthetic", "epochs": 6, "max_restarts": 1,
-            "device": "cpu"}
+            "device": "cpu", "labels": hooks(epoch_sleep_s=0.7)}
     with server.client() as c:
         job_id = c.post("/jobs", json=spec).json()["id"]
     server.wait_for(job_id, {"running"}, timeout_s=60)
@@ -223,9 +244,8 @@ def test_server_sigkill_and_restart_readopts_by_slurm_job_id(
 
 
 def test_pending_job_shows_slurms_reason_then_runs(
-    slurm: SlurmCluster, slurm_server: Callable[..., LiveServer]
+    slurm: SlurmCluster, server: LiveServer
 ) -> None:
-    server = slurm_server()
     blocker = slurm.run("sbatch", "--parsable", "--nodes=2", "--exclusive", "--output=/dev/null",
                         "--wrap", "sleep 300").stdout.strip()
     try:
@@ -271,10 +291,7 @@ def test_job_slurm_purged_while_the_server_was_down_still_ends_right(
         (r, e) for r in (0, 1) for e in (1, 2)}
 
 
-def test_a_job_slurm_refuses_fails_with_sbatchs_reason(
-    slurm_server: Callable[..., LiveServer],
-) -> None:
-    server = slurm_server()
+def test_a_job_slurm_refuses_fails_with_sbatchs_reason(server: LiveServer) -> None:
     with server.client() as c:
         job_id = c.post("/jobs", json={"partition": "nosuch", "epochs": 1}).json()["id"]
     job = server.wait_for(job_id, {"failed"}, timeout_s=30, allowed={"queued"})
@@ -283,12 +300,11 @@ def test_a_job_slurm_refuses_fails_with_sbatchs_reason(
 
 
 def test_a_failing_rank_fails_the_job_and_slurms_own_record(
-    slurm: SlurmCluster, slurm_server: Callable[..., LiveServer]
+    slurm: SlurmCluster, server: LiveServer
 ) -> None:
-    server = slurm_server(TORCHYARD_TEST_FAIL_RANK="1")
     with server.client() as c:
         job_id = c.post("/jobs", json={"nnodes": 2, "dataset": "synthetic", "epochs": 2,
-                                       "device": "cpu"}).json()["id"]
+                                       "device": "cpu", "labels": hooks(fail_rank=1)}).json()["id"]
     job = server.wait_for(job_id, {"failed"}, timeout_s=90)
     assert "rank 1" in job["reason"], job["reason"]
     assert job["exit_code"] not in (None, 0)

@@ -12,7 +12,7 @@ import shutil
 import stat
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -21,7 +21,7 @@ import pytest
 from service.executor import make_slurm_executor
 from service.executor.base import Submission
 from service.settings import Settings
-from tests.conftest import LiveServer, slurm_state
+from tests.conftest import LiveServer, module_slurm_server, slurm_state
 from tests.slurmcluster import SlurmCluster
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.spec import JobSpec
@@ -59,14 +59,19 @@ def _alive(pid: int) -> bool:
 # --- reserved names --------------------------------------------------------------------------
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def script_server(
-    slurm_server: Callable[..., LiveServer], tmp_path: Path
-) -> LiveServer:
-    scripts = tmp_path / "scripts"
+    slurm: SlurmCluster, tmp_path_factory: pytest.TempPathFactory, _migrated_sqlite: Path
+) -> Iterator[LiveServer]:
+    """One server for the cases below: each is refused at the API, so none leaves a job."""
+    root = tmp_path_factory.mktemp("slurm-reserved")
+    scripts = root / "scripts"
     scripts.mkdir()
     (scripts / "noop.py").write_text("print('hello')\n")
-    return slurm_server(TORCHYARD_SCRIPT_DIRS=str(scripts), TORCHYARD_API_TOKENS=API_TOKEN)
+    with module_slurm_server(slurm, root / "home", _migrated_sqlite,
+                             TORCHYARD_SCRIPT_DIRS=str(scripts),
+                             TORCHYARD_API_TOKENS=API_TOKEN) as server:
+        yield server
 
 
 @pytest.mark.parametrize(

@@ -5,14 +5,35 @@ and that no process of a job outlives it."""
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import psutil
 import pytest
 
 from service.executor.warmpool import ask, socket_path
-from tests.conftest import LiveServer
+from tests.conftest import LiveServer, _copy_sqlite, _start_server, _stop_server, hooks
 from tests.warm.warmjobs import WARM_ENV, rank_logs, wait_warm
+
+
+@pytest.fixture(scope="module")
+def _warm_server(
+    tmp_path_factory: pytest.TempPathFactory, _migrated_sqlite: Path
+) -> Iterator[LiveServer]:
+    """One server with a pool of 3 for the file's tests that leave its warm server alive (the
+    broken pool's test kills it: a server of its own); their rank hooks are per job."""
+    home = tmp_path_factory.mktemp("warm-jobs") / "home"
+    _copy_sqlite(_migrated_sqlite, home)
+    server = _start_server(home, WARM_ENV)
+    yield server
+    _stop_server(server)
+
+
+@pytest.fixture
+def server(_warm_server: LiveServer) -> LiveServer:
+    """The file's warm server once its pool is full again (the last test's job used some)."""
+    wait_warm(_warm_server)
+    return _warm_server
 
 
 def start_warm(factory: Callable[..., LiveServer], **env: str) -> LiveServer:
@@ -44,10 +65,7 @@ def assert_gone(pids: list[int], timeout_s: float = 15) -> None:
 
 
 @pytest.mark.slow
-def test_warm_job_reports_and_pool_is_reported_without_cuda(
-    live_server_factory: Callable[..., LiveServer],
-) -> None:
-    server = start_warm(live_server_factory)
+def test_warm_job_reports_and_pool_is_reported_without_cuda(server: LiveServer) -> None:
     with server.client() as c:
         before = c.get("/resources").json()["warm"]
         assert before["cuda_initialized"] is False and before["pool_size"] == 3
@@ -73,11 +91,10 @@ def test_warm_job_reports_and_pool_is_reported_without_cuda(
 
 
 @pytest.mark.slow
-def test_cancel_warm_job_leaves_no_process(live_server_factory: Callable[..., LiveServer]) -> None:
-    server = start_warm(live_server_factory, TORCHYARD_TEST_EPOCH_SLEEP_S="2")
+def test_cancel_warm_job_leaves_no_process(server: LiveServer) -> None:
     with server.client() as c:
-        job_id = c.post("/jobs", json={"dataset": "synthetic", "epochs": 1000,
-                                       "nproc_per_node": 2}).json()["id"]
+        job_id = c.post("/jobs", json={"dataset": "synthetic", "epochs": 1000, "nproc_per_node": 2,
+                                       "labels": hooks(epoch_sleep_s=2)}).json()["id"]
         job = server.wait_for(job_id, {"running"})
         warm = wait_warm_ranks(server, job_id, 2)
         leader = psutil.Process(job["pid"])
@@ -93,11 +110,9 @@ def test_cancel_warm_job_leaves_no_process(live_server_factory: Callable[..., Li
 
 
 @pytest.mark.slow
-def test_sigkill_of_a_warm_rank_restarts_from_checkpoint(
-    live_server_factory: Callable[..., LiveServer],
-) -> None:
-    server = start_warm(live_server_factory, TORCHYARD_TEST_EPOCH_SLEEP_S="0.7")
-    spec = {"dataset": "synthetic", "epochs": 5, "nproc_per_node": 2, "max_restarts": 1}
+def test_sigkill_of_a_warm_rank_restarts_from_checkpoint(server: LiveServer) -> None:
+    spec = {"dataset": "synthetic", "epochs": 5, "nproc_per_node": 2, "max_restarts": 1,
+            "labels": hooks(epoch_sleep_s=0.7)}
     with server.client() as c:
         job_id = c.post("/jobs", json=spec).json()["id"]
         server.wait_for(job_id, {"running"})
@@ -115,19 +130,15 @@ def test_sigkill_of_a_warm_rank_restarts_from_checkpoint(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["heartbeat", "deadline"])
-def test_heartbeat_and_deadline_stop_warm_ranks(
-    live_server_factory: Callable[..., LiveServer], case: str
-) -> None:
+def test_heartbeat_and_deadline_stop_warm_ranks(server: LiveServer, case: str) -> None:
     if case == "heartbeat":
-        server = start_warm(live_server_factory, TORCHYARD_TEST_EPOCH_SLEEP_S="120")
         spec = {"dataset": "synthetic", "epochs": 2, "nproc_per_node": 2,
-                "heartbeat_timeout_s": 3, "max_restarts": 0}
+                "heartbeat_timeout_s": 3, "max_restarts": 0, "labels": hooks(epoch_sleep_s=120)}
         reason = "made no progress for 3 s"
     else:
-        server = start_warm(live_server_factory, TORCHYARD_TEST_EPOCH_SLEEP_S="1")
         # Room to be seen running on a loaded machine before the deadline stops it.
         spec = {"dataset": "synthetic", "epochs": 100, "nproc_per_node": 2, "max_runtime_s": 15,
-                "max_restarts": 3}
+                "max_restarts": 3, "labels": hooks(epoch_sleep_s=1)}
         reason = "deadline exceeded"
     with server.client() as c:
         job_id = c.post("/jobs", json=spec).json()["id"]

@@ -6,7 +6,8 @@ from tests.conftest import LiveServer
 from tests.worker.tinymnist import write_tiny_mnist
 
 
-def test_mnist_from_local_root_trains(live_server: LiveServer, tmp_path: Path) -> None:
+def test_mnist_from_local_root_trains(shared_server: LiveServer, tmp_path: Path) -> None:
+    live_server = shared_server
     root = tmp_path / "mnist-root"
     write_tiny_mnist(root)
     spec = {"model": "cnn", "dataset": "mnist", "dataset_root": str(root), "download": False,
@@ -20,8 +21,9 @@ def test_mnist_from_local_root_trains(live_server: LiveServer, tmp_path: Path) -
     assert acc and all(0.0 <= i["value"] <= 1.0 for i in acc)
 
 
-def test_missing_root_fails_with_reason_naming_the_path(live_server: LiveServer,
+def test_missing_root_fails_with_reason_naming_the_path(shared_server: LiveServer,
                                                          tmp_path: Path) -> None:
+    live_server = shared_server
     missing = tmp_path / "no-such-dir"
     spec = {"dataset": "fashion_mnist", "dataset_root": str(missing), "epochs": 1,
             "nproc_per_node": 1}

@@ -16,8 +16,8 @@ from service.api.app import create_app
 from service.domain.scriptpath import rank_program
 from service.run.torchrun import LaunchRequest, build_command
 from service.settings import Settings
-from tests.conftest import REPO_ROOT, LiveServer, free_port
-from tests.warm.warmjobs import WARM_ENV, rank_logs, wait_warm
+from tests.conftest import REPO_ROOT, LiveServer, add_script, free_port
+from tests.warm.warmjobs import rank_logs, wait_warm
 from tests.worker.tinymnist import write_tiny_mnist
 from torchyard_contract.launch import LaunchConfig
 from torchyard_contract.rundir import RunDir
@@ -61,6 +61,16 @@ def script_dir(tmp_path: Path) -> Path:
     (outside / "evil.py").write_text("print('escaped')\n")
     (scripts / "link.py").symlink_to(outside / "evil.py")
     return scripts
+
+
+@pytest.fixture
+def server(shared_script_server: LiveServer) -> LiveServer:
+    """The shared script server (warm ranks) with ``script_dir``'s scripts (not its symlink)."""
+    for name in ("minimal_ddp.py", "mnist_ddp.py"):
+        add_script(shared_script_server, name, (EXAMPLES / name).read_text())
+    add_script(shared_script_server, "failing/__init__.py", "")
+    add_script(shared_script_server, "failing/main.py", FAILING_MODULE)
+    return shared_script_server
 
 
 # Script jobs run arbitrary code, so the server only takes them with API tokens configured.
@@ -267,7 +277,8 @@ def _submit(server: LiveServer, body: dict) -> int:
 
 @pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
 def test_parity_plain_torchrun_vs_torchyard_and_sdk_noop_outside(
-    live_server_factory: Callable[..., LiveServer], script_dir: Path, tmp_path: Path, warm: bool
+    request: pytest.FixtureRequest, live_server_factory: Callable[..., LiveServer],
+    script_dir: Path, tmp_path: Path, warm: bool,
 ) -> None:
     args = ["--epochs", "3", "--samples", "256", "--seed", "7"]
     plain = _plain_torchrun(script_dir / "minimal_ddp.py", args, tmp_path)
@@ -280,8 +291,11 @@ def test_parity_plain_torchrun_vs_torchyard_and_sdk_noop_outside(
     # Outside torchyard the SDK is a no-op: one warning per rank process, and the run finished.
     assert plain.stderr.count("metrics are not sent to torchyard") == 2, plain.stderr[-3000:]
 
-    server = live_server_factory(TORCHYARD_SCRIPT_DIRS=str(script_dir), TORCHYARD_API_TOKENS=API_TOKEN,
-                                 **(WARM_ENV if warm else {}))
+    if warm:
+        server: LiveServer = request.getfixturevalue("server")
+    else:  # cold: a server of its own (warm ranks are on by default, tests/conftest.py)
+        server = live_server_factory(TORCHYARD_SCRIPT_DIRS=str(script_dir),
+                                     TORCHYARD_API_TOKENS=API_TOKEN, TORCHYARD_WARM_RANKS="false")
     served = wait_warm(server)["served"] if warm else 0
     job_id = _submit(server, {"entrypoint": "minimal_ddp.py", "args": args, "nproc_per_node": 2})
     job = server.wait_for(job_id, {"succeeded"})
@@ -298,11 +312,10 @@ def test_parity_plain_torchrun_vs_torchyard_and_sdk_noop_outside(
 
 
 def test_mnist_example_reports_every_rank_and_resumes_from_its_checkpoint(
-    live_server_factory: Callable[..., LiveServer], script_dir: Path, tmp_path: Path
+    server: LiveServer, tmp_path: Path
 ) -> None:
     data = tmp_path / "data"
     write_tiny_mnist(data, train=64, test=32)
-    server = live_server_factory(TORCHYARD_SCRIPT_DIRS=str(script_dir), TORCHYARD_API_TOKENS=API_TOKEN)
     base = ["--data-root", str(data), "--batch-size", "16"]
     first = _submit(server, {"entrypoint": "mnist_ddp.py", "nproc_per_node": 2,
                              "args": [*base, "--epochs", "2"]})
@@ -323,10 +336,7 @@ def test_mnist_example_reports_every_rank_and_resumes_from_its_checkpoint(
     assert {(m["rank"], m["epoch"]) for m in items if m["name"] == "loss"} == {(0, 3), (1, 3)}
 
 
-def test_script_raising_on_rank_1_fails_naming_rank_and_exception(
-    live_server_factory: Callable[..., LiveServer], script_dir: Path
-) -> None:
-    server = live_server_factory(TORCHYARD_SCRIPT_DIRS=str(script_dir), TORCHYARD_API_TOKENS=API_TOKEN)
+def test_script_raising_on_rank_1_fails_naming_rank_and_exception(server: LiveServer) -> None:
     job_id = _submit(server, {"entrypoint": "-m failing.main", "nproc_per_node": 2})
     job = server.wait_for(job_id, {"failed"})
     assert "rank 1" in job["reason"] and "ValueError: boom on rank 1" in job["reason"], job["reason"]
