@@ -9,7 +9,6 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -17,15 +16,16 @@ import pytest
 from service.store import repository as repo
 from tests.conftest import (
     LiveServer,
-    _start_server,
-    _stop_server,
+    add_script,
     both_stores,
     cli,
     every_record,
+    hooks,
 )
 from torchyard_contract.state import JobState
 
-API_TOKEN = "pause-tests-api-token-0123456789abcdef"
+# The built-in trainer's epochs take 0.4 s more (tests/rankhooks): epochs to pause between.
+BUILTIN = {"dataset": "synthetic", "labels": hooks(epoch_sleep_s=0.4)}
 
 # Checkpoints with the SDK each epoch and stops where worker.should_stop() says.
 SDK_SCRIPT = '''
@@ -73,18 +73,13 @@ dist.destroy_process_group()
 '''
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    scripts = tmp_path_factory.mktemp("pause-scripts")
-    (scripts / "sdk_pausable.py").write_text(SDK_SCRIPT)
-    (scripts / "sigterm_pausable.py").write_text(SIGTERM_SCRIPT)
-    srv = _start_server(tmp_path_factory.mktemp("pause") / "home", {
-        "TORCHYARD_SCRIPT_DIRS": str(scripts),
-        "TORCHYARD_API_TOKENS": API_TOKEN,  # script jobs need tokens
-        "TORCHYARD_TEST_EPOCH_SLEEP_S": "0.4",  # the built-in trainer: epochs to pause between
-    })
-    yield srv
-    _stop_server(srv)
+@pytest.fixture
+def server(shared_script_server: LiveServer) -> LiveServer:
+    """The shared script server with this file's scripts (its built-in jobs sleep per epoch
+    through the rank hooks' labels, ``BUILTIN``)."""
+    add_script(shared_script_server, "sdk_pausable.py", SDK_SCRIPT)
+    add_script(shared_script_server, "sigterm_pausable.py", SIGTERM_SCRIPT)
+    return shared_script_server
 
 
 def _epochs_seen(server: LiveServer, job_id: int) -> Counter:
@@ -158,7 +153,7 @@ def _pause_resume_exactly_once(server: LiveServer, spec: dict, epochs: int) -> d
 
 def test_pause_and_resume_the_builtin_trainer(server: LiveServer) -> None:
     # checkpoint_every 3: the pause still checkpoints the epoch it stopped after.
-    spec = {"dataset": "synthetic", "epochs": 7, "nproc_per_node": 2, "checkpoint_every": 3,
+    spec = {**BUILTIN, "epochs": 7, "nproc_per_node": 2, "checkpoint_every": 3,
             "max_restarts": 0}
     _pause_resume_exactly_once(server, spec, 7)
 
@@ -171,11 +166,11 @@ def test_pause_and_resume_a_script(server: LiveServer, script: str) -> None:
 
 def test_a_queued_job_pauses_at_once_and_waits_for_resume(server: LiveServer) -> None:
     with server.client() as c:
-        blocker = c.post("/jobs", json={"dataset": "synthetic", "epochs": 50,
+        blocker = c.post("/jobs", json={**BUILTIN, "epochs": 50,
                                         "nproc_per_node": 4}).json()["id"]
         server.wait_for(blocker, {"running"})
         waiting = c.post("/jobs", json={"dataset": "synthetic", "epochs": 1}).json()["id"]
-        paused = cli(server, "pause", str(waiting), env={"TORCHYARD_TOKEN": API_TOKEN})
+        paused = cli(server, "pause", str(waiting), env={"TORCHYARD_TOKEN": server.token or ""})
         assert paused.returncode == 0 and "paused" in paused.stdout, paused.stderr
         job = c.get(f"/jobs/{waiting}").json()
         assert job["state"] == "paused" and job["attempts"] == []
@@ -185,7 +180,7 @@ def test_a_queued_job_pauses_at_once_and_waits_for_resume(server: LiveServer) ->
         later = c.post("/jobs", json={"dataset": "synthetic", "epochs": 1}).json()["id"]
         server.wait_for(later, {"succeeded"})  # a pass ran with free slots: still paused
         assert c.get(f"/jobs/{waiting}").json()["state"] == "paused"
-        resumed = cli(server, "resume", str(waiting), env={"TORCHYARD_TOKEN": API_TOKEN})
+        resumed = cli(server, "resume", str(waiting), env={"TORCHYARD_TOKEN": server.token or ""})
         assert resumed.returncode == 0 and "queued" in resumed.stdout, resumed.stderr
         job = server.wait_for(waiting, {"succeeded"})
         assert [a["number"] for a in job["attempts"]] == [1] and job["pauses"] == 1
@@ -201,14 +196,14 @@ def test_pause_and_resume_refuse_other_states(server: LiveServer) -> None:
         resumed = c.post(f"/jobs/{done}/resume")
         assert resumed.status_code == 409 and "only a paused job" in resumed.text
         assert c.post("/jobs/999999/pause").status_code == 404
-    refused_cli = cli(server, "pause", str(done), env={"TORCHYARD_TOKEN": API_TOKEN})
+    refused_cli = cli(server, "pause", str(done), env={"TORCHYARD_TOKEN": server.token or ""})
     assert refused_cli.returncode == 5 and "409" in refused_cli.stderr
 
 
 @both_stores  # the pause's compare-and-sets and recovery, on SQLite and PostgreSQL
 def test_a_job_pausing_across_a_server_kill_is_paused_and_resumes(live_server_factory) -> None:  # type: ignore[no-untyped-def]
-    server = live_server_factory(TORCHYARD_TEST_EPOCH_SLEEP_S="0.4")
-    spec = {"dataset": "synthetic", "epochs": 6, "nproc_per_node": 2}
+    server = live_server_factory()
+    spec = {**BUILTIN, "epochs": 6, "nproc_per_node": 2}
     with server.client() as c:
         job_id = c.post("/jobs", json=spec).json()["id"]
         server.wait_for(job_id, {"running"})
@@ -218,7 +213,7 @@ def test_a_job_pausing_across_a_server_kill_is_paused_and_resumes(live_server_fa
     # adopts the job, asks again if need be, and finishes it as paused.
     server.proc.send_signal(signal.SIGKILL)
     server.proc.wait()
-    again = live_server_factory(server.home, server.port, TORCHYARD_TEST_EPOCH_SLEEP_S="0.4")
+    again = live_server_factory(server.home, server.port)
     again.wait_for(job_id, {"paused"}, timeout_s=60, allowed={"pausing"})
     with again.client() as c:
         assert c.post(f"/jobs/{job_id}/resume").json()["state"] == "queued"
