@@ -12,7 +12,7 @@ import shutil
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -23,31 +23,12 @@ from tests.conftest import (
     LiveServer,
     every_record,
     hooks,
-    module_slurm_server,
     slurm_state,
 )
 from tests.slurmcluster import NODES, SlurmCluster
 from tests.worker.tinymnist import write_tiny_mnist
 
 API_TOKEN = "slurm-tests-api-token-0123456789"
-
-
-@pytest.fixture(scope="module")
-def _module_server(
-    slurm: SlurmCluster, tmp_path_factory: pytest.TempPathFactory, _migrated_sqlite: Path
-) -> Iterator[LiveServer]:
-    home = tmp_path_factory.mktemp("slurm-module") / "home"
-    with module_slurm_server(slurm, home, _migrated_sqlite) as server:
-        yield server
-
-
-@pytest.fixture
-def server(slurm: SlurmCluster, _module_server: LiveServer) -> LiveServer:
-    """The module's server with the default settings, for the tests that neither kill it nor
-    need settings of their own; their rank hooks are per job (``hooks``). Its earlier tests'
-    jobs are finished or cancelled (a failed test's may not be: Slurm's are cancelled here)."""
-    slurm.cancel_all()
-    return _module_server
 
 
 def _wait_records(server: LiveServer, job_id: int, pred, timeout_s: float = 90) -> list[dict]:  # type: ignore[no-untyped-def]

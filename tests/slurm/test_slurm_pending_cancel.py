@@ -2,30 +2,9 @@
 item 5), on the real test cluster (``tests/slurmcluster.py``)."""
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
-
-from tests.conftest import LiveServer, module_slurm_server
+from tests.conftest import LiveServer
 from tests.slurmcluster import SlurmCluster
-
-
-@pytest.fixture(scope="module")
-def _module_server(
-    slurm: SlurmCluster, tmp_path_factory: pytest.TempPathFactory, _migrated_sqlite: Path
-) -> Iterator[LiveServer]:
-    home = tmp_path_factory.mktemp("slurm-pending") / "home"
-    with module_slurm_server(slurm, home, _migrated_sqlite) as server:
-        yield server
-
-
-@pytest.fixture
-def server(slurm: SlurmCluster, _module_server: LiveServer) -> LiveServer:
-    """One server for both tests (each ends its job); a failed test's leftovers in Slurm are
-    cancelled first."""
-    slurm.cancel_all()
-    return _module_server
 
 
 def test_a_job_cancelled_while_pending_in_slurm_ends_cancelled(
