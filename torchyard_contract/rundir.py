@@ -96,6 +96,11 @@ class RunDir:
         (``service.run.ranktee``); torchrun keeps each stream apart under ``attempt-<n>/`` too."""
         return self.logs_dir / f"attempt-{int(attempt)}" / f"rank-{int(rank)}.log"
 
+    def node_name_file(self, attempt: int, node_index: int) -> Path:
+        """Slurm: the name of node ``node_index`` of ``attempt``'s allocation, written there by
+        that node's torchrun wrapper (``service.run.srun``; ``torchyard_contract.nodes``)."""
+        return self.logs_dir / f"attempt-{int(attempt)}" / f"node-{int(node_index)}" / "node"
+
     @property
     def stacks_dir(self) -> Path:
         """Ranks' stacks the shim took (``service.run.stacks``): at a hang, on request."""

@@ -23,6 +23,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from torchyard_contract.bounds import bounded_text
+from torchyard_contract.nodes import NodeName
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.safefile import read_bytes
 
@@ -51,6 +52,8 @@ class AttemptDecision(BaseModel):
     cause: str = Field(default="", max_length=2000)
     summary: str = Field(default="", max_length=2000)
     backoff_s: float = Field(default=0.0, ge=0, le=1e6)
+    # retry_elsewhere on Slurm: the node the job's next allocation leaves out; None = in place.
+    excluded_node: NodeName | None = None
 
 
 class RankWhere(BaseModel):
@@ -95,14 +98,22 @@ class AttemptFile(BaseModel):
     _reason = field_validator("reason")(lambda v: bounded_text(v) if v is not None else None)
 
 
+# The attempt loop ended its Slurm allocation to restart the job in a new one that leaves out
+# ``exclude_nodes`` (``retry_elsewhere``): not an end of the job, which is queued again.
+REQUEUE = "requeue"
+OUTCOME_NODES_MAX = 16
+
+
 class Outcome(BaseModel):
-    """``exit.json``: how the job ended, written once by the shim."""
+    """``exit.json``: how the launch ended, written once by the shim."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
 
-    state: Literal["succeeded", "failed", "cancelled", "paused"]
+    state: Literal["succeeded", "failed", "cancelled", "paused", "requeue"]
     exit_code: int | None = Field(default=None, ge=-EXIT_CODE_BOUND, lt=EXIT_CODE_BOUND)
     reason: str | None = None
+    # ``requeue``: the nodes to leave out from now on (the failing rank's); [] otherwise.
+    exclude_nodes: list[NodeName] = Field(default_factory=list, max_length=OUTCOME_NODES_MAX)
 
     _reason = field_validator("reason")(lambda v: bounded_text(v) if v is not None else None)
 

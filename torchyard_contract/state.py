@@ -3,6 +3,10 @@
 ``pausing`` and ``paused`` (docs/lifecycle.md): a running job asked to pause is ``pausing`` while
 its ranks stop at a safe point (it still holds its resources), then ``paused`` (none held) until
 it is resumed, when it is ``queued`` again. A queued job pauses at once.
+
+A Slurm job whose failed attempt is to be retried elsewhere (``retry_elsewhere``) goes from
+``starting`` or ``running`` back to ``queued``: its attempt loop ended the allocation (the
+outcome ``requeue``) so that a new one can leave the failing node out (``--exclude``).
 """
 
 from enum import Enum
@@ -25,7 +29,10 @@ ACTIVE_STATES = frozenset({JobState.starting, JobState.running, JobState.pausing
 
 # target state -> states it may be entered from
 ALLOWED_FROM: dict[JobState, frozenset[JobState]] = {
-    JobState.queued: frozenset({JobState.paused}),  # resumed
+    # Resumed (paused); restarted elsewhere (starting, running: a ``requeue`` outcome, Slurm's
+    # ``--exclude`` needs a new allocation; starting when the attempt failed before a
+    # supervisor tick saw rank 0 ready). Callers name the state they expect (``only_from``).
+    JobState.queued: frozenset({JobState.paused, JobState.starting, JobState.running}),
     JobState.starting: frozenset({JobState.queued}),
     JobState.running: frozenset({JobState.starting}),
     JobState.pausing: frozenset({JobState.starting, JobState.running}),

@@ -69,7 +69,8 @@ class Pauses:
         is not paused (a pausing one is resumed once it is paused)."""
         with self.ctx.sessions() as session:
             won = repo.transition(session, job_id, JobState.queued, reason=None,
-                                  preempted_by=None, executor_ref=None)
+                                  preempted_by=None, executor_ref=None,
+                                  only_from=JobState.paused)
             session.commit()
             job = repo.get_job(session, job_id)
         if job is not None and not won:
@@ -95,7 +96,8 @@ class Pauses:
             if not ctx.lease.fence(session):
                 return
             resumed = [job_id for job_id in repo.preempted_and_paused(session)
-                       if repo.transition(session, job_id, JobState.queued, executor_ref=None)]
+                       if repo.transition(session, job_id, JobState.queued, executor_ref=None,
+                                          only_from=JobState.paused)]
             session.commit()
         if resumed:
             logger.info("jobs %s: preempted and paused; queued again", resumed)
