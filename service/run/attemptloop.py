@@ -9,7 +9,9 @@ enforces ``max_runtime_s`` and ``heartbeat_timeout_s``, and writes:
 
 * ``attempts/<n>.json`` — number, started_at, ended_at, exit_code, rank_exit_codes (per rank,
   as torchrun's failure summary gives them; all 0 on success), reason, startup_failure;
-* ``exit.json`` — the job's outcome: state (succeeded|failed|cancelled|paused), exit_code, reason.
+* ``exit.json`` — the launch's outcome: state (succeeded|failed|cancelled|paused|requeue),
+  exit_code, reason; ``requeue`` (Slurm, ``retry_elsewhere``) also ``exclude_nodes``: the job is
+  to be submitted again without the failing rank's node (``service.run.elsewhere``).
 
 A pause (``RUN_DIR/pause.json``, ``service.run.pausing``) ends the attempt with the ranks'
 grace; the outcome is ``paused`` and a resumed job's next launch numbers its attempts on.
@@ -58,7 +60,7 @@ from torchyard_contract import claim as runclaim
 from torchyard_contract import envnames as names
 from torchyard_contract.launch import LaunchConfig
 from torchyard_contract.rundir import RunDir
-from torchyard_contract.runfiles import read_attempts
+from torchyard_contract.runfiles import REQUEUE, read_attempts
 
 POLL_S = 0.2
 STRAY_GRACE_S = 2.0  # SIGTERM → this → SIGKILL for processes a finished attempt left behind
@@ -93,8 +95,9 @@ class Shim:
         self.started = time.time()
         self.stopped_by_shim = False
         self.pause = PauseWatch(run, config, launcher, warm_socket)
-        # A resumed job's run directory holds its earlier launches' attempts: numbering goes
-        # on after them, and the ones a pause ended used no restart.
+        # A resumed (or restarted elsewhere) job's run directory holds its earlier launches'
+        # attempts: numbering goes on after them; the ones a pause ended used no restart, one
+        # a requeue ended (retry_elsewhere) failed and used one, as a retry in place does.
         earlier = read_attempts(run)
         self.first_number = 1 + max((a["number"] for a in earlier), default=0)
         self.paused_attempts = sum(1 for a in earlier if a.get("paused"))
@@ -271,11 +274,21 @@ class Shim:
             # --- retries decided by the cause (service.run.retrydecision) ---
             if not startup and reason != DEADLINE_REASON and not self.stopped_by_shim:
                 decided = retrydecision.decide_attempt(self.run, self.config, number, reason,
-                                                       failures)
+                                                       failures, self.launcher == "slurm")
                 last, reason = not decided.retry, decided.reason
                 if not last:
                     retrydecision.wait_backoff(
                         decided.backoff_s, lambda: self.cancelled or self.pause.requested)
+                if not last and decided.excluded_node is not None:
+                    # retry_elsewhere (Slurm): end this allocation; the server submits the job
+                    # again without the node (service.run.elsewhere). A failure all the same.
+                    outcome = (
+                        {"state": "cancelled", "exit_code": code, "reason": "cancelled by user"}
+                        if self.cancelled else
+                        {"state": REQUEUE, "exit_code": code, "reason": decided.summary,
+                         "exclude_nodes": [decided.excluded_node]}
+                    )
+                    break
             # --- end retries decided by the cause ---
             if last:
                 if startup:

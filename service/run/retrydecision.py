@@ -6,6 +6,11 @@ each failing rank's exit code (torchrun's failure summary, in the attempt record
 of output (``RunDir.rank_output``), lets the job's ``on_failure`` rules and the defaults decide,
 and writes the decision into the attempt record (``decision``, ``torchyard_contract.runfiles``).
 The patterns run here, in the job's own shim: a slow pattern slows only its own job.
+
+``retry_elsewhere`` where the launcher can leave a node out (``elsewhere``: Slurm) names the
+failing rank's node (``service.run.elsewhere``) in the decision (``excluded_node``); the attempt
+loop then ends the allocation so that the next one excludes it. When the node is not found, or
+elsewhere (the local launcher), the attempt is retried in place like ``retry``.
 """
 
 import json
@@ -16,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from service.run.elsewhere import failing_node
 from torchyard_contract.bounds import bounded_text
 from torchyard_contract.launch import LaunchConfig
 from torchyard_contract.retryrules import FailureRule, RankFailure, decide
@@ -32,6 +38,8 @@ class AttemptDecision:
     retry: bool
     reason: str  # the job's reason when it is not retried
     backoff_s: float
+    excluded_node: str | None = None  # retry_elsewhere: restart without this node (Slurm)
+    summary: str = ""  # the decision in words, with the rule
 
 
 def _failures(run: RunDir, number: int, record: dict, world_size: int) -> list[RankFailure]:
@@ -50,21 +58,23 @@ def _failures(run: RunDir, number: int, record: dict, world_size: int) -> list[R
 
 def decide_attempt(
     run: RunDir, config: LaunchConfig, number: int, reason: str | None,
-    failures: int | None = None,
+    failures: int | None = None, elsewhere: bool = False,
 ) -> AttemptDecision:
     """Decide after failed attempt ``number``; records the decision in ``attempts/<n>.json``.
     ``failures``: the job's failed attempts so far, this one included (``number`` less the
-    attempts a pause ended; default ``number``)."""
+    attempts a pause ended; default ``number``); ``elsewhere``: the launcher can restart the
+    job without a node (Slurm), so ``retry_elsewhere`` names the failing rank's."""
     failures = number if failures is None else failures
     try:
-        return _decide(run, config, number, reason, failures)
+        return _decide(run, config, number, reason, failures, elsewhere)
     except (OSError, ValueError) as exc:  # never worse than before rules: retry while allowed
         print(f"attempt {number}: retry rules not applied: {exc}", flush=True)
         return AttemptDecision(failures <= config.max_restarts, reason or "failed", 0.0)
 
 
 def _decide(
-    run: RunDir, config: LaunchConfig, number: int, reason: str | None, failures: int
+    run: RunDir, config: LaunchConfig, number: int, reason: str | None, failures: int,
+    elsewhere: bool,
 ) -> AttemptDecision:
     path = run.attempt_file(number)
     record = json.loads(path.read_text())
@@ -79,6 +89,16 @@ def _decide(
         summary = f"not restarted: max_restarts ({config.max_restarts}) used up; {decision.why} ({label})"
     else:
         retry, summary = True, f"restarted: {decision.why} ({label})"
+    excluded = None
+    if retry and elsewhere and decision.action == "retry_elsewhere":
+        node = failing_node(run, config, number, decision.rank)
+        excluded = node.name
+        if excluded is not None:
+            summary = f"restarted elsewhere: {decision.why} ({label}); excluding node {excluded}"
+        else:
+            print(f"attempt {number}: retry_elsewhere: restarting in place, the failing rank's "
+                  f"node is not known: {node.why}", flush=True)
+            summary = f"restarted in place: {decision.why} ({label}); its node is not known"
     backoff = 0.0
     if retry and config.restart_backoff_s > 0:
         growth = min(2.0 ** (failures - 1), BACKOFF_GROWTH_MAX)
@@ -91,12 +111,15 @@ def _decide(
         "summary": bounded_text(summary, 700),
         "backoff_s": backoff,
     }
+    if excluded is not None:
+        record["decision"]["excluded_node"] = excluded
     _write_json(path, record)
     if decision.action == "fail":
         job_reason = f"{summary}: {reason}" if reason else summary
     else:
         job_reason = reason or summary  # used up: the last attempt's reason, as always
-    return AttemptDecision(retry, bounded_text(job_reason), backoff)
+    return AttemptDecision(retry, bounded_text(job_reason), backoff, excluded,
+                           bounded_text(summary, 700))
 
 
 def wait_backoff(seconds: float, stop: Callable[[], bool]) -> None:
