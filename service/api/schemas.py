@@ -71,6 +71,8 @@ class AttemptDecisionRead(BaseModel):
     cause: str = Field(description="what failed: 'rank 1 ran out of CUDA memory'")
     summary: str = Field(description="the decision in words, with the rule")
     backoff_s: float = Field(description="seconds waited before the next attempt")
+    excluded_node: str | None = Field(default=None, description="retry_elsewhere on Slurm: the "
+                                      "node the next allocation leaves out; null = in place")
 
 
 class RankWhereRead(BaseModel):
@@ -168,6 +170,8 @@ class JobRead(BaseModel):
                              "job of higher priority")
     preempted_by: int | None = Field(
         default=None, description="paused by a preemption: the job it made room for; else null")
+    exclude_nodes: list[str] = Field(default_factory=list, description="Slurm nodes its later "
+                                     "allocations leave out: where a retry_elsewhere rule failed")
 
     @classmethod
     def from_row(cls, job: Job, waiting: Waiting | None = None) -> "JobRead":
@@ -195,6 +199,7 @@ class JobRead(BaseModel):
             pauses=job.pauses or 0,
             preemptions=job.preemptions or 0,
             preempted_by=job.preempted_by,
+            exclude_nodes=[n for n in job.exclude_nodes or [] if isinstance(n, str)],
         )
 
 

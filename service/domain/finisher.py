@@ -9,7 +9,9 @@ job here (``enqueue``). A thread of its own then, one job at a time:
    own (the write lock is free between them), stopping as soon as the job is no longer active
    (a user's cancel won);
 3. turns the job terminal with the shim's outcome, or ``failed`` saying why there is none; the
-   reason notes spool records left unread.
+   reason notes spool records left unread. Two outcomes are no end: ``paused`` (the job holds
+   nothing until resumed) and ``requeue`` (``retry_elsewhere`` on Slurm: the job is ``queued``
+   again and its next allocation excludes the failing node, ``_requeue``).
 
 Only then is the job terminal, so a follower that sees a terminal state and then an empty page
 has seen every record (docs/metrics.md). An error finishing one job fails that job with the
@@ -36,8 +38,9 @@ from service.store import repository as repo
 from service.store.db import is_busy
 from service.store.tables import Job
 from torchyard_contract.bounds import bounded_text
+from torchyard_contract.nodes import EXCLUDE_NODES_MAX
 from torchyard_contract.rundir import RunDir
-from torchyard_contract.runfiles import read_outcome
+from torchyard_contract.runfiles import REQUEUE, read_outcome
 from torchyard_contract.state import ACTIVE_STATES, JobState
 
 logger = logging.getLogger(__name__)
@@ -75,6 +78,9 @@ class Finisher:
     # Checked first in every writing transaction: False = this process no longer supervises
     # (``service.domain.lease``), so it writes nothing and the next supervisor finishes the job.
     fence: Callable[[Session], bool] = lambda _session: True
+    # The executor's ``excludes_nodes``: a ``requeue`` outcome queues the job again (Slurm);
+    # False: no attempt loop of this executor writes one, so a job's that does fails.
+    excludes_nodes: bool = False
     _queue: queue.Queue[Ended | int] = field(default_factory=queue.Queue)
     _pending: set[int] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -184,6 +190,7 @@ class Finisher:
         known: str | None = None, ended_at: datetime | None = None, cancelled: bool = False,
     ) -> None:
         outcome = read_outcome(run)
+        requeued = outcome is not None and outcome.state == REQUEUE
         if outcome is None and cancelled:
             state, exit_code = JobState.cancelled, None
             reason = f"cancelled outside torchyard ({why})" if why else "cancelled outside torchyard"
@@ -196,6 +203,9 @@ class Finisher:
                 else "the job ended while the server was down and left no readable outcome"
             )
             reason = f"{reason} ({why})" if why else reason
+        elif requeued:  # where to: ``_requeue``, with the job's row
+            state, exit_code = JobState.queued, outcome.exit_code
+            reason = outcome.reason or "restarted elsewhere"
         else:
             state = JobState(outcome.state)
             exit_code = outcome.exit_code
@@ -214,7 +224,11 @@ class Finisher:
                 return
             stop_reason = job.stop_reason if job is not None else None
             fields: dict[str, object] = {}
-            if state is JobState.paused and job is not None:
+            only_from: JobState | None = None
+            if requeued and outcome is not None and job is not None:
+                state, reason, fields, only_from = _requeue(
+                    job, outcome.exclude_nodes, reason, self.excludes_nodes)
+            elif state is JobState.paused and job is not None:
                 if job.state == JobState.pausing.value:
                     # The pause's own reason stays ("paused by user", "preempted by job 12").
                     reason = job.reason
@@ -230,9 +244,9 @@ class Finisher:
             if stop_reason is not None:
                 # A guard tripped (maybe just before the job ended on its own): it failed.
                 state, reason = JobState.failed, stop_reason
-            if state is not JobState.paused:
+            if state not in (JobState.paused, JobState.queued):
                 fields["ended_at"] = ended_at or repo.utcnow()
-            won = repo.transition(session, job_id, state, exit_code=exit_code,
+            won = repo.transition(session, job_id, state, only_from=only_from, exit_code=exit_code,
                                   reason=bounded_text(reason) if reason else None, **fields)
             if not won and job is not None:
                 repo.set_exit_code_if_unknown(session, job_id, exit_code)
@@ -249,6 +263,31 @@ class Finisher:
                 session.commit()
         except Exception:
             logger.exception("job %s: could not even be failed", job_id)
+
+
+def _requeue(
+    job: Job, nodes: list[str], reason: str | None, allowed: bool
+) -> tuple[JobState, str | None, dict[str, object], JobState | None]:
+    """Where a ``requeue`` outcome takes ``job`` (state, reason, fields, the state it must still
+    be in): ``queued`` again with the outcome's nodes added to those it excludes and no executor
+    reference, so the scheduler submits it anew; ``paused`` when a pause was asked meanwhile
+    (its next launch excludes them too); ``failed`` when it cannot be honoured."""
+    if not allowed:
+        return JobState.failed, (
+            "the job's outcome asks for a restart on another node (requeue), which this "
+            "executor does not do (only a Slurm job's attempt loop asks for one)"), {}, None
+    if not nodes:
+        return JobState.failed, "the job's outcome asks for a restart on another node but " \
+            "names no node to exclude", {}, None
+    before = [n for n in job.exclude_nodes or [] if isinstance(n, str)]
+    merged = list(dict.fromkeys([*before, *nodes]))
+    if len(merged) > EXCLUDE_NODES_MAX:
+        return JobState.failed, (f"not restarted elsewhere: it would exclude {len(merged)} "
+                                 f"nodes, more than {EXCLUDE_NODES_MAX}; {reason}"), {}, None
+    fields: dict[str, object] = {"exclude_nodes": merged, "executor_ref": None}
+    if job.state == JobState.pausing.value:  # the pause's own reason stays
+        return JobState.paused, job.reason, {**fields, "pauses": Job.pauses + 1}, JobState.pausing
+    return JobState.queued, reason, fields, JobState(job.state)
 
 
 def _closed_attempts(attempts: list[dict], stopped_by: str | None, why: str | None) -> list[dict]:

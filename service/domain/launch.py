@@ -11,6 +11,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,11 +137,12 @@ class Launcher:
 
     def start_run(
         self, job_id: int, token: str, spec: JobSpec, placement: Placement | None,
-        params: dict | None = None,
+        params: dict | None = None, exclude_nodes: Sequence[str] = (),
     ) -> str:
         """Write the run directory and submit the job's attempt loop; its reference, or raises
         (``ScriptRefused``: the script went away or out of bounds since submit;
-        ``PackageMissing``; ``SecretRefused``; ``OSError``; the executor's errors)."""
+        ``PackageMissing``; ``SecretRefused``; ``OSError``; the executor's errors).
+        ``exclude_nodes``: the job's ``exclude_nodes`` (retry_elsewhere; Slurm only)."""
         settings = self.ctx.settings
         run = RunDir.for_job(settings.runs_dir, job_id)
         run.prepare()
@@ -164,7 +166,7 @@ class Launcher:
         )
         return self.ctx.executor.submit(Submission(
             job_id=job_id, run=run, env=env, nproc_per_node=spec.nproc_per_node,
-            nnodes=spec.nnodes,
+            nnodes=spec.nnodes, exclude_nodes=tuple(str(n) for n in exclude_nodes),
         ))
 
     def launch(self, session: Session, job: Job, spec: JobSpec, placement: Placement) -> None:

@@ -118,6 +118,7 @@ class Supervisor:
             max_records_per_rank=self.settings.spool_ingest_max_records,
             on_finished=self._queue_changed,
             fence=self.lease.fence,
+            excludes_nodes=self.executor.excludes_nodes,
         )
         self.intake = Intake(self.settings, self.session_factory, self.inventory,
                              self.executor.queues_jobs, self._queue_changed)

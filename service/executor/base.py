@@ -40,6 +40,9 @@ class Submission:
     env: Mapping[str, str]
     nproc_per_node: int
     nnodes: int = 1
+    # Nodes the job must not run on: where its ranks failed before, a ``retry_elsewhere`` rule
+    # asking for another node (only an executor with ``excludes_nodes`` gets any).
+    exclude_nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,11 @@ class Executor(Protocol):
     # Longest an ended job's outcome file (``exit.json``) may take to become visible to the
     # server after the executor reports the end (a shared filesystem caches directory entries).
     outcome_visible_within_s: float
+    # True: a job's attempt loop may end a launch to be submitted again without the node a rank
+    # failed on (the outcome ``requeue``, ``retry_elsewhere``); the executor honours
+    # ``Submission.exclude_nodes`` (Slurm: ``--exclude``). False: retry_elsewhere retries in place,
+    # and a launch whose outcome says ``requeue`` anyway fails.
+    excludes_nodes: bool
 
     def dry_run(self, sub: Submission) -> DryRun:
         """What ``submit`` would run; pure: starts nothing, touches nothing."""

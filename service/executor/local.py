@@ -85,6 +85,7 @@ class LocalExecutor:
     name = NAME
     queues_jobs = False
     outcome_visible_within_s = 0.0
+    excludes_nodes = False  # one host: retry_elsewhere retries in place
 
     def __init__(
         self, python: str | None = None, warm: WarmPool | None = None, standby: bool = False

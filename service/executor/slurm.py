@@ -48,12 +48,12 @@ from service.executor.slurmscript import (
     export_file_content,
     job_environment,
     job_name,
-    rank_location,
     sbatch_environment,
 )
 from torchyard_contract import claim as runclaim
+from torchyard_contract.nodes import rank_location, read_node_name
 from torchyard_contract.rundir import RunDir
-from torchyard_contract.safefile import is_regular, read_bytes
+from torchyard_contract.safefile import is_regular
 from torchyard_contract.spec import Device, JobSpec
 
 logger = logging.getLogger(__name__)
@@ -84,6 +84,7 @@ class SlurmExecutor:
     name = NAME
     queues_jobs = True
     outcome_visible_within_s = 30.0
+    excludes_nodes = True
 
     def __init__(
         self, cli: SlurmCli, python: str, server_env: Mapping[str, str], stop_grace_s: float,
@@ -139,6 +140,7 @@ class SlurmExecutor:
             account=spec.account or self.defaults.account,
             qos=spec.qos or self.defaults.qos,
             constraint=spec.constraint or self.defaults.constraint,
+            exclude=tuple(sub.exclude_nodes),
         )
 
     def _wants_gpus(self, spec: JobSpec, partition: str | None) -> bool:
@@ -186,6 +188,12 @@ class SlurmExecutor:
                 job_id = self.cli.sbatch(argv, env=sbatch_env, pass_fds=(fd,))
             except SlurmTimeout as exc:
                 job_id = self._after_timeout(sub, exc)
+            except SlurmError as exc:
+                if not sub.exclude_nodes:
+                    raise
+                raise SlurmError(  # e.g. no node left once its failing nodes are excluded
+                    f"{exc} (the job excludes node(s) {','.join(sub.exclude_nodes)}, where its "
+                    "ranks failed before: retry_elsewhere)") from exc
         with self._lock:
             self._last[job_id] = Status(Phase.pending)
         logger.info("job %s: submitted as Slurm job %s", sub.job_id, job_id)
@@ -326,16 +334,12 @@ class SlurmExecutor:
         """Global ``rank`` → node ``rank // nproc_per_node``, local rank ``rank % nproc``."""
         nproc = _nproc_per_node(run)
         node_index, local_rank = rank_location(rank, nproc)
-        node_dir = run.logs_dir / f"attempt-{int(attempt)}" / f"node-{node_index}"
+        name_file = run.node_name_file(attempt, node_index)
+        node_dir = name_file.parent
         root = run.root.resolve()
         # The job writes these files: one that is (or passes through) a symlink out of the run
-        # directory is not read.
-        name_file = node_dir / "node"
-        node = None
-        if _inside(name_file, root):
-            # Regular files only: a FIFO the job left there would hold the reading thread.
-            raw = read_bytes(name_file, 256)
-            node = raw.decode(errors="replace").strip() or None if raw is not None else None
+        # directory is not read; regular files only (a FIFO would hold the reading thread).
+        node = read_node_name(run, attempt, node_index) if _inside(name_file, root) else None
         if stream == "combined":  # service.run.ranktee wrote it on the node, named by global rank
             output = run.rank_output(attempt, rank)
             found_output = _inside(output, root) and is_regular(output)

@@ -14,8 +14,9 @@ The shape of a Slurm job (one per torchyard job, named ``ty-<id>``):
 * each node's torchrun writes its ranks' logs under ``logs/attempt-<n>/node-<k>/`` and the node's
   name to ``logs/attempt-<n>/node-<k>/node``; its own output goes to ``…/node-<k>.log``.
 
-Every value that reaches a ``#SBATCH`` line is validated (``SLURM_NAME_PATTERN``) before it gets
-here; a job can never add free-form ``sbatch`` flags.
+Every value that reaches a ``#SBATCH`` line is validated (``SLURM_NAME_PATTERN``; node names:
+``torchyard_contract.nodes``) before it gets here; a job can never add free-form ``sbatch`` flags.
+A job restarted elsewhere (``retry_elsewhere``) leaves out the nodes it failed on: ``--exclude``.
 """
 
 import math
@@ -24,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from torchyard_contract.nodes import EXCLUDE_NODES_MAX, is_node_name
 from torchyard_contract.spec_types import SLURM_CONSTRAINT_PATTERN, SLURM_NAME_PATTERN
 
 # Seconds on top of max_runtime_s before Slurm's own --time ends the allocation: the attempt
@@ -70,6 +72,8 @@ class BatchRequest:
     account: str | None = None
     qos: str | None = None
     constraint: str | None = None
+    # Nodes the job leaves out (``--exclude``): where its ranks failed before (retry_elsewhere).
+    exclude: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("partition", "account", "qos"):
@@ -80,6 +84,11 @@ class BatchRequest:
             SLURM_CONSTRAINT_PATTERN, self.constraint
         ):
             raise ValueError(f"constraint: {self.constraint!r} is not a Slurm feature expression")
+        if len(self.exclude) > EXCLUDE_NODES_MAX:
+            raise ValueError(f"exclude: {len(self.exclude)} nodes, at most {EXCLUDE_NODES_MAX}")
+        for node in self.exclude:
+            if not is_node_name(node):
+                raise ValueError(f"exclude: {node[:80]!r} is not a node name")
         if any(c.isspace() for c in str(self.run_dir)):
             raise ValueError(f"run directory {self.run_dir} contains whitespace")
 
@@ -114,6 +123,8 @@ def sbatch_directives(req: BatchRequest) -> list[str]:
     for name in ("partition", "account", "qos", "constraint"):
         if (value := getattr(req, name)) is not None:
             opts.append(f"--{name}={value}")
+    if req.exclude:
+        opts.append(f"--exclude={','.join(req.exclude)}")
     return opts
 
 
@@ -177,11 +188,3 @@ def export_file_content(job_env: Mapping[str, str]) -> bytes:
         if "\0" in name or "\0" in value or "=" in name or not name:
             raise ValueError(f"environment variable {name!r}: not exportable")
     return b"\0".join(f"{name}={value}".encode() for name, value in job_env.items())
-
-
-# One torchrun per node: records the node's name, then execs torchrun with this node's rank
-# and log directory. Positional: $1 = the attempt's log dir, $2 = python, the rest = torchrun's
-# other options and the rank program. A fixed string: no value is ever spliced into it.
-def rank_location(rank: int, nproc_per_node: int) -> tuple[int, int]:
-    """(node index, local rank) of a global rank under static rendezvous (node-major)."""
-    return divmod(int(rank), int(nproc_per_node))

@@ -81,6 +81,9 @@ class Job(Base):
     preemptions: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     preempted_by: Mapped[int | None] = mapped_column(Integer)
     preemptible: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # Slurm nodes the job leaves out from now on (``--exclude``): each one a rank failed on
+    # under a ``retry_elsewhere`` rule (service.domain.finisher); null = none (0013).
+    exclude_nodes: Mapped[list | None] = mapped_column(JSON)
 
 
 Index("ix_jobs_queue", Job.state, Job.priority, Job.id)

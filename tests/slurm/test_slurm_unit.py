@@ -28,11 +28,11 @@ from service.executor.slurmscript import (
     BatchRequest,
     build_batch_script,
     job_id_from_name,
-    rank_location,
     sbatch_environment,
     time_limit,
 )
 from service.run.srun import StepRequest, build_srun_command
+from torchyard_contract.nodes import EXCLUDE_NODES_MAX, rank_location
 from torchyard_contract.rundir import RunDir
 
 RUN = Path("/shared/torchyard/runs/12")
@@ -76,6 +76,19 @@ def test_no_free_form_sbatch_flags(field: str, value: str) -> None:
     with pytest.raises(ValueError, match=field):
         BatchRequest(job_id=1, run_dir=RUN, python="python", nnodes=1, nproc_per_node=1,
                      **{field: value})
+
+
+def test_excluded_nodes_are_one_exclude_line_of_validated_names() -> None:
+    """retry_elsewhere (docs/lifecycle.md): the nodes a job failed on, never free-form text."""
+    req = dict(job_id=1, run_dir=RUN, python="python", nnodes=1, nproc_per_node=1)
+    script = build_batch_script(BatchRequest(**req, exclude=("n1", "gpu-07.cluster")))
+    assert "#SBATCH --exclude=n1,gpu-07.cluster" in script.splitlines()
+    assert "--exclude" not in build_batch_script(BatchRequest(**req))
+    for bad in ("n[1-2]", "n1,n2", "n1 --uid=0", "n1\n#SBATCH --uid=0", "", "-n1", "n1;id"):
+        with pytest.raises(ValueError, match="exclude"):
+            BatchRequest(**req, exclude=(bad,))
+    with pytest.raises(ValueError, match="at most"):
+        BatchRequest(**req, exclude=tuple(f"n{i}" for i in range(EXCLUDE_NODES_MAX + 1)))
 
 
 def test_time_limit_rounds_up_to_whole_minutes_and_days() -> None:
