@@ -21,6 +21,7 @@ import pytest
 from tests.conftest import (
     REPO_ROOT,
     LiveServer,
+    add_script,
     every_record,
     hooks,
     slurm_state,
@@ -358,3 +359,57 @@ def test_a_job_paused_while_pending_in_slurm_is_withdrawn(
         slurm.run("scancel", blocker, check=False)
     job = server.wait_for(job_id, {"succeeded"}, timeout_s=90)
     assert [a["number"] for a in job["attempts"]] == [1]
+
+
+# Exits 3 in its first attempt (every attempt with "always"); later ones print what Slurm's own
+# record of their batch job says it excludes (scontrol, from inside the allocation).
+ELSEWHERE = """
+import os, subprocess, sys
+import worker
+worker.ready()
+attempt = int(os.environ["TORCHYARD_ATTEMPT"])
+print(f"attempt {attempt} on {os.environ['SLURMD_NODENAME']}", flush=True)
+if attempt == 1 or sys.argv[1:] == ["always"]:
+    sys.exit(3)
+record = subprocess.run(["scontrol", "show", "job", os.environ["SLURM_JOB_ID"]],
+                        capture_output=True, text=True, check=True).stdout
+print(*(w for w in record.split() if w.startswith("ExcNodeList=")), flush=True)
+"""
+
+
+def test_retry_elsewhere_runs_the_next_attempt_without_the_failing_node(
+    server: LiveServer,
+) -> None:
+    """retry_elsewhere (docs/lifecycle.md, "Retry rules"): the attempt loop ends the allocation,
+    the job is queued again and submitted with --exclude of the failing rank's node; a job that
+    fails on every node fails at submit, saying which nodes it excludes."""
+    add_script(server, "elsewhere.py", ELSEWHERE)
+    spec = {"entrypoint": "elsewhere.py", "nproc_per_node": 1, "device": "cpu",
+            "heartbeat_timeout_s": None,
+            "on_failure": [{"exit_codes": [3], "action": "retry_elsewhere"}]}
+    with server.client() as c:
+        once = c.post("/jobs", json={**spec, "max_restarts": 1}).json()["id"]
+        always = c.post("/jobs", json={**spec, "args": ["always"], "max_restarts": 2}).json()["id"]
+    job = server.wait_for(once, {"succeeded"}, timeout_s=120)
+    assert [a["number"] for a in job["attempts"]] == [1, 2]
+    with server.client() as c:
+        first, second = (c.get(f"/jobs/{once}/logs", params={"rank": 0, "attempt": n}).json()
+                         for n in (1, 2))
+    failed_on = first["node"]
+    assert failed_on in NODES and second["node"] in NODES and second["node"] != failed_on
+    decision = job["attempts"][0]["decision"]
+    assert decision["action"] == "retry_elsewhere" and decision["excluded_node"] == failed_on
+    assert decision["summary"] == (
+        f"restarted elsewhere: rank 0 exited with code 3 (rule 1); excluding node {failed_on}")
+    assert job["attempts"][1]["decision"] is None
+    assert job["exclude_nodes"] == [failed_on]
+    # Slurm's record of the second batch job excludes the node (and the script asked for it).
+    assert f"ExcNodeList={failed_on}" in second["text"], second["text"]
+    script = (server.home / "runs" / str(once) / "job.sbatch").read_text()
+    assert f"#SBATCH --exclude={failed_on}" in script.splitlines()
+
+    job = server.wait_for(always, {"failed"}, timeout_s=120)
+    nodes = [a["decision"]["excluded_node"] for a in job["attempts"]]
+    assert sorted(nodes) == sorted(NODES) and job["exclude_nodes"] == nodes, job
+    assert job["reason"].startswith("could not submit: sbatch exited 1"), job["reason"]
+    assert f"the job excludes node(s) {','.join(nodes)}" in job["reason"], job["reason"]

@@ -1,5 +1,6 @@
 """The schema comes only from Alembic, and the ORM models agree with its head, on both stores."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -7,11 +8,12 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, inspect, text
+from sqlalchemy import Engine, inspect, select, text
+from sqlalchemy.orm import Session
 
 from service.executor.local import decode_reference, encode_reference, shim_pid
 from service.store.db import alembic_config, make_engine, upgrade
-from service.store.tables import Base
+from service.store.tables import Base, Job
 from tests.conftest import both_stores
 
 
@@ -58,11 +60,51 @@ def test_upgrade_from_the_previous_head_keeps_rows(url: str) -> None:
     upgrade(url)
     assert _revision(engine) == head.revision
     with engine.connect() as conn:
+        rows = conn.execute(text("SELECT name, state, exclude_nodes FROM jobs ORDER BY id")).all()
+    # 0013_exclude_nodes: no job excludes a node until a retry_elsewhere rule restarts it.
+    assert rows == [("old", "succeeded", None), ("live", "running", None)]
+    engine.dispose()
+
+
+@both_stores
+def test_0012_counts_the_state_changes_the_state_implies(url: str) -> None:
+    upgrade(url, "0011_sweeps")
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        for name, state in (("old", "succeeded"), ("live", "running")):
+            conn.execute(text(
+                "INSERT INTO jobs (name, state, spec, created_at, priority)"
+                f" VALUES ('{name}', '{state}', '{{}}', '2026-01-01 00:00:00', 0)"
+            ))
+    upgrade(url)
+    with engine.connect() as conn:
         rows = conn.execute(text("SELECT name, state, state_changes, pauses FROM jobs"
                                  " ORDER BY id")).all()
     # 0012_pause: the count of state changes the state implies (the event stream's cursor).
     assert rows == [("old", "succeeded", 3, 0), ("live", "running", 2, 0)]
     engine.dispose()
+
+
+@both_stores
+def test_0013_keeps_a_jobs_excluded_nodes_and_downgrades(url: str) -> None:
+    upgrade(url)
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO jobs (name, state, spec, created_at, priority, exclude_nodes)"
+            " VALUES ('requeued', 'queued', '{}', '2026-01-01 00:00:00', 0, :nodes)"
+        ), {"nodes": json.dumps(["n2", "gpu-07"])})
+    with Session(engine) as session:
+        [job] = session.scalars(select(Job)).all()
+        assert job.exclude_nodes == ["n2", "gpu-07"]
+    engine.dispose()
+    command.downgrade(alembic_config(url), "0012_pause")
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        columns = {c["name"] for c in inspect(conn).get_columns("jobs")}
+        assert conn.execute(text("SELECT name FROM jobs")).scalars().all() == ["requeued"]
+    engine.dispose()
+    assert "exclude_nodes" not in columns and "pauses" in columns
 
 
 @both_stores
