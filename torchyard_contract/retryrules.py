@@ -13,9 +13,9 @@ no matcher matches any failure):
 * ``log_pattern`` — a regular expression found in one of the rank's last ``TAIL_LINES`` lines of
   output (each line cut to ``LOG_LINE_MAX_CHARS``).
 
-Actions: ``retry`` and ``retry_elsewhere`` (Slurm: the next attempt avoids the node the failing
-rank ran on; locally the same as ``retry``) start another attempt while ``max_restarts`` allows;
-``fail`` ends the job at once. No rule matched: retried while ``max_restarts`` allows (how every
+Actions: ``retry`` and ``retry_elsewhere`` (Slurm: the next attempt runs in a new allocation
+that excludes the node the failing rank ran on, ``service.run.elsewhere``; locally the same as
+``retry``) start another attempt while ``max_restarts`` allows; ``fail`` ends the job at once. No rule matched: retried while ``max_restarts`` allows (how every
 failure was treated before rules existed).
 """
 
