@@ -282,6 +282,8 @@ class Shim:
                 if not last and decided.excluded_node is not None:
                     # retry_elsewhere (Slurm): end this allocation; the server submits the job
                     # again without the node (service.run.elsewhere). A failure all the same.
+                    print(f"attempt {number}: ending the allocation to restart without node "
+                          f"{decided.excluded_node}", flush=True)
                     outcome = (
                         {"state": "cancelled", "exit_code": code, "reason": "cancelled by user"}
                         if self.cancelled else
