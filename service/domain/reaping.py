@@ -66,8 +66,12 @@ class Reaper:
         for position, job_id in enumerate(pending, start=1):
             reason = statuses[job_id].reason or "None"
             waiting[job_id] = scheduler.Waiting(position, f"Slurm: {reason}")
+        # A submission being withdrawn or stopped (``watched.stopping``: paused while pending,
+        # cancelled) started nothing: once its Slurm job ends, a job resumed meanwhile is queued
+        # for a new submission and must not be taken for started by the old one.
         started = [j for j, st in statuses.items()
-                   if st.phase is not Phase.pending and j not in ctx.watched.seen_started]
+                   if st.phase is not Phase.pending and j not in ctx.watched.seen_started
+                   and j not in ctx.watched.stopping]
         if started:
             with ctx.loop_sessions() as session:
                 if not ctx.lease.fence(session):
