@@ -1,18 +1,17 @@
 """Preemption by priority (issue 25, item 2): the pure choice
 (``service.domain.queue.preemption``), then real jobs: a preemptible low-priority job on every
 slot is paused for an urgent one, resumes by itself and ends with every epoch once, and a second
-urgent job inside the minimum run time does not preempt it (docs/lifecycle.md)."""
+urgent job inside the minimum run time does not preempt it (docs/lifecycle.md); the live test
+on both stores."""
 
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable
 from datetime import datetime
-
-import pytest
 
 from service.domain.queue.preemption import ActiveJob, Preemption, choose
 from service.domain.queue.scheduler import CPU, GPU, QueuedJob
-from tests.conftest import LiveServer, _start_server, _stop_server, every_record
+from tests.conftest import LiveServer, both_stores, every_record
 
 NOW = 1_000_000.0
 
@@ -59,21 +58,19 @@ def test_only_the_first_waiting_job_of_a_kind_preempts() -> None:
     assert choose(queue, {CPU: 0}, active, 60, NOW) == [Preemption(9, (1,))]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    srv = _start_server(tmp_path_factory.mktemp("preempt") / "home", {
-        "TORCHYARD_PREEMPT_MIN_RUN_S": "300",  # longer than the preempted job's whole run
-        "TORCHYARD_TEST_EPOCH_SLEEP_S": "0.5",
-    })
-    yield srv
-    _stop_server(srv)
-
-
 def _utc(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-def test_an_urgent_job_preempts_a_preemptible_one_which_resumes(server: LiveServer) -> None:
+@both_stores  # the compare-and-sets (pausing the victim, queueing it again) on both stores
+def test_an_urgent_job_preempts_a_preemptible_one_which_resumes(
+    live_server_factory: Callable[..., LiveServer],
+) -> None:
+    """A server of its own: the low-priority job takes every slot."""
+    server = live_server_factory(
+        TORCHYARD_PREEMPT_MIN_RUN_S="300",  # longer than the preempted job's whole run
+        TORCHYARD_TEST_EPOCH_SLEEP_S="0.5",
+    )
     low_spec = {"dataset": "synthetic", "epochs": 24, "nproc_per_node": 4, "preemptible": True}
     urgent = {"dataset": "synthetic", "epochs": 2, "nproc_per_node": 2, "priority": 5}
     with server.client() as c:
