@@ -15,6 +15,7 @@ from service.run import retrydecision
 from service.run.attemptloop import Shim
 from service.store import outbox
 from service.store import repository as repo
+from tests.conftest import both_stores
 from torchyard_contract.launch import LaunchConfig
 from torchyard_contract.nodes import EXCLUDE_NODES_MAX
 from torchyard_contract.rundir import RunDir
@@ -187,6 +188,26 @@ def test_a_requeue_outcome_queues_the_job_again_without_the_node(
     _finisher(api).finish(job_id, 3, ref="4243")
     job = api.get(f"/jobs/{job_id}").json()
     assert job["state"] == "queued" and job["exclude_nodes"] == ["n2", "n1"]
+
+
+@both_stores  # the decision as the JSON of the attempts, the requeue's compare-and-set
+def test_the_decision_the_shim_wrote_is_stored_with_the_requeue(api: TestClient) -> None:
+    """The run side's decision (``retrydecision``, into ``attempts/1.json``) as the finisher
+    stores it and the API reads it back, with the job queued again without the node."""
+    job_id, run = _launched(api)
+    _node_file(run, 1, 0, "n1\n")
+    decided = retrydecision.decide_attempt(run, _config(job_id=job_id, nnodes=1), 1,
+                                           "a rank failed", 1, elsewhere=True)
+    assert decided.retry and decided.excluded_node == "n1"
+    _requeue(run, "n1")
+    _finisher(api).finish(job_id, 3, ref="4242")
+    job = api.get(f"/jobs/{job_id}").json()
+    assert job["state"] == "queued" and job["exclude_nodes"] == ["n1"], job
+    [attempt] = job["attempts"]
+    assert attempt["decision"] == {
+        "action": "retry_elsewhere", "rule": "1", "rank": 0, "cause": "rank 0 exited with code 3",
+        "summary": decided.summary, "backoff_s": 0.0, "excluded_node": "n1",
+    }, attempt
 
 
 def test_a_requeue_of_a_job_being_paused_pauses_it_keeping_the_exclusion(
