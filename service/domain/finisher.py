@@ -238,9 +238,7 @@ class Finisher:
                     reason = "the job's outcome says paused, but it was not asked to pause"
             if job is not None:
                 repo.set_attempts(session, job_id, _closed_attempts(
-                    job.attempts or [], stop_reason if state is JobState.cancelled else None,
-                    stop_reason or reason,
-                ))
+                    job.attempts or [], stop_reason, stop_reason or reason))
             if stop_reason is not None:
                 # A guard tripped (maybe just before the job ended on its own): it failed.
                 state, reason = JobState.failed, stop_reason
@@ -292,8 +290,10 @@ def _requeue(
 
 def _closed_attempts(attempts: list[dict], stopped_by: str | None, why: str | None) -> list[dict]:
     """The job's attempts as they end: an attempt its shim never closed (killed when a stop's
-    grace ran out) ends now, never left running forever; ``stopped_by`` — a guard's reason whose
-    stop reached the shim as a plain SIGTERM, which it calls a cancel — names the last one."""
+    grace ran out) ends now, never left running forever; ``stopped_by`` — a guard's reason, with
+    which the job fails — names the last one, whatever the shim made of the stop: a cancel when
+    the SIGTERM reached it first, torchrun's exit when torchrun ended (on the group's SIGTERM)
+    before the attempt loop saw the stop request, or a success that came just after the trip."""
     closed = [dict(a) for a in attempts]
     if stopped_by and closed:
         closed[-1]["reason"] = stopped_by

@@ -1,6 +1,8 @@
 """Loss guards (``nonfinite_patience``, ``divergence_patience``): real jobs stopped early, failed
-with a reason naming the rank, epoch and value; their records kept. Plus the streak rules."""
+with a reason naming the rank, epoch and value; their records kept. Plus the streak rules, and
+the finisher naming the stopped attempt whichever way the stop reached the shim."""
 
+import json
 import math
 import time
 from pathlib import Path
@@ -9,8 +11,13 @@ import httpx
 import psutil
 import pytest
 
+from service.domain.finisher import Finisher
 from service.domain.lossguard import divergence_trip, nonfinite_reason, nonfinite_trip
+from service.store import repository as repo
 from tests.conftest import REPO_ROOT, LiveServer, add_script, cli
+from torchyard_contract.rundir import RunDir
+from torchyard_contract.spec import JobSpec
+from torchyard_contract.state import JobState
 
 NAN = math.nan
 LONG = 40  # epochs a stopped job would have run: it must end long before
@@ -105,6 +112,46 @@ def test_patience_bounds_are_422_naming_the_field(api) -> None:  # type: ignore[
         assert r.status_code == 422 and r.json()["details"][0]["field"] == field, r.text
     spec = api.post("/jobs", json={"dataset": "synthetic"}).json()["spec"]
     assert (spec["nonfinite_patience"], spec["divergence_patience"]) == (1, None)
+
+
+# The shim's outcome of a guard's stop, in each order the stop can reach it: the SIGTERM first
+# (a cancel), torchrun first (exit 1 from the ranks' SIGTERM, before the attempt loop saw the
+# stop: the flake this test pins down), or the job's own end just after the guard tripped.
+TORCHRUN_EXIT = "rank 0 failed: SignalException: Process 7 got signal: 15 (torchrun exited with code 1)"
+
+
+@pytest.mark.parametrize(("state", "code", "shim_reason"), [
+    ("cancelled", -15, "cancelled by user"),
+    ("failed", 1, TORCHRUN_EXIT),
+    ("succeeded", 0, None),
+], ids=["sigterm-first", "torchrun-first", "ended-first"])
+def test_a_guards_stop_names_the_last_attempt_whatever_the_shim_saw_first(
+    api, state: str, code: int, shim_reason: str | None,  # type: ignore[no-untyped-def]
+) -> None:
+    """The finisher on a migrated store, the job as the supervisor leaves it: the guard's stop
+    request noted and the job failed with it (``service.domain.stops``), then the shim's files."""
+    reason = nonfinite_reason(0, 1, NAN, 1)
+    with api.app.state.session_factory() as session:
+        job_id = repo.create_job(session, JobSpec.model_validate({"dataset": "synthetic"}),
+                                 None).id
+        assert repo.transition(session, job_id, JobState.starting)
+        assert repo.transition(session, job_id, JobState.running)
+        assert repo.request_stop(session, job_id, reason)
+        assert repo.transition(session, job_id, JobState.failed, reason=reason)
+        session.commit()
+    run = RunDir.for_job(api.app.state.settings.runs_dir, job_id)
+    run.attempts_dir.mkdir(parents=True)
+    run.attempt_file(1).write_text(json.dumps({
+        "number": 1, "started_at": 1.0, "ended_at": 2.0, "exit_code": code,
+        "reason": shim_reason, "startup_failure": False}))
+    run.exit_file.write_text(json.dumps({"state": state, "exit_code": code,
+                                         "reason": shim_reason}))
+    Finisher(runs_dir=api.app.state.settings.runs_dir,
+             session_factory=api.app.state.session_factory,
+             max_records_per_rank=1000).finish(job_id, 0)
+    job = api.get(f"/jobs/{job_id}").json()
+    assert job["state"] == "failed" and job["reason"] == reason, job
+    assert [a["reason"] for a in job["attempts"]] == [reason], job["attempts"]
 
 
 # --- real jobs -----------------------------------------------------------------------------------
