@@ -34,6 +34,11 @@ def rank_location(rank: int, nproc_per_node: int) -> tuple[int, int]:
     return divmod(int(rank), max(1, int(nproc_per_node)))
 
 
+def global_rank(node_index: int, local_rank: int, nproc_per_node: int) -> int:
+    """The global rank of ``local_rank`` on node ``node_index`` (``rank_location``'s inverse)."""
+    return int(node_index) * max(1, int(nproc_per_node)) + int(local_rank)
+
+
 def is_node_name(text: str) -> bool:
     return re.fullmatch(NODE_NAME_PATTERN, text) is not None
 

@@ -159,7 +159,8 @@ class Shim:
         elif code == 0:
             reason = None
         else:
-            reason = describe_exit(code, logs, self._launcher_logs(logs)[0])
+            reason = describe_exit(code, logs, self._launcher_logs(logs)[0],
+                                   self.config.nproc_per_node)
         if code == 0:
             rank_codes = {str(r): 0 for r in range(self.config.world_size)}
         else:

@@ -11,6 +11,7 @@ import signal
 from pathlib import Path
 
 from torchyard_contract.bounds import REASON_MAX_CHARS, WHERE_FULL_TEXT, bounded_line, bounded_text
+from torchyard_contract.nodes import global_rank
 from torchyard_contract.safefile import open_regular, read_bytes, read_tail
 
 LOG_TAIL_LINES = 20
@@ -18,7 +19,7 @@ ERROR_FILE_MAX_BYTES = 16 * 1024 * 1024  # torch writes the whole exception mess
 ERROR_FILES_MAX = 1024  # error files looked at per attempt (one per rank, normally)
 
 
-def _first_rank_error(run_logs: Path) -> str | None:
+def _first_rank_error(run_logs: Path, nproc_per_node: int) -> str | None:
     """torchrun writes each failed rank's ``@record`` error file under its log dir."""
     best: tuple[int, str] | None = None
     for index, path in enumerate(run_logs.glob("**/error.json")):
@@ -41,13 +42,35 @@ def _first_rank_error(run_logs: Path) -> str | None:
             text = str(message or "").strip()
         # Ordered by the file's mtime, not the recorded timestamp: that one has whole seconds,
         # and the peers of a failed rank fail within the same second ("Connection closed").
-        rank = bounded_line(path.parent.name)
+        rank = _global_rank(path.relative_to(run_logs), nproc_per_node)
         line = text.splitlines()[-1] if text else "unknown error"
         # Room left for the exit description that follows it.
         entry = bounded_text(f"rank {rank} failed: {line}", REASON_MAX_CHARS - 200)
         if best is None or ts < best[0]:
             best = (ts, entry)
     return best[1] if best else None
+
+
+# torchrun's layout under the attempt's log dir: ``<run id>_<random>/attempt_<restart>/<local
+# rank>/error.json`` (torch.distributed.elastic's ``DefaultLogsSpecs``), a directory named by the
+# rank on its node, not the job; on Slurm below ``node-<node rank>/`` (``service.run.srun``).
+_LOCAL_RANK = re.compile(r"[0-9]{1,6}")
+_NODE_DIR = re.compile(r"node-([0-9]{1,6})")
+
+
+def _global_rank(error_file: Path, nproc_per_node: int) -> str:
+    """The job's rank that wrote ``error_file`` (relative to the attempt's log dir): the local
+    rank, which is the global one with one torchrun; with one per node (static rendezvous,
+    node-major: ``torchyard_contract.nodes``) node ``k``'s local rank ``l`` is
+    ``k * nproc_per_node + l``. Any other layout: the directory's name, as it is."""
+    parts = error_file.parts
+    local = parts[-2] if len(parts) >= 2 else ""
+    if not _LOCAL_RANK.fullmatch(local):
+        return bounded_line(local)
+    node = _NODE_DIR.fullmatch(parts[0]) if len(parts) == 5 else None
+    if node is None:
+        return str(int(local))
+    return str(global_rank(int(node[1]), int(local), nproc_per_node))
 
 
 _MESSAGE_START = re.compile(rb'"message"\s*:\s*"((?:[^"\\]|\\.){1,300})')
@@ -88,7 +111,11 @@ def failed_rank_exit_codes(torchrun_log: Path) -> dict[int, int]:
     return {int(rank): int(code) for rank, code in _SUMMARY_RANK.findall(text)}
 
 
-def describe_exit(exit_code: int, logs_dir: Path, launcher_log: Path) -> str:
+def describe_exit(
+    exit_code: int, logs_dir: Path, launcher_log: Path, nproc_per_node: int = 1
+) -> str:
+    """The attempt's reason: the first failing rank's exception, named by its global rank
+    (``nproc_per_node``: where a job has a torchrun per node), else the exit and log tail."""
     if exit_code < 0:
         try:
             name = signal.Signals(-exit_code).name
@@ -97,7 +124,7 @@ def describe_exit(exit_code: int, logs_dir: Path, launcher_log: Path) -> str:
         prefix = f"torchrun killed by {name}"
     else:
         prefix = f"torchrun exited with code {exit_code}"
-    rank_error = _first_rank_error(logs_dir)
+    rank_error = _first_rank_error(logs_dir, nproc_per_node)
     if rank_error:
         return bounded_text(f"{rank_error} ({prefix})")
     tail = _tail(launcher_log)

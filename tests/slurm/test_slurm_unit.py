@@ -1,7 +1,9 @@
-"""The Slurm executor's pure parts: batch script, srun argv, sbatch environment, and the
-parsing of squeue / scontrol / sinfo / sacct output (captured from Slurm 22.05)."""
+"""The Slurm executor's pure parts: batch script, srun argv, sbatch environment, the
+parsing of squeue / scontrol / sinfo / sacct output (captured from Slurm 22.05), and the
+failing rank's global rank in a reason from a node's torchrun error files."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -31,8 +33,9 @@ from service.executor.slurmscript import (
     sbatch_environment,
     time_limit,
 )
+from service.run.exitreason import describe_exit
 from service.run.srun import StepRequest, build_srun_command
-from torchyard_contract.nodes import EXCLUDE_NODES_MAX, rank_location
+from torchyard_contract.nodes import EXCLUDE_NODES_MAX, global_rank, rank_location
 from torchyard_contract.rundir import RunDir
 
 RUN = Path("/shared/torchyard/runs/12")
@@ -123,7 +126,43 @@ def test_sbatch_environment_keeps_nothing_of_the_server_but_the_basics() -> None
 
 def test_rank_location_is_node_major() -> None:
     assert [rank_location(r, 2) for r in range(4)] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [global_rank(*rank_location(r, 2), 2) for r in range(4)] == [0, 1, 2, 3]
     assert job_id_from_name("ty-42") == 42 and job_id_from_name("other") is None
+
+
+def _error_file(logs: Path, where: str, message: str, mtime_ns: int) -> None:
+    """A rank's ``@record`` error file where torchrun puts it: ``<where>`` is the directories
+    below the attempt's log dir down to the one named by the rank on its node."""
+    path = logs / where / "error.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"message": {"message": message, "extraInfo": {
+        "py_callstack": "Traceback ...", "timestamp": "1700000000"}}}))
+    os.utime(path, ns=(mtime_ns, mtime_ns))
+
+
+@pytest.mark.parametrize(("nproc", "node", "local", "rank"), [(1, 1, 0, 1), (2, 1, 1, 3)])
+def test_a_failure_on_the_second_node_is_named_by_its_global_rank(
+    tmp_path: Path, nproc: int, node: int, local: int, rank: int
+) -> None:
+    """Two nodes, one torchrun each (``service.run.srun``): each writes its ranks' error files
+    under ``node-<k>/<run id>/attempt_0/<local rank>/``, named by the rank on the node."""
+    logs = tmp_path / "attempt-1"
+    t0 = 1_700_000_000 * 10**9
+    _error_file(logs, f"node-{node}/none_k2j4/attempt_0/{local}",
+                f"RuntimeError: rank {rank} failed", t0)
+    # The other node's rank 0 fails after it (its peer is gone): the first one names the job's.
+    _error_file(logs, "node-0/none_8x1q/attempt_0/0", "RuntimeError: Connection closed by peer",
+                t0 + 5_000_000)
+    (logs / "node-0.log").write_text("")
+    assert describe_exit(1, logs, logs / "node-0.log", nproc) == (
+        f"rank {rank} failed: RuntimeError: rank {rank} failed (torchrun exited with code 1)")
+
+
+def test_a_failure_under_one_torchrun_is_named_by_its_rank(tmp_path: Path) -> None:
+    logs = tmp_path / "attempt-1"  # the local executor's one torchrun: local rank = global rank
+    _error_file(logs, "none_z0a1/attempt_0/1", "ValueError: bad batch", 1_700_000_000 * 10**9)
+    assert describe_exit(1, logs, logs / "torchrun.log", 2).startswith(
+        "rank 1 failed: ValueError: bad batch")
 
 
 def test_parse_squeue_rows_and_noise() -> None:
