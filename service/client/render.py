@@ -69,6 +69,8 @@ def job_table(job: dict[str, Any]) -> Table:
             value = job[key]
             shown = state_text(value) if key == "state" else Text("-" if value is None else str(value))
             table.add_row(key, shown)
+    if job.get("exclude_nodes"):  # retry_elsewhere on Slurm: the nodes its restarts leave out
+        table.add_row("exclude_nodes", Text(", ".join(job["exclude_nodes"])))
     for key, value in job.get("spec", {}).items():
         table.add_row(f"spec.{key}", Text(str(value)))
     return table

@@ -478,6 +478,8 @@
     const pauseBtn = h("button", {type: "button", id: "pause-button", hidden: true}, "Pause");
     const resumeBtn = h("button", {type: "button", id: "resume-button", hidden: true}, "Resume");
     const reason = h("p", {class: "reason", id: "job-reason"});
+    // retry_elsewhere on Slurm: the nodes the job's restarts leave out (docs/lifecycle.md).
+    const excluded = h("p", {class: "quiet", id: "job-excluded", hidden: true});
     const phases = h("div", {id: "phases"});
     const attempts = h("div", {id: "attempts"});
     const metricSel = h("select", {id: "metric-name"}, h("option", {value: "loss"}, "loss"));
@@ -491,6 +493,7 @@
       h("div", {class: "job-head"}, title, badge, h("span", {class: "spacer"}), pauseBtn,
         resumeBtn, cancelBtn),
       reason,
+      excluded,
       h("section", {class: "chart-section"},
         h("div", {class: "row"}, h("h2", {}, "Per-rank curves"),
           h("label", {}, "metric ", metricSel)),
@@ -557,6 +560,9 @@
       pauseBtn.hidden = !PAUSABLE.has(job.state);
       resumeBtn.hidden = job.state !== "paused";
       reason.textContent = job.reason || "";
+      const nodes = job.exclude_nodes || [];  // absent from an older server's answer
+      excluded.hidden = !nodes.length;
+      excluded.textContent = nodes.length ? `Excluded nodes: ${nodes.join(", ")}` : "";
       renderPhases(phases, job);
       renderAttempts(attempts, job);
       logPanel.update(job);

@@ -6,8 +6,12 @@ from pathlib import Path
 
 from service.client.commands import EXIT_CANCELLED, EXIT_ERROR, EXIT_FAILED, EXIT_TIMEOUT
 from service.client.render import fmt_value
+from service.store import repository as repo
+from service.store.db import make_engine, make_session_factory
 from tests.conftest import REPO_ROOT, LiveServer, cli, hooks
 from torchyard_contract.rundir import RunDir
+from torchyard_contract.spec import JobSpec
+from torchyard_contract.state import JobState
 
 
 def test_client_commands_never_import_torch() -> None:
@@ -55,6 +59,31 @@ def test_submit_follow_prints_final_losses_and_exits_0(
     (stderr_file,) = path.glob("attempt-1/*/attempt_*/1/stderr.log")
     only = cli(live_server, "logs", str(job["id"]), "--rank", "1", "--stream", "stderr")
     assert only.returncode == 0 and only.stdout == stderr_file.read_text(errors="replace")
+
+
+def test_show_lists_the_nodes_a_job_excludes_only_when_it_has_some(
+    shared_server: LiveServer,
+) -> None:
+    """``retry_elsewhere`` on Slurm leaves nodes out of a job's restarts (``exclude_nodes``).
+    The two jobs are written into the shared server's database, already ended: nothing runs."""
+    engine = make_engine(f"sqlite:///{shared_server.home / 'torchyard.db'}")
+    try:
+        with make_session_factory(engine)() as session:
+            ids = []
+            for nodes in (["n1", "n2"], []):
+                job = repo.create_job(session, JobSpec.model_validate({"dataset": "synthetic"}))
+                job.exclude_nodes = nodes
+                assert repo.transition(session, job.id, JobState.failed, reason="rank 0 failed")
+                ids.append(job.id)
+            session.commit()
+    finally:
+        engine.dispose()
+    excluded, plain = (cli(shared_server, "show", str(job_id)) for job_id in ids)
+    assert excluded.returncode == 0 and plain.returncode == 0, excluded.stderr + plain.stderr
+    rows = [[c.strip() for c in line.strip("│").split("│")]
+            for line in excluded.stdout.splitlines() if line.startswith("│")]
+    assert ["exclude_nodes", "n1, n2"] in rows, excluded.stdout
+    assert "rank 0 failed" in plain.stdout and "exclude_nodes" not in plain.stdout
 
 
 def test_wait_exit_codes(shared_server: LiveServer) -> None:

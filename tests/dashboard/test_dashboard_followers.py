@@ -1,5 +1,6 @@
 """The dashboard in a real browser, on data a job left (issue 17, finding 9): a job that reports only
-per-step loss gets a chart, and a long log is followed from its tail, earlier parts on demand.
+per-step loss gets a chart, and a long log is followed from its tail, earlier parts on demand;
+the nodes a job excludes are shown only when it has some (issue 25).
 
 The server is the real app under uvicorn in a thread with the supervisor off; the records are
 posted with the job's token and the log is a file where torchrun writes it, so no job has to run.
@@ -31,7 +32,8 @@ LOG_LINES = 3000  # ~120 KB: more than the 64 KiB the follower starts with
 
 @pytest.fixture
 def seeded(tmp_path: Path) -> Iterator[tuple[str, int]]:
-    """(url, job id) of a finished 1-rank job with per-step loss only and a long rank-0 log."""
+    """(url, job id) of a finished 1-rank job with per-step loss only, a long rank-0 log, and
+    two nodes its restarts left out (``retry_elsewhere`` on Slurm)."""
     settings = Settings(home=tmp_path / "home", gpus="none", cpu_slots=2)
     app = create_app(settings, run_supervisor=False)
     sock = socket.socket()
@@ -66,6 +68,9 @@ def seeded(tmp_path: Path) -> Iterator[tuple[str, int]]:
         (log / "stderr.log").write_text("\n".join(lines) + "\n")
         with app.state.session_factory() as session:
             repo.transition(session, job_id, repo.JobState.failed, reason="rank 0 failed")
+            job = repo.get_job(session, job_id)
+            assert job is not None
+            job.exclude_nodes = ["n1", "n2"]  # as restarts elsewhere on Slurm leave it
             session.commit()
         yield url, job_id
     finally:
@@ -95,3 +100,18 @@ def test_per_step_only_job_is_charted_and_log_starts_at_the_tail(seeded, page) -
     text = page.locator("#log-text").inner_text()
     assert text.startswith("line 00000") and text.rstrip().endswith("THE-END")
     assert text.count("line 01500 ") == 1, "no part loaded twice"
+
+
+def test_excluded_nodes_are_shown_only_when_the_job_has_some(seeded, page) -> None:  # type: ignore[no-untyped-def]
+    url, job_id = seeded
+    page.goto(f"{url}/#/jobs/{job_id}")
+    excluded = page.locator("#job-excluded")
+    excluded.wait_for()
+    assert excluded.inner_text() == "Excluded nodes: n1, n2"
+    assert page.locator("#job-reason").inner_text() == "rank 0 failed"
+    with httpx.Client(base_url=url, timeout=10) as c:  # queued for good: no supervisor runs
+        plain = c.post("/jobs", json={"dataset": "digits", "epochs": 1}).json()["id"]
+    page.goto(f"{url}/#/jobs/{plain}")
+    page.wait_for_function(
+        "() => document.getElementById('job-state').textContent.includes('queued')")
+    assert page.locator("#job-excluded").is_hidden()
