@@ -288,7 +288,9 @@ def test_a_failing_rank_fails_the_job_and_slurms_own_record(
         job_id = c.post("/jobs", json={"nnodes": 2, "dataset": "synthetic", "epochs": 2,
                                        "device": "cpu", "labels": hooks(fail_rank=1)}).json()["id"]
     job = server.wait_for(job_id, {"failed"}, timeout_s=90)
-    assert "rank 1" in job["reason"], job["reason"]
+    # Rank 1 is node 1's local rank 0: named by its global rank (service.run.exitreason).
+    assert job["reason"].startswith("rank 1 failed: RuntimeError: test hook: rank 1 failed"), \
+        job["reason"]
     assert job["exit_code"] not in (None, 0)
     # The batch script exec's the attempt loop, which exits with the attempt's code: Slurm's
     # record says FAILED too (a script ending in srun would say COMPLETED 0:0).
