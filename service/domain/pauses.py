@@ -92,6 +92,11 @@ class Pauses:
         """A loop step: preempted jobs, once paused, are queued again at once (keeping why
         they wait: "preempted by job 12"), ahead of later jobs of their priority by id."""
         ctx = self.ctx
+        # Look before taking the fence (as ``Stops.fail_stop_requests`` does): the usual tick
+        # has nothing to resume and should not open a write transaction.
+        with ctx.read_sessions() as session:
+            if not repo.preempted_and_paused(session):
+                return
         with ctx.loop_sessions() as session:
             if not ctx.lease.fence(session):
                 return

@@ -45,6 +45,8 @@ logger = logging.getLogger(__name__)
 
 # How often the sender looks for due deliveries (it is also woken when a try ends).
 POLL_S = 0.2
+# How often the outbox is read when no webhooks file is set.
+UNCONFIGURED_POLL_S = 10.0
 JITTER = 0.1
 
 
@@ -159,7 +161,9 @@ class Dispatcher:
                                    getattr(exc, "orig", exc))
                 else:
                     logger.exception("webhooks: a round failed")
-            self._wake.wait(POLL_S)
+            # Without a webhooks file nothing new is queued; the slow poll only gives up rows
+            # left from an earlier configuration (their endpoint is gone).
+            self._wake.wait(POLL_S if self.settings.webhooks_file is not None else UNCONFIGURED_POLL_S)
             self._wake.clear()
 
     def send_due(self) -> int:

@@ -3,7 +3,7 @@ compare-and-set, as for jobs (``service.store.repository``)."""
 
 from collections.abc import Sequence
 
-from sqlalchemy import select, update
+from sqlalchemy import exists, or_, select, update
 from sqlalchemy.orm import Session
 
 from service.store.changefeed import note_change
@@ -40,6 +40,16 @@ def list_sweeps(
     if before_id is not None:
         q = q.where(Sweep.id < before_id)
     return session.scalars(q).all()
+
+
+def anything_unfinished(session: Session) -> bool:
+    """True if a job is not terminal (paused counts) or a sweep runs: only then has the
+    supervisor's tick work beyond what it keeps in memory. One indexed query, so an idle server's
+    tick costs one read (``service.domain.supervisor``)."""
+    unfinished = [*_LIVE_JOB_STATES, JobState.paused.value]
+    q = select(or_(exists().where(Job.state.in_(unfinished)),
+                   exists().where(Sweep.state == RUNNING)))
+    return bool(session.scalar(q))
 
 
 def running_sweeps(session: Session) -> Sequence[Sweep]:
