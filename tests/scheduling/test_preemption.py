@@ -71,7 +71,8 @@ def test_an_urgent_job_preempts_a_preemptible_one_which_resumes(
         TORCHYARD_PREEMPT_MIN_RUN_S="300",  # longer than the preempted job's whole run
         TORCHYARD_TEST_EPOCH_SLEEP_S="0.5",
     )
-    low_spec = {"dataset": "synthetic", "epochs": 24, "nproc_per_node": 4, "preemptible": True}
+    low_spec = {"dataset": "synthetic", "epochs": 12, "nproc_per_node": 4, "preemptible": True,
+                "synthetic_samples": 256}
     urgent = {"dataset": "synthetic", "epochs": 2, "nproc_per_node": 2, "priority": 5}
     with server.client() as c:
         low = c.post("/jobs", json=low_spec).json()["id"]
@@ -99,5 +100,5 @@ def test_an_urgent_job_preempts_a_preemptible_one_which_resumes(
     assert "torchyard_preemptions_total 1.0" in exposition
     seen = Counter((r["rank"], r["epoch"]) for r in every_record(server, low)
                    if r["name"] == "loss")
-    assert set(seen) == {(r, e) for r in range(4) for e in range(1, 25)}
+    assert set(seen) == {(r, e) for r in range(4) for e in range(1, 13)}
     assert max(seen.values()) == 1
