@@ -73,7 +73,8 @@ class Settings(SlurmSettings, PackageSettings, WebhookSettings, BaseSettings):
         default=0.2,
         gt=0,
         le=10,
-        description="longest the supervisor sleeps between passes when nothing wakes it",
+        description="longest the supervisor sleeps between passes when nothing wakes it; a "
+        "pass with no unfinished job or running sweep is one database read",
     )
     stop_grace_s: float = Field(
         default=10.0,
