@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from service.executor.warmpool import ask, build_server_command, socket_path
+from service.executor.warmpool import ask, build_server_command
 from service.run.torchrun import LaunchRequest, build_command
 from service.run.warm import RELAY_PATH
 from service.run.warm.server import import_time_mismatch
 from tests.conftest import gone
+from tests.warmserver import running_warm_server
 
 PROBE = """\
 import time; T = time.time()
@@ -55,29 +56,12 @@ PER_TEST = ("PYTEST_CURRENT_TEST",)
 
 @pytest.fixture(scope="module")
 def warm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    home = tmp_path_factory.mktemp("warm")
-    path = socket_path(home)
     # sklearn.datasets: a preloaded module that changes os.environ (KMP_*) must not make every
     # job look different from the server.
-    argv = build_server_command(sys.executable, path, 2, ["torch", "sklearn.datasets"],
-                                os.getpid())
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", *PER_TEST)}
-    log = home / "server.log"
-    proc = subprocess.Popen(argv, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    deadline = time.monotonic() + 120
-    while ask(path, {"op": "status"}) is None:
-        assert proc.poll() is None, log.read_text()
-        assert time.monotonic() < deadline, "the warm server did not start"
-        time.sleep(0.2)
-    yield path
-    ask(path, {"op": "drain"})
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        pytest.fail("the warm server did not drain")
+    with running_warm_server(tmp_path_factory.mktemp("warm"), 2, ["torch", "sklearn.datasets"],
+                             env) as path:
+        yield path
 
 
 def _relay(socket: str, script: Path, out: Path, tmp_path: Path, **env: str) -> subprocess.Popen:
