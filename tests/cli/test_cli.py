@@ -92,10 +92,11 @@ def test_wait_exit_codes(shared_server: LiveServer) -> None:
             "labels": hooks(fail_rank=1)}
     with server.client() as c:
         failing = c.post("/jobs", json=spec).json()["id"]
-        cancelled = c.post("/jobs", json={**spec, "name": "cancelled"}).json()["id"]
+        cancelled = c.post("/jobs", json={**spec, "name": "cancelled",
+                                          "labels": hooks(epoch_sleep_s=5)}).json()["id"]
 
-    # Ranks take seconds just to import torch: after 1 s the job cannot have ended.
-    early = cli(server, "wait", str(failing), "--timeout", "1")
+    # Its first epoch ends after 5 s: after 1 s the job cannot have ended.
+    early = cli(server, "wait", str(cancelled), "--timeout", "1")
     assert early.returncode == EXIT_TIMEOUT, early.stdout + early.stderr
     assert cli(server, "cancel", str(cancelled)).returncode == 0
     assert cli(server, "wait", str(cancelled)).returncode == EXIT_CANCELLED
