@@ -132,17 +132,15 @@ class Settings(SlurmSettings, PackageSettings, WebhookSettings, BaseSettings):
         default=[
             "torch", "torch.distributed", "torch.nn.parallel",
             "torch.distributed.elastic.multiprocessing.errors", "torch.distributed.launcher.api",
-            # Imported lazily, but by every DDP job (DistributedDataParallel's constructor
-            # reads a torch._dynamo setting: ~1 CPU s per rank) and by the built-in trainer's
-            # default dataset (digits, from scikit-learn: ~0.9 CPU s per rank).
-            "torch._dynamo", "worker.train", "sklearn.datasets",
+            # Imported lazily, but by every DDP job: DistributedDataParallel's constructor
+            # reads a torch._dynamo setting (~1 CPU s of imports per rank).
+            "torch._dynamo", "worker.train",
         ],
         description="modules the warm server imports, comma-separated (ranks get them "
         "already imported: a job's own copy of one of them on its path is not used); the "
         "default is what every DDP job needs (torch, its distributed package, torchrun's agent, "
-        "torch._dynamo, which DistributedDataParallel imports) and the built-in trainer with its "
-        "default dataset (scikit-learn's digits); a job importing more (torchvision) imports it "
-        "then",
+        "torch._dynamo, which DistributedDataParallel imports) and the built-in trainer; a job "
+        "importing more (torchvision, scikit-learn) imports it then",
     )
     lease_ttl_s: float = Field(
         default=6.0,

@@ -7,6 +7,8 @@ Contract: :func:`load_dataset` returns a :class:`Splits` whose images are float3
 and the path.
 """
 
+import gzip
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,13 +73,39 @@ def _split(x: torch.Tensor, y: torch.Tensor, seed: int) -> Splits:
     return Splits(train_x, y[train], test_x, y[test], NUM_CLASSES)
 
 
-def _digits() -> Splits:
-    from sklearn.datasets import load_digits
+def digits_file() -> Path | None:
+    """scikit-learn's copy of the UCI digits, the file ``load_digits`` reads, found without
+    importing scikit-learn (its import is ~0.9 CPU s, more than the rest of a short job's
+    start); None where this scikit-learn keeps it elsewhere."""
+    spec = importlib.util.find_spec("sklearn")  # a top-level find runs none of its code
+    for root in (spec.submodule_search_locations or []) if spec is not None else []:
+        path = Path(root) / "datasets" / "data" / "digits.csv.gz"
+        if path.is_file():
+            return path
+    return None
 
-    bunch = load_digits()
-    x = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1)  # [N, 1, 8, 8]
-    y = torch.tensor(bunch.target, dtype=torch.int64)
-    return _split(x, y, DIGITS_SPLIT_SEED)
+
+def digits_arrays() -> tuple[torch.Tensor, torch.Tensor]:
+    """The 1797 digits as float32 images ``[N, 8, 8]`` and int64 labels, as ``load_digits``
+    returns them: read from its file (rows of 64 pixels then the label), else through it."""
+    path = digits_file()
+    if path is None:
+        from sklearn.datasets import load_digits
+
+        bunch = load_digits()
+        return (torch.tensor(bunch.images, dtype=torch.float32),
+                torch.tensor(bunch.target, dtype=torch.int64))
+    import numpy as np
+
+    with gzip.open(path, "rt", encoding="utf-8") as rows:
+        data = np.loadtxt(rows, delimiter=",")
+    return (torch.tensor(data[:, :-1].reshape(-1, 8, 8), dtype=torch.float32),
+            torch.tensor(data[:, -1].astype(np.int64)))
+
+
+def _digits() -> Splits:
+    images, labels = digits_arrays()
+    return _split(images.unsqueeze(1), labels, DIGITS_SPLIT_SEED)  # [N, 1, 8, 8]
 
 
 def _synthetic(samples: int, shape: tuple[int, int, int], seed: int) -> Splits:

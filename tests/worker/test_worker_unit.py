@@ -1,6 +1,8 @@
 """Fast, real tests of the worker package (no mocks of our own code)."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -35,6 +37,26 @@ def test_digits_shapes_and_fixed_split(tmp_path: Path) -> None:
     assert a.train_x.dtype == torch.float32 and a.train_y.dtype == torch.int64
     # The split does not depend on the job seed.
     assert torch.equal(a.test_y, b.test_y)  # type: ignore[arg-type]
+
+
+def test_digits_read_without_scikit_learn_are_load_digits_exactly() -> None:
+    """The file read directly is the one ``load_digits`` reads, to the last pixel and label,
+    and reading it imports no scikit-learn (run in a fresh interpreter to tell)."""
+    from sklearn.datasets import load_digits
+
+    from worker.datasets import digits_arrays, digits_file
+
+    assert digits_file() is not None  # else every rank would import scikit-learn again
+    images, labels = digits_arrays()
+    bunch = load_digits()
+    assert torch.equal(images, torch.tensor(bunch.images, dtype=torch.float32))
+    assert torch.equal(labels, torch.tensor(bunch.target, dtype=torch.int64))
+    probe = subprocess.run(
+        [sys.executable, "-c", "import sys; from worker.datasets import digits_arrays; "
+         "digits_arrays(); print(any(m.startswith('sklearn') for m in sys.modules))"],
+        capture_output=True, text=True, check=True, timeout=120,
+    )
+    assert probe.stdout.strip() == "False", probe.stdout + probe.stderr
 
 
 def test_synthetic_matches_model_input(tmp_path: Path) -> None:
