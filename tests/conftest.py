@@ -58,6 +58,7 @@ both_stores = pytest.mark.parametrize("store", STORES, indirect=True)
 # test at the end while the other idles (``--no-loadscope-reorder`` keeps this order).
 XDIST_GROUPS = {
     "test_slurm.py": "slurm", "test_slurm_security.py": "slurm",
+    "test_slurm_pending_cancel.py": "slurm",
     "test_failover.py": "failover",
     **{name: name for name in (
         "test_dashboard.py", "test_fuzz.py", "test_hostile_scripts.py",

@@ -41,7 +41,8 @@ class Reaper:
         if self.ctx.executor.queues_jobs:
             self._sync_executor_queue(statuses)
         for job_id, status in statuses.items():
-            if status.phase is not Phase.ended or self._outcome_pending(job_id):
+            if status.phase is not Phase.ended or (
+                    not status.never_ran and self._outcome_pending(job_id)):
                 continue
             ref = watched.refs.get(job_id)
             watched.forget(job_id)
@@ -49,8 +50,9 @@ class Reaper:
                         ref=ref)
 
     def _outcome_pending(self, job_id: int) -> bool:
-        """The job ended but its outcome file is not visible here yet, and the executor's
-        ``outcome_visible_within_s`` has not run out (a shared filesystem's cache)."""
+        """The job ran and ended but its outcome file is not visible here yet, and the
+        executor's ``outcome_visible_within_s`` has not run out (a shared filesystem's cache).
+        A job the executor says never ran (cancelled while pending) is not waited for."""
         limit = self.ctx.executor.outcome_visible_within_s
         if limit <= 0 or RunDir.for_job(self.ctx.settings.runs_dir, job_id).exit_file.exists():
             return False

@@ -74,6 +74,9 @@ class Status:
     # Ended because the executor's own scheduler cancelled it (Slurm: CANCELLED, an operator's
     # scancel), maybe before it ever ran: with no outcome file it ends ``cancelled``, not failed.
     cancelled: bool = False
+    # The executor's record says the job was never given a node (Slurm: no BatchHost), so no
+    # outcome file will ever appear: the reaper need not wait ``outcome_visible_within_s``.
+    never_ran: bool = False
 
 
 @dataclass(frozen=True)

@@ -274,7 +274,9 @@ class SlurmExecutor:
         except SlurmError:
             record = None
         code = parse_exit_code((record or {}).get("ExitCode"))
-        return _ended_status(state, code)
+        # A job cancelled while pending ends with an empty NodeList and no BatchHost.
+        never_ran = record is not None and record.get("BatchHost", "(null)") in ("", "(null)")
+        return _ended_status(state, code, never_ran=never_ran)
 
     def _forgotten(self, ref: str) -> Status:
         """A job Slurm no longer lists: purged after MinJobAge. Accounting (or the completion
@@ -355,11 +357,13 @@ class SlurmExecutor:
         return self.cli.sinfo(partition)
 
 
-def _ended_status(state: str, code: tuple[int, int] | None) -> Status:
+def _ended_status(
+    state: str, code: tuple[int, int] | None, never_ran: bool = False
+) -> Status:
     detail = f"Slurm: {state}" + (f" (exit {code[0]}:{code[1]})" if code else "")
     exit_code = None if code is None else (-code[1] if code[1] else code[0])
     return Status(Phase.ended, exit_code=exit_code, reason=detail,
-                  cancelled=state.startswith("CANCELLED"))
+                  cancelled=state.startswith("CANCELLED"), never_ran=never_ran)
 
 
 def _inside(path: Path, root: Path) -> bool:

@@ -206,8 +206,9 @@ def test_server_sigkill_and_restart_readopts_by_slurm_job_id(
 ) -> None:
     server = slurm_server(TORCHYARD_TEST_EPOCH_SLEEP_S="0.5")
     with server.client() as c:
-        job_id = c.post("/jobs", json={"nnodes": 2, "dataset": "synthetic", "epochs": 8,
-                                       "device": "cpu"}).json()["id"]
+        # Re-adoption is by Slurm job id, whatever the nodes: one node with both ranks.
+        job_id = c.post("/jobs", json={"nnodes": 1, "nproc_per_node": 2, "dataset": "synthetic",
+                                       "epochs": 8, "device": "cpu"}).json()["id"]
     server.wait_for(job_id, {"running"}, timeout_s=60)
     _wait_records(server, job_id, lambda rs: any(r["name"] == "loss" for r in rs))
     os.killpg(server.proc.pid, signal.SIGKILL)
@@ -232,7 +233,8 @@ def test_pending_job_shows_slurms_reason_then_runs(
                         "--wrap", "sleep 300").stdout.strip()
     try:
         with server.client() as c:
-            job_id = c.post("/jobs", json={"nnodes": 2, "dataset": "synthetic", "epochs": 1,
+            # The blocker holds both nodes: a one-node job waits as a two-node one would.
+            job_id = c.post("/jobs", json={"nnodes": 1, "dataset": "synthetic", "epochs": 1,
                                            "device": "cpu"}).json()["id"]
             deadline = time.monotonic() + 30
             while not (job := c.get(f"/jobs/{job_id}").json())["waiting_reason"]:
@@ -253,8 +255,8 @@ def test_job_slurm_purged_while_the_server_was_down_still_ends_right(
 ) -> None:
     server = slurm_server()
     with server.client() as c:
-        job_id = c.post("/jobs", json={"nnodes": 2, "dataset": "synthetic", "epochs": 2,
-                                       "device": "cpu"}).json()["id"]
+        job_id = c.post("/jobs", json={"nnodes": 1, "nproc_per_node": 2, "dataset": "synthetic",
+                                       "epochs": 2, "device": "cpu"}).json()["id"]
     server.wait_for(job_id, {"starting", "running"}, timeout_s=60)
     os.killpg(server.proc.pid, signal.SIGKILL)
     server.proc.wait()
@@ -312,8 +314,8 @@ def test_pause_releases_the_allocation_and_resume_goes_on(
 ) -> None:
     """Pause and resume (issue 25, item 1, docs/lifecycle.md): a pause releases the job's
     allocation and a resume asks Slurm for a new one."""
-    spec = {"nnodes": 2, "dataset": "synthetic", "epochs": 6, "device": "cpu",
-            "labels": hooks(epoch_sleep_s=0.5)}
+    spec = {"nnodes": 1, "nproc_per_node": 2, "dataset": "synthetic", "epochs": 6,
+            "device": "cpu", "labels": hooks(epoch_sleep_s=0.5)}
     with server.client() as c:
         job_id = c.post("/jobs", json=spec).json()["id"]
         server.wait_for(job_id, {"running"}, timeout_s=60)
@@ -343,7 +345,8 @@ def test_a_job_paused_while_pending_in_slurm_is_withdrawn(
                         "--wrap", "sleep 300").stdout.strip()
     try:
         with server.client() as c:
-            job_id = c.post("/jobs", json={"nnodes": 2, "dataset": "synthetic", "epochs": 1,
+            # The blocker holds both nodes: a one-node job waits as a two-node one would.
+            job_id = c.post("/jobs", json={"nnodes": 1, "dataset": "synthetic", "epochs": 1,
                                            "device": "cpu"}).json()["id"]
             deadline = time.monotonic() + 30
             while slurm_state(slurm, server, job_id) != "PENDING":

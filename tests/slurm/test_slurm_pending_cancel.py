@@ -23,8 +23,9 @@ def test_a_job_cancelled_while_pending_in_slurm_ends_cancelled(
                 time.sleep(0.2)
             reference = c.get(f"/jobs/{job_id}").json()
             assert c.post(f"/jobs/{job_id}/cancel").json()["state"] == "cancelled"
-            # Slurm forgets the pending job; the supervisor reaps it and finishes it.
-            deadline = time.monotonic() + 60
+            # Slurm ends the pending job; the supervisor reaps it and finishes it at once: a job
+            # that never ran has no outcome file to wait for (``outcome_visible_within_s``, 30 s).
+            deadline = time.monotonic() + 15
             while f"job {job_id}: finished" not in server.log.read_text():
                 assert time.monotonic() < deadline, server.log.read_text()[-3000:]
                 time.sleep(0.3)
@@ -56,7 +57,8 @@ def test_a_job_scancelled_while_pending_ends_cancelled(
         ours = [ref for ref in pending if ref != blocker]
         assert len(ours) == 1, pending
         slurm.run("scancel", ours[0])
-        job = server.wait_for(job_id, {"cancelled"}, timeout_s=60, allowed={"queued", "starting"})
+        # Never ran: no wait for an outcome file (``outcome_visible_within_s``, 30 s).
+        job = server.wait_for(job_id, {"cancelled"}, timeout_s=15, allowed={"queued", "starting"})
         assert "Slurm" in job["reason"] and "CANCELLED" in job["reason"], job
     finally:
         slurm.run("scancel", blocker)
