@@ -77,7 +77,10 @@ def test_fifty_concurrent_posts_are_all_stored_and_never_share_a_slot(
     two_slots: LiveServer,
 ) -> None:
     server = two_slots
-    spec = {"dataset": "synthetic", "synthetic_samples": 64, "epochs": 1, "nproc_per_node": 1}
+    # Each job sleeps 0.5 s in its epoch: warm jobs end within a second, and the slots must be
+    # sampled while the five kept jobs hold them in turn.
+    spec = {"dataset": "synthetic", "synthetic_samples": 64, "epochs": 1, "nproc_per_node": 1,
+            "labels": hooks(epoch_sleep_s=0.5)}
     with server.client() as c:  # the module's earlier jobs are finished: its newest
         earlier = c.get("/jobs", params={"limit": 1}).json()["items"]
     newest_before = earlier[0]["id"] if earlier else 0
