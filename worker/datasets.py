@@ -88,19 +88,20 @@ def digits_file() -> Path | None:
 def digits_arrays() -> tuple[torch.Tensor, torch.Tensor]:
     """The 1797 digits as float32 images ``[N, 8, 8]`` and int64 labels, as ``load_digits``
     returns them: read from its file (rows of 64 pixels then the label), else through it."""
+    import numpy as np
+
     path = digits_file()
     if path is None:
         from sklearn.datasets import load_digits
 
         bunch = load_digits()
-        return (torch.tensor(bunch.images, dtype=torch.float32),
-                torch.tensor(bunch.target, dtype=torch.int64))
-    import numpy as np
-
-    with gzip.open(path, "rt", encoding="utf-8") as rows:
-        data = np.loadtxt(rows, delimiter=",")
-    return (torch.tensor(data[:, :-1].reshape(-1, 8, 8), dtype=torch.float32),
-            torch.tensor(data[:, -1].astype(np.int64)))
+        images, labels = bunch.images, bunch.target
+    else:
+        with gzip.open(path, "rt", encoding="utf-8") as rows:
+            data = np.loadtxt(rows, delimiter=",")
+        images, labels = data[:, :-1].reshape(-1, 8, 8), data[:, -1]
+    return (torch.tensor(images, dtype=torch.float32),
+            torch.tensor(labels.astype(np.int64)))
 
 
 def _digits() -> Splits:

@@ -41,20 +41,19 @@ class Reaper:
         if self.ctx.executor.queues_jobs:
             self._sync_executor_queue(statuses)
         for job_id, status in statuses.items():
-            if status.phase is not Phase.ended or (
-                    not status.never_ran and self._outcome_pending(job_id)):
+            if status.phase is not Phase.ended or self._outcome_pending(job_id, status):
                 continue
             ref = watched.refs.get(job_id)
             watched.forget(job_id)
             self.finish(job_id, status.exit_code, status.reason, cancelled=status.cancelled,
                         ref=ref)
 
-    def _outcome_pending(self, job_id: int) -> bool:
+    def _outcome_pending(self, job_id: int, status: Status) -> bool:
         """The job ran and ended but its outcome file is not visible here yet, and the
         executor's ``outcome_visible_within_s`` has not run out (a shared filesystem's cache).
         A job the executor says never ran (cancelled while pending) is not waited for."""
         limit = self.ctx.executor.outcome_visible_within_s
-        if limit <= 0 or RunDir.for_job(self.ctx.settings.runs_dir, job_id).exit_file.exists():
+        if limit <= 0 or status.never_ran or RunDir.for_job(self.ctx.settings.runs_dir, job_id).exit_file.exists():
             return False
         first = self.ctx.watched.awaiting_outcome.setdefault(job_id, time.monotonic())
         return time.monotonic() - first < limit
