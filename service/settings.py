@@ -73,8 +73,9 @@ class Settings(SlurmSettings, PackageSettings, WebhookSettings, BaseSettings):
         default=0.2,
         gt=0,
         le=10,
-        description="longest the supervisor sleeps between passes when nothing wakes it; a "
-        "pass with no unfinished job or running sweep is one database read",
+        description="longest the supervisor sleeps between passes when nothing wakes it while "
+        "a job is unfinished or a sweep runs; with none it passes once a second (or this, if "
+        "longer), each pass one database read",
     )
     stop_grace_s: float = Field(
         default=10.0,

@@ -43,6 +43,9 @@ RANK_HOOKS = REPO_ROOT / "tests" / "rankhooks"
 # most of what this suite spends). Tests of the cold path, and servers that run no job, set
 # ``TORCHYARD_WARM_RANKS=false`` themselves.
 os.environ.setdefault("TORCHYARD_WARM_RANKS", "true")
+# For a server restarted only to adopt what its predecessor started: it launches nothing, so it
+# needs no warm pool (~3 CPU s and the wait for the pool, per restart).
+ADOPTS_ONLY = {"TORCHYARD_WARM_RANKS": "false"}
 TERMINAL = {"succeeded", "failed", "cancelled"}
 STORES = ["sqlite", "postgresql"]
 # Run a test once per store (the ``store`` fixture below reads the parameter).

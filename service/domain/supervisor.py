@@ -63,6 +63,10 @@ logger = logging.getLogger(__name__)
 
 # A scheduling pass runs when the queue or free resources change, and at least this often.
 REPLAN_S = 2.0
+# How long an idle loop (the last pass found no unfinished job and no running sweep) sleeps
+# unless woken: a submit, cancel or ended group in this process wakes it at once; a job
+# submitted through another ``--workers`` process is seen within this (PostgreSQL or SQLite).
+IDLE_POLL_S = 1.0
 # Longest the loop's own writes wait for a database lock (a request may hold it, or a paused
 # process): then the step fails and runs again on the next pass, so the loop never stalls.
 LOOP_LOCK_TIMEOUT_S = 1.0
@@ -96,6 +100,7 @@ class Supervisor:
     _published: dict[int, scheduler.Waiting] | None = None
     _published_at: float = -math.inf
     _queue_dirty: bool = True
+    _was_idle: bool = False  # the last pass was idle (``_idle``): sleep ``IDLE_POLL_S``
     _last_plan: float = 0.0
     _thread: threading.Thread | None = None
     # The lease generation this process last recovered under; None = not acting.
@@ -233,7 +238,8 @@ class Supervisor:
                     self.tick()
             except Exception:
                 logger.exception("supervisor tick failed")
-            self._wake.wait(self.settings.poll_interval_s)
+            poll_s = self.settings.poll_interval_s
+            self._wake.wait(max(poll_s, IDLE_POLL_S) if self._was_idle else poll_s)
             self._wake.clear()
 
     def _lead(self) -> bool:
@@ -260,6 +266,7 @@ class Supervisor:
         if self._term is not None:
             logger.warning("supervisor: standing by (lease generation %s ended)", self._term)
         self._term = None
+        self._was_idle = False
         self.ctx.watched.clear()
         self.sweep_driver.reset()
         self._waiting = self._published = None
@@ -272,7 +279,8 @@ class Supervisor:
                  self.reaper.reap_finished, self.reaper.mark_running,
                  self.sweep_driver.step, self._schedule,
                  self._publish_waiting, self._clean_up)
-        if self._idle():
+        self._was_idle = self._idle()
+        if self._was_idle:
             steps = (self._schedule, self._publish_waiting, self._clean_up)
         for step in steps:
             try:
@@ -288,7 +296,8 @@ class Supervisor:
         """Nothing to stop, pause, reap, resume or advance: this process watches no group, the
         queue did not change, and the database has no unfinished job or running sweep. Then a
         tick is one read, not one per step (an idle server stays under 1 % of a core); a job
-        submitted through another process is seen by that read on the next tick."""
+        submitted through another process is seen by that read on the next tick (an idle
+        loop ticks every ``IDLE_POLL_S``, a busy one every ``poll_interval_s``)."""
         watched = self.ctx.watched
         if self._queue_dirty or watched.refs or watched.awaiting_outcome:
             return False

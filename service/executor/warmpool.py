@@ -42,6 +42,7 @@ logger = logging.getLogger(__name__)
 
 CHECK_S = 1.0  # status poll of the warm server
 MEMORY_CHECK_S = 10.0  # USS reads /proc/PID/smaps: not every poll
+MEMORY_RECHECK_S = 60.0  # ... and of a pool that has not changed, only this often
 STARTUP_TIMEOUT_S = 300.0  # importing torch on a loaded machine; after this it counts as hung
 CLAIM_TIMEOUT_S = 30.0  # from spawn to holding the server's lock (before it imports torch)
 # Variables torch reads when the server imports it; the server must not inherit the server's.
@@ -133,6 +134,7 @@ class WarmPool:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_memory = 0.0
+        self._last_pool: tuple[int, int, tuple[int, ...]] | None = None
         self._restarts = 0
         self._spawned_at = 0.0
         self._answered = False  # the server this pool started has answered
@@ -195,9 +197,15 @@ class WarmPool:
             self._answered = True
         now = time.monotonic()
         memory = self._status.memory_bytes
-        if now - self._last_memory >= MEMORY_CHECK_S or self._status.state != "ready":
-            memory = pool_memory(int(reply["pid"]), [int(p) for p in reply.get("idle_pids", [])])
-            self._last_memory = now
+        idle_pids = [int(p) for p in reply.get("idle_pids", [])]
+        # An idle pool's memory does not move: read it again only after a hand-off or a new
+        # process (or every MEMORY_RECHECK_S all the same).
+        pool = (int(reply["pid"]), int(reply["served"]), tuple(sorted(idle_pids)))
+        since = now - self._last_memory
+        if self._status.state != "ready" or since >= MEMORY_RECHECK_S or (
+                since >= MEMORY_CHECK_S and pool != self._last_pool):
+            memory = pool_memory(int(reply["pid"]), idle_pids)
+            self._last_memory, self._last_pool = now, pool
         self._status = WarmStatus(
             state="ready", pool_size=self.size, idle=int(reply["idle"]),
             active=int(reply["active"]), served=int(reply["served"]),

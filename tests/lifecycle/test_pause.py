@@ -17,7 +17,6 @@ from service.store import repository as repo
 from tests.conftest import (
     LiveServer,
     add_script,
-    both_stores,
     cli,
     every_record,
     hooks,
@@ -200,7 +199,8 @@ def test_pause_and_resume_refuse_other_states(server: LiveServer) -> None:
     assert refused_cli.returncode == 5 and "409" in refused_cli.stderr
 
 
-@both_stores  # the pause's compare-and-sets and recovery, on SQLite and PostgreSQL
+# SQLite: the pause's compare-and-sets run on both stores in tests/store/test_store.py, a
+# restart's recovery on PostgreSQL in tests/run/test_fault.py (the one restart twin).
 def test_a_job_pausing_across_a_server_kill_is_paused_and_resumes(live_server_factory) -> None:  # type: ignore[no-untyped-def]
     server = live_server_factory()
     spec = {**BUILTIN, "epochs": 6, "nproc_per_node": 2}

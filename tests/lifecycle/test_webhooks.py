@@ -28,7 +28,7 @@ from service.store import outbox
 from service.store import repository as repo
 from service.store.db import make_engine, make_session_factory, upgrade
 from service.store.tables import Job, WebhookDelivery
-from tests.conftest import LiveServer, both_stores, free_port, leader_and_standby
+from tests.conftest import ADOPTS_ONLY, LiveServer, both_stores, free_port, leader_and_standby
 from torchyard_contract.spec import JobSpec
 from torchyard_contract.state import JobState
 
@@ -224,7 +224,7 @@ def test_a_receiver_down_across_a_server_restart_gets_every_event(
     server.proc.wait()
     receiver.start()
     try:
-        restarted = live_server_factory(server.home, server.port, **env)
+        restarted = live_server_factory(server.home, server.port, **env, **ADOPTS_ONLY)
         receiver.wait_for({(job, "running"), (job, "succeeded")})
         items = _wait_delivered(restarted, job, {"running", "succeeded"})
         assert all(len(ids) == 1 for ids in receiver.events().values())

@@ -21,6 +21,7 @@ HEADLINE = {
     "stores": "sqlite, 1 worker(s): ingest records/s",
     "stacks": "2 ranks on demand: wall (median)",  # 8 in the full run
     "pause": "pause → slots free (p50)",
+    "idle": "what one idle server takes",
 }
 
 

@@ -9,7 +9,7 @@ from collections import Counter
 import httpx
 import psutil
 
-from tests.conftest import LiveServer, both_stores, every_record, hooks
+from tests.conftest import ADOPTS_ONLY, LiveServer, both_stores, every_record, hooks
 
 
 def _rank_pids(shim_pid: int) -> dict[int, int]:
@@ -84,7 +84,8 @@ def test_server_sigkill_and_restart_keeps_job_and_every_record(live_server_facto
     time.sleep(2)
     assert psutil.pid_exists(job["pid"]), "the job died with the server"
 
-    again = live_server_factory(server.home, server.port, TORCHYARD_TEST_EPOCH_SLEEP_S="0.5")
+    again = live_server_factory(server.home, server.port, TORCHYARD_TEST_EPOCH_SLEEP_S="0.5",
+                                **ADOPTS_ONLY)
     job = again.wait_for(job_id, {"succeeded"}, timeout_s=120)
     items = every_record(again, job_id)
     _no_duplicates(items)
@@ -109,7 +110,7 @@ def test_server_down_for_the_end_of_a_job(live_server_factory) -> None:  # type:
         time.sleep(0.3)
     _assert_gone([job["pid"]])
 
-    again = live_server_factory(server.home, server.port)
+    again = live_server_factory(server.home, server.port, **ADOPTS_ONLY)
     job = again.wait_for(job_id, {"succeeded"}, timeout_s=30)
     assert job["exit_code"] == 0
     items = every_record(again, job_id)
@@ -140,7 +141,7 @@ def test_server_killed_between_starting_a_shim_and_storing_it_keeps_the_job(live
     shim = json.loads(claim.read_text())["pid"]
     assert psutil.pid_exists(shim)
 
-    again = live_server_factory(server.home, server.port, **env)
+    again = live_server_factory(server.home, server.port, **env, **ADOPTS_ONLY)
     job = again.wait_for(job_id, {"succeeded"}, timeout_s=120)
     assert job["pid"] == shim and len(job["attempts"]) == 1
     items = every_record(again, job_id)

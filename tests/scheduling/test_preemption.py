@@ -11,7 +11,7 @@ from datetime import datetime
 
 from service.domain.queue.preemption import ActiveJob, Preemption, choose
 from service.domain.queue.scheduler import CPU, GPU, QueuedJob
-from tests.conftest import LiveServer, both_stores, every_record
+from tests.conftest import LiveServer, every_record
 
 NOW = 1_000_000.0
 
@@ -62,7 +62,8 @@ def _utc(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-@both_stores  # the compare-and-sets (pausing the victim, queueing it again) on both stores
+# SQLite: the compare-and-sets it makes (pausing the victim, queueing it again) are run on both
+# stores by tests/store/test_store.py::test_the_pause_and_preemption_statements.
 def test_an_urgent_job_preempts_a_preemptible_one_which_resumes(
     live_server_factory: Callable[..., LiveServer],
 ) -> None:

@@ -16,7 +16,6 @@ from tests.conftest import (
     _copy_sqlite,
     _start_server,
     _stop_server,
-    both_stores,
     hooks,
 )
 
@@ -77,10 +76,10 @@ def test_fifty_concurrent_posts_are_all_stored_and_never_share_a_slot(
     two_slots: LiveServer,
 ) -> None:
     server = two_slots
-    # Each job sleeps 0.5 s in its epoch: warm jobs end within a second, and the slots must be
+    # Each job sleeps 1 s in its epoch (warm jobs otherwise end within a second): the slots must be
     # sampled while the five kept jobs hold them in turn.
     spec = {"dataset": "synthetic", "synthetic_samples": 64, "epochs": 1, "nproc_per_node": 1,
-            "labels": hooks(epoch_sleep_s=0.5)}
+            "labels": hooks(epoch_sleep_s=1.0)}
     with server.client() as c:  # the module's earlier jobs are finished: its newest
         earlier = c.get("/jobs", params={"limit": 1}).json()["items"]
     newest_before = earlier[0]["id"] if earlier else 0
@@ -101,7 +100,7 @@ def test_fifty_concurrent_posts_are_all_stored_and_never_share_a_slot(
         for job_id in ids[5:]:
             c.post(f"/jobs/{job_id}/cancel")
         deadline = time.monotonic() + 180
-        samples = 0
+        busy_samples = 0  # samples taken while a kept job held a slot
         while True:
             # Keyed by id: a job moving starting → running between the two reads shows twice.
             active = {j["id"]: j["devices"] for state in ("starting", "running")
@@ -110,14 +109,16 @@ def test_fifty_concurrent_posts_are_all_stored_and_never_share_a_slot(
             assert len(held) == len(set(held)), f"a slot is held twice: {active}"
             resources = c.get("/resources").json()
             assert resources["cpu"]["allocated"] <= 2
-            samples += 1
+            busy_samples += bool(held)
             states = {j: c.get(f"/jobs/{j}").json()["state"] for j in keep}
             if all(s in ("succeeded", "failed", "cancelled") for s in states.values()):
                 break
             assert time.monotonic() < deadline, states
             time.sleep(0.1)
         finals = [c.get(f"/jobs/{j}").json() for j in ids]
-    assert samples > 5
+    # Counted only while slots were held: on a loaded machine one sample may take 0.5 s, so a
+    # count of all samples said little (and failed with five kept jobs ending fast).
+    assert busy_samples >= 3
     assert all(j["state"] == "succeeded" for j in finals if j["id"] in keep), finals[:5]
     assert {j["state"] for j in finals if j["id"] not in keep} <= {"cancelled", "succeeded"}
     assert "database is locked" not in server.log.read_text()  # the module's server's whole log
@@ -151,7 +152,7 @@ def test_restart_keeps_running_jobs_allocations(live_server_factory) -> None:  #
         assert c.get("/resources").json()["cpu"]["allocated"] == 0
 
 
-@both_stores
+# SQLite: the snapshot's store side is tests/scheduling/test_queue_snapshot.py, on both stores.
 def test_every_worker_process_answers_the_same_queue_positions(live_server_factory) -> None:  # type: ignore[no-untyped-def]
     """With ``--workers 2`` only one process supervises; a request that lands on the other is
     answered from the snapshot the supervisor published (service.domain.queue.snapshot), not null."""

@@ -10,7 +10,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.conftest import LiveServer, _start_server, _stop_server
+from tests.conftest import ADOPTS_ONLY, LiveServer, _start_server, _stop_server
 
 API_TOKEN = "hostile-scripts-api-token-0123456789"
 AUTH = {"Authorization": f"Bearer {API_TOKEN}"}
@@ -184,6 +184,6 @@ def test_a_littered_run_directory_stops_neither_queue_nor_restart(
         assert [m["value"] for m in c.get(f"/jobs/{litter}/metrics").json()["items"]] == [0.5]
     server.proc.terminate()
     server.proc.wait(timeout=30)
-    again = live_server_factory(server.home, server.port, **env)  # asserts it answers /healthz
+    again = live_server_factory(server.home, server.port, **env, **ADOPTS_ONLY)  # answers /healthz
     with httpx.Client(base_url=again.url, headers=AUTH, timeout=10) as c:
         assert c.get(f"/jobs/{litter}").json()["state"] == "succeeded"

@@ -5,45 +5,45 @@ file of the run directory, no line of the server's log."""
 import hashlib
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from service.domain.secretstore import SecretRefused, check_names, resolve
-from tests.conftest import REPO_ROOT, LiveServer
+from tests.conftest import REPO_ROOT, LiveServer, _copy_sqlite, _start_server, _stop_server
 
 API_TOKEN = "secret-tests-api-token-0123456789"
 SECRET = "hf_s3cr3t-VALUE-0f-th3-t0k3n"  # distinctive: found only where it leaked
 OTHER = "wandb-0ther-s3cr3t-never-asked-for"
 
 
-@pytest.fixture
-def secrets_file(tmp_path: Path) -> Path:
-    path = tmp_path / "secrets.json"
+def _write_secrets(path: Path) -> Path:
     path.write_text(json.dumps({"hf": SECRET, "wandb": OTHER}))
     path.chmod(0o600)
     return path
 
 
-def _server(factory, tmp_path: Path, secrets_file: Path, **env: str) -> LiveServer:  # type: ignore[no-untyped-def]
-    scripts = tmp_path / "scripts"
+@pytest.fixture
+def secrets_file(tmp_path: Path) -> Path:
+    return _write_secrets(tmp_path / "secrets.json")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, _migrated_sqlite: Path) -> Iterator[LiveServer]:
+    """One server for the module, with a secrets file and a script directory (a server start
+    and its warm pool cost ~5 CPU s)."""
+    root = tmp_path_factory.mktemp("secrets")
+    scripts = root / "scripts"
     scripts.mkdir()
     shutil.copy(REPO_ROOT / "tests" / "jobs" / "secret.py", scripts / "secret.py")
-    return factory(
-        TORCHYARD_SCRIPT_DIRS=str(scripts), TORCHYARD_API_TOKENS=API_TOKEN,
-        TORCHYARD_SECRETS_FILE=str(secrets_file), **env,
-    )
-
-
-@pytest.fixture
-def server(live_server_factory, tmp_path: Path, secrets_file: Path) -> LiveServer:  # type: ignore[no-untyped-def]
-    return _server(live_server_factory, tmp_path, secrets_file)
-
-
-@pytest.fixture
-def refusing_server(live_server_factory, tmp_path: Path, secrets_file: Path) -> LiveServer:  # type: ignore[no-untyped-def]
-    """As ``server``, for a test whose every job is refused: no warm pool to start."""
-    return _server(live_server_factory, tmp_path, secrets_file, TORCHYARD_WARM_RANKS="false")
+    _copy_sqlite(_migrated_sqlite, root / "home")
+    server = _start_server(root / "home", {
+        "TORCHYARD_SCRIPT_DIRS": str(scripts), "TORCHYARD_API_TOKENS": API_TOKEN,
+        "TORCHYARD_SECRETS_FILE": str(_write_secrets(root / "secrets.json")),
+    })
+    yield server
+    _stop_server(server)
 
 
 def test_a_secret_reaches_the_ranks_and_nowhere_else(server: LiveServer) -> None:
@@ -91,11 +91,10 @@ def test_a_secret_reaches_the_ranks_and_nowhere_else(server: LiveServer) -> None
         assert secret not in server.log.read_text(errors="replace")
 
 
-def test_unknown_or_misplaced_secrets_are_422_naming_the_field(
-    refusing_server: LiveServer,
-) -> None:
-    with refusing_server.client() as c:
+def test_unknown_or_misplaced_secrets_are_422_naming_the_field(server: LiveServer) -> None:
+    with server.client() as c:
         c.headers["Authorization"] = f"Bearer {API_TOKEN}"
+        stored = c.get("/jobs").json()["items"]
         cases = [
             ({"entrypoint": "secret.py", "secret_env": {"HF_TOKEN": "nope"}}, "unknown secret 'nope'"),
             ({"secret_env": {"HF_TOKEN": "hf"}}, "only allowed with 'entrypoint'"),
@@ -109,7 +108,7 @@ def test_unknown_or_misplaced_secrets_are_422_naming_the_field(
             assert r.status_code == 422, r.text
             assert "secret_env" in r.json()["message"] and words in r.text, r.text
             assert SECRET not in r.text
-        assert c.get("/jobs").json()["items"] == [], "nothing stored"
+        assert c.get("/jobs").json()["items"] == stored, "nothing stored"
 
 
 def test_resolving_reads_the_file_each_time_and_never_quotes_it(

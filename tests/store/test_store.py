@@ -1,6 +1,7 @@
 """The repository on both stores, where SQLite and PostgreSQL differ: row counts of a batched
 ``ON CONFLICT DO NOTHING``, 64-bit steps, JSON extraction in the scheduling pass, compare-and-set
-under concurrency, and ``seq`` order as concurrent readers see it."""
+under concurrency, the pause's and the preemption's statements, and ``seq`` order as concurrent
+readers see it."""
 
 import math
 import threading
@@ -14,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.store import records as recordstore
 from service.store import repository as repo
 from service.store.db import make_engine, make_session_factory, upgrade
-from service.store.tables import MetricRecord
+from service.store.tables import Job, MetricRecord
 from tests.conftest import both_stores
 from torchyard_contract.spec import JobSpec
 from torchyard_contract.state import JobState
@@ -123,6 +124,45 @@ def test_concurrent_transitions_have_exactly_one_winner(factories) -> None:  # t
         assert len([w for w in wins if w is not JobState.starting]) == 1, wins
         with writer() as s:
             assert repo.get_job(s, job_id).state in {"cancelled", "failed"}  # type: ignore[union-attr]
+
+
+def test_the_pause_and_preemption_statements(factories) -> None:  # type: ignore[no-untyped-def]
+    """What ``service.domain.pauses`` runs, as each store runs it: counters added in SQL, a
+    second preemption of a pausing job losing its compare-and-set, the preempted-and-paused list
+    that a user's pause leaves. The live paths (SQLite) are tests/scheduling/test_preemption.py
+    and tests/lifecycle/test_pause.py."""
+    writer, _ = factories
+    low, other, urgent = _job(writer), _job(writer), _job(writer)
+    preempt = {"reason": f"preempted by job {urgent}", "preempted_by": urgent,
+               "preemptions": Job.preemptions + 1}
+    with writer() as s:
+        for job_id in (low, other):
+            assert repo.transition(s, job_id, JobState.starting)
+            assert repo.transition(s, job_id, JobState.running)
+            assert repo.transition(s, job_id, JobState.pausing, **preempt)
+        assert not repo.transition(s, low, JobState.pausing, **preempt)  # already pausing
+        assert repo.transition(s, urgent, JobState.paused, reason="a user's", preempted_by=None,
+                               pauses=Job.pauses + 1, only_from=JobState.queued)
+        for job_id in (low, other):
+            assert repo.transition(s, job_id, JobState.paused, only_from=JobState.pausing)
+        s.commit()
+    with writer() as s:
+        assert repo.preempted_and_paused(s) == [low, other]
+        repo.keep_paused(s, other, "paused by a user")  # now the user's: not resumed on its own
+        s.commit()
+    with writer() as s:
+        assert repo.preempted_and_paused(s) == [low]
+        assert repo.count_preemptions(s) == 2
+        assert repo.transition(s, low, JobState.queued, executor_ref=None,
+                               only_from=JobState.paused)
+        assert not repo.transition(s, low, JobState.queued, only_from=JobState.paused)
+        s.commit()
+        jobs = {job_id: repo.get_job(s, job_id) for job_id in (low, other, urgent)}
+    assert (jobs[low].state, jobs[low].preempted_by, jobs[low].preemptions) == (  # type: ignore[union-attr]
+        "queued", urgent, 1)
+    assert (jobs[other].state, jobs[other].preempted_by, jobs[other].reason) == (  # type: ignore[union-attr]
+        "paused", None, "paused by a user")
+    assert (jobs[urgent].state, jobs[urgent].pauses) == ("paused", 1)  # type: ignore[union-attr]
 
 
 def test_a_cursor_reader_never_skips_a_record_of_concurrent_writers(factories) -> None:  # type: ignore[no-untyped-def]

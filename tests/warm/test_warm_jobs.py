@@ -77,8 +77,11 @@ def test_warm_job_reports_and_pool_is_reported_without_cuda(server: LiveServer) 
                   c.get(f"/jobs/{job_id}/metrics").json()["items"] if m["name"] == "loss"}
         assert losses == {(r, e) for r in (0, 1) for e in (1, 2)}
         assert job["attempts"][0]["rank_exit_codes"] == {"0": 0, "1": 0}
-        after = c.get("/resources").json()["warm"]
-        assert after["served"] >= before["served"] + 3, "torchrun's agent and both ranks"
+        # torchrun's agent and both ranks; /resources reports the pool as last polled: await it.
+        deadline = time.monotonic() + 30
+        while (after := c.get("/resources").json()["warm"])["served"] < before["served"] + 3:
+            assert time.monotonic() < deadline, after
+            time.sleep(0.2)
         metrics = c.get("/metrics").text
     assert "starting cold" not in rank_logs(server, job_id)
     for rank in (0, 1):

@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -275,14 +276,16 @@ def _submit(server: LiveServer, body: dict) -> int:
     return r.json()["id"]
 
 
-@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
-def test_parity_plain_torchrun_vs_torchyard_and_sdk_noop_outside(
-    request: pytest.FixtureRequest, live_server_factory: Callable[..., LiveServer],
-    script_dir: Path, tmp_path: Path, warm: bool,
-) -> None:
-    args = ["--epochs", "3", "--samples", "256", "--seed", "7"]
-    plain = _plain_torchrun(script_dir / "minimal_ddp.py", args, tmp_path)
-    stdout = "".join(p.read_text() for p in (tmp_path / "plain-logs").glob("**/stdout.log"))
+PARITY_ARGS = ["--epochs", "3", "--samples", "256", "--seed", "7"]
+
+
+@pytest.fixture(scope="module")
+def plain_losses(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[int, int], float]:
+    """Each rank's printed loss per epoch from ``minimal_ddp.py`` under plain torchrun: run once
+    for both parity tests (seeded, so the same numbers; a cold group costs ~9 CPU s)."""
+    cwd = tmp_path_factory.mktemp("plain")
+    plain = _plain_torchrun(EXAMPLES / "minimal_ddp.py", PARITY_ARGS, cwd)
+    stdout = "".join(p.read_text() for p in (cwd / "plain-logs").glob("**/stdout.log"))
     printed = {
         (int(r), int(e)): float(v)
         for r, e, v in re.findall(r"rank (\d) epoch (\d) loss (\S+)", stdout)
@@ -290,7 +293,15 @@ def test_parity_plain_torchrun_vs_torchyard_and_sdk_noop_outside(
     assert set(printed) == {(r, e) for r in (0, 1) for e in (1, 2, 3)}, stdout
     # Outside torchyard the SDK is a no-op: one warning per rank process, and the run finished.
     assert plain.stderr.count("metrics are not sent to torchyard") == 2, plain.stderr[-3000:]
+    return printed
 
+
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_parity_plain_torchrun_vs_torchyard_and_sdk_noop_outside(
+    request: pytest.FixtureRequest, live_server_factory: Callable[..., LiveServer],
+    script_dir: Path, plain_losses: dict[tuple[int, int], float], warm: bool,
+) -> None:
+    args, printed = PARITY_ARGS, plain_losses
     if warm:
         server: LiveServer = request.getfixturevalue("server")
     else:  # cold: a server of its own (warm ranks are on by default, tests/conftest.py)
@@ -300,7 +311,11 @@ def test_parity_plain_torchrun_vs_torchyard_and_sdk_noop_outside(
     job_id = _submit(server, {"entrypoint": "minimal_ddp.py", "args": args, "nproc_per_node": 2})
     job = server.wait_for(job_id, {"succeeded"})
     if warm:  # the agent and both ranks were warm processes, none fell back to a cold start
-        assert wait_warm(server, idle=0)["served"] >= served + 3
+        # /resources reports the pool as last polled: await the count, do not read it once.
+        deadline = time.monotonic() + 30
+        while (pool := wait_warm(server, idle=0))["served"] < served + 3:
+            assert time.monotonic() < deadline, pool
+            time.sleep(0.2)
         assert "starting cold" not in rank_logs(server, job_id)
     assert job["running_at"] is not None, "the first report marked the ranks ready"
     reported = {(m["rank"], m["epoch"]): m["value"] for m in _metrics(server, job_id)

@@ -83,6 +83,9 @@ class Server:
     # The torchyard processes using this server (one per `serve` worker); when all are gone, drain.
     owners: set[int] = field(default_factory=set)
     lock_fd: int | None = None  # held (flock) while serving: no second server at this socket
+    # No rank ran since a sweep found no stray child: nothing can be re-parented here until the
+    # next hand-off, so the sweep skips its scan of every process (~2-6 ms, twice a second).
+    settled: bool = False
     pid: int = field(default_factory=os.getpid)
 
     # --- children -------------------------------------------------------------------------
@@ -170,6 +173,8 @@ class Server:
             self.sel.unregister(channel)
             channel.close()
         active = self.active.pop(pid, None)
+        if active is not None:
+            self.settled = False  # what the rank started is re-parented here now
         if active is not None and active.conn is not None:
             self._reply(active.conn, {"exit": os.waitstatus_to_exitcode(status)})
             self._drop(active.conn)
@@ -181,10 +186,13 @@ class Server:
             self.owners = {pid for pid in self.owners if proctree.exists(pid)}
             if not self.owners:
                 self.drain()
+        if self.settled and not self.active:
+            return
         known = set(self.idle) | set(self.active)
-        for pid in proctree.children():
-            if pid not in known:
-                proctree.kill_tree(pid)
+        strays = [pid for pid in proctree.children() if pid not in known]
+        for pid in strays:
+            proctree.kill_tree(pid)
+        self.settled = not strays and not self.active
 
     # --- connections ----------------------------------------------------------------------
     def _reply(self, conn: socket.socket, obj: object) -> None:
