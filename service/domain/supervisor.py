@@ -295,7 +295,7 @@ class Supervisor:
     def _idle(self) -> bool:
         """Nothing to stop, pause, reap, resume or advance: this process watches no group, the
         queue did not change, and the database has no unfinished job or running sweep. Then a
-        tick is one read, not one per step (an idle server stays under 1 % of a core); a job
+        tick is one read, not one per step (docs/benchmarks.md, finding 10: an idle server); a job
         submitted through another process is seen by that read on the next tick (an idle
         loop ticks every ``IDLE_POLL_S``, a busy one every ``poll_interval_s``)."""
         watched = self.ctx.watched

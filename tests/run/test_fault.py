@@ -1,7 +1,6 @@
 """Fault tolerance with real processes and real signals: dying ranks, a dying server, hangs."""
 
 import json
-import os
 import signal
 import time
 from collections import Counter
@@ -45,30 +44,9 @@ def _assert_gone(pids: list[int]) -> None:
             time.sleep(0.1)
 
 
-def test_sigkill_one_rank_restarts_from_checkpoint(live_server_factory) -> None:  # type: ignore[no-untyped-def]
-    # Cold: the ranks are the shim's descendants (tests/test_warm_jobs.py: a warm rank's SIGKILL).
-    server = live_server_factory(TORCHYARD_TEST_EPOCH_SLEEP_S="0.7", TORCHYARD_WARM_RANKS="false")
-    spec = {"dataset": "synthetic", "epochs": 6, "nproc_per_node": 2, "max_restarts": 1}
-    with server.client() as c:
-        job_id = c.post("/jobs", json=spec).json()["id"]
-    job = server.wait_for(job_id, {"running"})
-    _wait_records(server, job_id, lambda rs: sum(r["name"] == "loss" for r in rs) >= 4)
-    os.kill(_rank_pids(job["pid"])[1], signal.SIGKILL)
-
-    job = server.wait_for(job_id, {"succeeded"}, timeout_s=120)
-    assert [a["number"] for a in job["attempts"]] == [1, 2]
-    assert job["attempts"][0]["exit_code"] != 0 and job["attempts"][1]["exit_code"] == 0
-    codes = job["attempts"][0]["rank_exit_codes"]
-    assert codes["1"] == -signal.SIGKILL and codes.get("0", -signal.SIGTERM) != 0, codes
-    assert job["attempts"][1]["rank_exit_codes"] == {"0": 0, "1": 0}
-    items = every_record(server, job_id)
-    _no_duplicates(items)
-    resumed = {i["rank"]: i["value"] for i in items
-               if i["attempt"] == 2 and i["name"] == "resumed_from_epoch"}
-    assert set(resumed) == {0, 1} and resumed[0] == resumed[1] >= 2, resumed
-    start = int(resumed[0])
-    final = {(i["rank"], i["epoch"]) for i in items if i["attempt"] == 2 and i["name"] == "loss"}
-    assert final == {(r, e) for r in (0, 1) for e in range(start + 1, 7)}
+# A SIGKILLed rank and the resume from its checkpoint: warm ranks in
+# tests/warm/test_warm_jobs.py::test_sigkill_of_a_warm_rank_restarts_from_checkpoint, cold ones
+# on two Slurm nodes in tests/slurm/test_slurm.py (a cold group here cost ~20 CPU s).
 
 
 @both_stores

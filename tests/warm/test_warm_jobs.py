@@ -5,6 +5,7 @@ and that no process of a job outlives it."""
 import os
 import signal
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -12,7 +13,14 @@ import psutil
 import pytest
 
 from service.executor.warmpool import ask, socket_path
-from tests.conftest import LiveServer, _copy_sqlite, _start_server, _stop_server, hooks
+from tests.conftest import (
+    LiveServer,
+    _copy_sqlite,
+    _start_server,
+    _stop_server,
+    every_record,
+    hooks,
+)
 from tests.warm.warmjobs import WARM_ENV, rank_logs, wait_warm
 
 
@@ -114,21 +122,34 @@ def test_cancel_warm_job_leaves_no_process(server: LiveServer) -> None:
 
 @pytest.mark.slow
 def test_sigkill_of_a_warm_rank_restarts_from_checkpoint(server: LiveServer) -> None:
-    spec = {"dataset": "synthetic", "epochs": 5, "nproc_per_node": 2, "max_restarts": 1,
+    """A rank SIGKILLed mid-epoch: the next attempt resumes both ranks from the last checkpoint
+    and every record is kept once. (Cold ranks: the Slurm executor's
+    tests/slurm/test_slurm.py::test_sigkill_rank_on_second_node_restarts_from_checkpoint.)"""
+    spec = {"dataset": "synthetic", "epochs": 6, "nproc_per_node": 2, "max_restarts": 1,
             "labels": hooks(epoch_sleep_s=0.7)}
     with server.client() as c:
         job_id = c.post("/jobs", json=spec).json()["id"]
         server.wait_for(job_id, {"running"})
         deadline = time.monotonic() + 90
         while sum(m["name"] == "loss" for m in
-                  c.get(f"/jobs/{job_id}/metrics").json()["items"]) < 2:
+                  c.get(f"/jobs/{job_id}/metrics").json()["items"]) < 4:
             assert time.monotonic() < deadline
             time.sleep(0.3)
     os.kill(wait_warm_ranks(server, job_id, 2)["1"], signal.SIGKILL)
     job = server.wait_for(job_id, {"succeeded"}, timeout_s=120)
     assert [a["number"] for a in job["attempts"]] == [1, 2]
-    assert job["attempts"][0]["rank_exit_codes"]["1"] == -signal.SIGKILL
+    assert job["attempts"][0]["exit_code"] != 0
+    codes = job["attempts"][0]["rank_exit_codes"]
+    assert codes["1"] == -signal.SIGKILL and codes.get("0", -signal.SIGTERM) != 0, codes
     assert job["attempts"][1]["rank_exit_codes"] == {"0": 0, "1": 0}
+    items = every_record(server, job_id)
+    keys = Counter((i["attempt"], i["rank"], i["epoch"], i["step"], i["name"]) for i in items)
+    assert max(keys.values()) == 1, "a record stored twice"
+    resumed = {i["rank"]: i["value"] for i in items
+               if i["attempt"] == 2 and i["name"] == "resumed_from_epoch"}
+    assert set(resumed) == {0, 1} and resumed[0] == resumed[1] >= 2, resumed
+    final = {(i["rank"], i["epoch"]) for i in items if i["attempt"] == 2 and i["name"] == "loss"}
+    assert final == {(r, e) for r in (0, 1) for e in range(int(resumed[0]) + 1, 7)}
 
 
 @pytest.mark.slow
