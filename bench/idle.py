@@ -14,9 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 from bench.common import Row
+from bench.endpath import wait_warm
 from bench.server import Server
 
 PEER = (
@@ -37,15 +36,6 @@ def peer_throughput(seconds: float) -> int:
     return sum(int(p.communicate()[0]) for p in procs)
 
 
-def wait_ready(server: Server, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while (warm := httpx.get(f"{server.url}/resources", timeout=5).json().get("warm")) and \
-            warm.get("state") != "ready":
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"warm pool not ready: {warm}")
-        time.sleep(0.3)
-
-
 def run(smoke: bool) -> list[Row]:
     count, seconds = (2, 2.0) if smoke else (8, 20.0)
     alone = peer_throughput(seconds)
@@ -54,7 +44,7 @@ def run(smoke: bool) -> list[Row]:
                    for i in range(count)]
         try:
             for server in servers:
-                wait_ready(server)
+                wait_warm(server, idle=0)
             time.sleep(0 if smoke else SETTLE_S)
             beside = peer_throughput(seconds)
         finally:

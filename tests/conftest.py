@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -251,6 +252,12 @@ def every_record(server: LiveServer, job_id: int) -> list[dict]:
             items += page
             after = page[-1]["seq"]
     return items
+
+
+def assert_each_record_once(items: list[dict]) -> None:
+    """No record stored twice: each (attempt, rank, epoch, step, name) at most once."""
+    keys = Counter((i["attempt"], i["rank"], i["epoch"], i["step"], i["name"]) for i in items)
+    assert max(keys.values()) == 1, [k for k, n in keys.items() if n > 1]
 
 
 def _start_server(

@@ -3,12 +3,18 @@
 import json
 import signal
 import time
-from collections import Counter
 
 import httpx
 import psutil
 
-from tests.conftest import ADOPTS_ONLY, LiveServer, both_stores, every_record, hooks
+from tests.conftest import (
+    ADOPTS_ONLY,
+    LiveServer,
+    assert_each_record_once,
+    both_stores,
+    every_record,
+    hooks,
+)
 
 
 def _rank_pids(shim_pid: int) -> dict[int, int]:
@@ -29,11 +35,6 @@ def _wait_records(server: LiveServer, job_id: int, pred, timeout_s: float = 90) 
     while not pred(every_record(server, job_id)):
         assert time.monotonic() < deadline, "records did not arrive"
         time.sleep(0.3)
-
-
-def _no_duplicates(items: list[dict]) -> None:
-    keys = Counter((i["attempt"], i["rank"], i["epoch"], i["step"], i["name"]) for i in items)
-    assert max(keys.values()) == 1
 
 
 def _assert_gone(pids: list[int]) -> None:
@@ -66,7 +67,7 @@ def test_server_sigkill_and_restart_keeps_job_and_every_record(live_server_facto
                                 **ADOPTS_ONLY)
     job = again.wait_for(job_id, {"succeeded"}, timeout_s=120)
     items = every_record(again, job_id)
-    _no_duplicates(items)
+    assert_each_record_once(items)
     losses = {(i["rank"], i["epoch"]) for i in items if i["name"] == "loss"}
     assert losses == {(r, e) for r in (0, 1) for e in range(1, 9)}
     assert len(items) == len({(i["rank"], i["epoch"], i["name"]) for i in items})
@@ -92,7 +93,7 @@ def test_server_down_for_the_end_of_a_job(live_server_factory) -> None:  # type:
     job = again.wait_for(job_id, {"succeeded"}, timeout_s=30)
     assert job["exit_code"] == 0
     items = every_record(again, job_id)
-    _no_duplicates(items)
+    assert_each_record_once(items)
     losses = {(i["rank"], i["epoch"]) for i in items if i["name"] == "loss"}
     assert losses == {(r, e) for r in (0, 1) for e in range(1, 7)}
 
@@ -123,7 +124,7 @@ def test_server_killed_between_starting_a_shim_and_storing_it_keeps_the_job(live
     job = again.wait_for(job_id, {"succeeded"}, timeout_s=120)
     assert job["pid"] == shim and len(job["attempts"]) == 1
     items = every_record(again, job_id)
-    _no_duplicates(items)
+    assert_each_record_once(items)
     losses = {(i["rank"], i["epoch"]) for i in items if i["name"] == "loss"}
     assert losses == {(r, e) for r in (0, 1) for e in range(1, 5)}
 

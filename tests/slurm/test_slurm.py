@@ -22,6 +22,7 @@ from tests.conftest import (
     REPO_ROOT,
     LiveServer,
     add_script,
+    assert_each_record_once,
     every_record,
     hooks,
     slurm_state,
@@ -38,11 +39,6 @@ def _wait_records(server: LiveServer, job_id: int, pred, timeout_s: float = 90) 
         assert time.monotonic() < deadline, "records did not arrive"
         time.sleep(0.3)
     return items
-
-
-def _exactly_once(items: list[dict]) -> None:
-    keys = Counter((i["attempt"], i["rank"], i["epoch"], i["step"], i["name"]) for i in items)
-    assert max(keys.values()) == 1, [k for k, n in keys.items() if n > 1]
 
 
 def _job_processes(server: LiveServer, job_id: int) -> list[psutil.Process]:
@@ -107,7 +103,7 @@ def test_two_node_builtin_job_reports_every_rank_from_both_nodes(
     job = server.wait_for(job_id, {"succeeded"}, timeout_s=120)
     assert job["attempts"][0]["rank_exit_codes"] == {"0": 0, "1": 0}
     items = every_record(server, job_id)
-    _exactly_once(items)
+    assert_each_record_once(items)
     assert {(i["rank"], i["epoch"]) for i in items if i["name"] == "loss"} == {
         (r, e) for r in (0, 1) for e in (1, 2, 3)}
     with server.client() as c:
@@ -138,7 +134,7 @@ def test_two_node_script_job_mnist_example(
         }).json()["id"]
     server.wait_for(job_id, {"succeeded"}, timeout_s=180)
     items = every_record(server, job_id)
-    _exactly_once(items)
+    assert_each_record_once(items)
     losses = {(i["rank"], i["epoch"]) for i in items if i["name"] == "loss"}
     assert losses == {(r, e) for r in (0, 1) for e in (1, 2)}
 
@@ -160,7 +156,7 @@ def test_sigkill_rank_on_second_node_restarts_from_checkpoint(server: LiveServer
     assert job["attempts"][0]["exit_code"] != 0 and job["attempts"][1]["exit_code"] == 0
     assert job["attempts"][0]["rank_exit_codes"]["1"] == -signal.SIGKILL
     items = every_record(server, job_id)
-    _exactly_once(items)
+    assert_each_record_once(items)
     resumed = {i["rank"]: i["value"] for i in items
                if i["attempt"] == 2 and i["name"] == "resumed_from_epoch"}
     assert set(resumed) == {0, 1} and resumed[0] == resumed[1] >= 2, resumed
@@ -220,7 +216,7 @@ def test_server_sigkill_and_restart_readopts_by_slurm_job_id(
     job = again.wait_for(job_id, {"succeeded"}, timeout_s=120)
     assert job["exit_code"] == 0 and [a["number"] for a in job["attempts"]] == [1]
     items = every_record(again, job_id)
-    _exactly_once(items)
+    assert_each_record_once(items)
     losses = {(i["rank"], i["epoch"]) for i in items if i["name"] == "loss"}
     assert losses == {(r, e) for r in (0, 1) for e in range(1, 9)}
     assert "re-adopted (slurm" in again.log.read_text()
@@ -270,7 +266,7 @@ def test_job_slurm_purged_while_the_server_was_down_still_ends_right(
     job = again.wait_for(job_id, {"succeeded"}, timeout_s=60)
     assert job["exit_code"] == 0 and job["attempts"][0]["rank_exit_codes"] == {"0": 0, "1": 0}
     items = every_record(again, job_id)
-    _exactly_once(items)
+    assert_each_record_once(items)
     assert {(i["rank"], i["epoch"]) for i in items if i["name"] == "loss"} == {
         (r, e) for r in (0, 1) for e in (1, 2)}
 

@@ -5,7 +5,6 @@ and that no process of a job outlives it."""
 import os
 import signal
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,10 +17,11 @@ from tests.conftest import (
     _copy_sqlite,
     _start_server,
     _stop_server,
+    assert_each_record_once,
     every_record,
     hooks,
 )
-from tests.warm.warmjobs import WARM_ENV, rank_logs, wait_warm
+from tests.warm.warmjobs import WARM_ENV, rank_logs, wait_served, wait_warm
 
 
 @pytest.fixture(scope="module")
@@ -85,11 +85,7 @@ def test_warm_job_reports_and_pool_is_reported_without_cuda(server: LiveServer) 
                   c.get(f"/jobs/{job_id}/metrics").json()["items"] if m["name"] == "loss"}
         assert losses == {(r, e) for r in (0, 1) for e in (1, 2)}
         assert job["attempts"][0]["rank_exit_codes"] == {"0": 0, "1": 0}
-        # torchrun's agent and both ranks; /resources reports the pool as last polled: await it.
-        deadline = time.monotonic() + 30
-        while (after := c.get("/resources").json()["warm"])["served"] < before["served"] + 3:
-            assert time.monotonic() < deadline, after
-            time.sleep(0.2)
+        wait_served(server, before["served"] + 3)  # torchrun's agent and both ranks
         metrics = c.get("/metrics").text
     assert "starting cold" not in rank_logs(server, job_id)
     for rank in (0, 1):
@@ -143,8 +139,7 @@ def test_sigkill_of_a_warm_rank_restarts_from_checkpoint(server: LiveServer) -> 
     assert codes["1"] == -signal.SIGKILL and codes.get("0", -signal.SIGTERM) != 0, codes
     assert job["attempts"][1]["rank_exit_codes"] == {"0": 0, "1": 0}
     items = every_record(server, job_id)
-    keys = Counter((i["attempt"], i["rank"], i["epoch"], i["step"], i["name"]) for i in items)
-    assert max(keys.values()) == 1, "a record stored twice"
+    assert_each_record_once(items)
     resumed = {i["rank"]: i["value"] for i in items
                if i["attempt"] == 2 and i["name"] == "resumed_from_epoch"}
     assert set(resumed) == {0, 1} and resumed[0] == resumed[1] >= 2, resumed

@@ -23,6 +23,16 @@ def wait_warm(server: LiveServer, idle: int = 3) -> dict:
             time.sleep(0.3)
 
 
+def wait_served(server: LiveServer, at_least: int, timeout_s: float = 30) -> dict:
+    """Until the pool has handed off ``at_least`` processes; its /resources entry. Awaited, not
+    read once: /resources reports the pool as the server last polled it (every second)."""
+    deadline = time.monotonic() + timeout_s
+    while (warm := wait_warm(server, idle=0))["served"] < at_least:
+        assert time.monotonic() < deadline, warm
+        time.sleep(0.2)
+    return warm
+
+
 def rank_logs(server: LiveServer, job_id: int) -> str:
     root = server.home / "runs" / str(job_id) / "logs"
     return "".join(p.read_text() for p in sorted(root.glob("**/*.log")))

@@ -6,7 +6,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from service.domain.scriptpath import rank_program
 from service.run.torchrun import LaunchRequest, build_command
 from service.settings import Settings
 from tests.conftest import REPO_ROOT, LiveServer, add_script, free_port
-from tests.warm.warmjobs import rank_logs, wait_warm
+from tests.warm.warmjobs import rank_logs, wait_served, wait_warm
 from tests.worker.tinymnist import write_tiny_mnist
 from torchyard_contract.launch import LaunchConfig
 from torchyard_contract.rundir import RunDir
@@ -311,11 +310,7 @@ def test_parity_plain_torchrun_vs_torchyard_and_sdk_noop_outside(
     job_id = _submit(server, {"entrypoint": "minimal_ddp.py", "args": args, "nproc_per_node": 2})
     job = server.wait_for(job_id, {"succeeded"})
     if warm:  # the agent and both ranks were warm processes, none fell back to a cold start
-        # /resources reports the pool as last polled: await the count, do not read it once.
-        deadline = time.monotonic() + 30
-        while (pool := wait_warm(server, idle=0))["served"] < served + 3:
-            assert time.monotonic() < deadline, pool
-            time.sleep(0.2)
+        wait_served(server, served + 3)
         assert "starting cold" not in rank_logs(server, job_id)
     assert job["running_at"] is not None, "the first report marked the ranks ready"
     reported = {(m["rank"], m["epoch"]): m["value"] for m in _metrics(server, job_id)

@@ -181,7 +181,9 @@ class Server:
 
     def sweep(self) -> None:
         """Kill what an ended child left behind (re-parented here: the server is a subreaper);
-        drain when every torchyard process that owns this one is gone (no one would stop it)."""
+        drain when every torchyard process that owns this one is gone (no one would stop it).
+        Skips the scan while ``settled``: a rank's end (``_ended``) unsettles it, even one that
+        started and ended between two sweeps."""
         if self.owners:
             self.owners = {pid for pid in self.owners if proctree.exists(pid)}
             if not self.owners:
