@@ -7,12 +7,14 @@ database. Without PostgreSQL installed that half is skipped with the reason, exc
 (``CI=true``), where it fails.
 """
 
+import compileall
 import importlib.util
 import os
 import shutil
 import signal
 import socket
 import sqlite3
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -21,6 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -48,6 +51,10 @@ os.environ.setdefault("TORCHYARD_WARM_RANKS", "true")
 # needs no warm pool (~3 CPU s and the wait for the pool, per restart).
 ADOPTS_ONLY = {"TORCHYARD_WARM_RANKS": "false"}
 TERMINAL = {"succeeded", "failed", "cancelled"}
+# One TLS context for every client a test makes (``LiveServer.client``, the start-up poll):
+# httpx otherwise builds one per client, loading certifi's CA bundle (~40 ms of CPU each), for
+# servers that are plain http on loopback. Thousands of clients a run: about 60 CPU s.
+LOOPBACK_TLS = ssl.create_default_context()
 STORES = ["sqlite", "postgresql"]
 # Run a test once per store (the ``store`` fixture below reads the parameter).
 both_stores = pytest.mark.parametrize("store", STORES, indirect=True)
@@ -84,6 +91,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--bench", action="store_true",
         help="also run the benchmarks at smoke sizes (marker 'bench'; CI: pytest --bench -m bench)",
     )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Byte-compile the project once, before any worker or server starts: a run starts ~2,500
+    Python processes (servers, attempt loops, tees, ranks), and where ``PYTHONDONTWRITEBYTECODE``
+    is set none of them writes a ``.pyc``, so each compiled every module it imported anew
+    (~0.2 CPU s of a server start). Python still reads ``.pyc`` files under that setting."""
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller did it
+        return
+    for package in ("service", "worker", "torchyard_contract", "migrations", "tests"):
+        compileall.compile_dir(REPO_ROOT / package, quiet=2, workers=1)
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
@@ -224,7 +242,7 @@ class LiveServer:
 
     def client(self) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        return httpx.Client(base_url=self.url, timeout=10, headers=headers)
+        return httpx.Client(base_url=self.url, timeout=10, headers=headers, verify=LOOPBACK_TLS)
 
     def wait_for(
         self, job_id: int, states: set[str], timeout_s: float = 120,
@@ -242,6 +260,24 @@ class LiveServer:
                 assert job["state"] in allowed, f"unexpected state {job['state']}: {job['reason']}"
                 assert time.monotonic() < deadline, f"timed out waiting for {states}: {job}"
                 time.sleep(0.2)
+
+
+def assert_no_slot_held_twice(jobs: list[dict]) -> None:
+    """No two of the finished ``jobs`` held one GPU or slot at the same time, by their own times:
+    ``ended_at`` is taken before a job's resources are freed and ``started_at`` in the transaction
+    that allocates them. (A job's ``devices`` stay on it once they are freed, while the finisher
+    still stores its spools, so sampling running jobs' devices shows a freed slot twice.) At least
+    two of them must have run at the same time, or the check would prove nothing."""
+    ran = [j for j in jobs if j["started_at"]]
+    side_by_side = 0
+    for i, a in enumerate(ran):
+        for b in ran[i + 1:]:
+            apart = (datetime.fromisoformat(a["ended_at"]) <= datetime.fromisoformat(b["started_at"])
+                     or datetime.fromisoformat(b["ended_at"]) <= datetime.fromisoformat(a["started_at"]))
+            if set(a["devices"]) & set(b["devices"]):
+                assert apart, f"a slot held by two jobs at once: {a} {b}"
+            side_by_side += not apart
+    assert side_by_side, "no two jobs ran at the same time: the check proved nothing"
 
 
 def every_record(server: LiveServer, job_id: int) -> list[dict]:
@@ -308,19 +344,20 @@ def _start_server_on(
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
-    while True:
-        if proc.poll() is not None:
-            text = log.read_text()
-            if "address already in use" in text.lower():
-                raise _PortTaken(f"port {port} taken:\n{text[-2000:]}")
-            raise AssertionError(f"server exited:\n{text}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "server did not answer in 30 s"
-        time.sleep(0.1)
+    with httpx.Client(timeout=1, verify=LOOPBACK_TLS) as poll:
+        while True:
+            if proc.poll() is not None:
+                text = log.read_text()
+                if "address already in use" in text.lower():
+                    raise _PortTaken(f"port {port} taken:\n{text[-2000:]}")
+                raise AssertionError(f"server exited:\n{text}")
+            try:
+                if poll.get(f"{url}/healthz").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "server did not answer in 30 s"
+            time.sleep(0.1)
     tokens = [t for t in env.get("TORCHYARD_API_TOKENS", "").split(",") if t.strip()]
     server = LiveServer(url=url, port=port, home=home, proc=proc, log=log,
                         token=tokens[0].strip() if tokens else None)

@@ -159,7 +159,11 @@ class Reporter:
         env = self._env
         url = f"{env.api_url}/jobs/{env.job_id}/records"
         headers = {"Authorization": f"Bearer {env.job_token}"} if env.job_token else {}
-        with httpx.Client(timeout=HTTP_TIMEOUT_S, headers=headers) as client:
+        # Certificates are verified for an https API; a plain-http one (the server on this host,
+        # the usual case) has none, and httpx's default context would load certifi's CA bundle
+        # for nothing: ~40 ms of CPU in every rank.
+        verify = url.startswith("https://")
+        with httpx.Client(timeout=HTTP_TIMEOUT_S, headers=headers, verify=verify) as client:
             while not self._abort.is_set():
                 try:
                     # Once closing, drain without waiting: the rank exits as soon as it is sent.

@@ -32,7 +32,7 @@ from service.domain.admission import AdmissionRefused, require_tokens_for_script
 from service.domain.jobtoken import new_token
 from service.settings import Settings
 from service.store import repository as repo
-from tests.conftest import REPO_ROOT, LiveServer, both_stores, free_port
+from tests.conftest import LOOPBACK_TLS, REPO_ROOT, LiveServer, both_stores, free_port
 from torchyard_contract.childenv import environ_for_children
 from torchyard_contract.spec import JobSpec
 from torchyard_contract.state import JobState
@@ -477,7 +477,8 @@ def test_serve_binds_public_with_insecure_or_tokens(tmp_path: Path, how: str) ->
         while True:
             assert proc.poll() is None, proc.communicate()[0]
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1,
+                             verify=LOOPBACK_TLS).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass

@@ -1,16 +1,18 @@
 """Chart routes for the dashboard: a metric as downsampled per-rank lines, and job progress."""
 
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from service.api.deps import JOB_ID_MAX, JobDep, SessionDep
 from service.api.schemas import MetricValue
-from service.domain.downsample import Line, build_lines
 from service.store import series
 from torchyard_contract.records import decode_value, to_wire
 from torchyard_contract.state import JobState
+
+if TYPE_CHECKING:
+    from service.domain.downsample import Line
 
 router = APIRouter(tags=["dashboard"])
 SERIES_POINTS_DEFAULT = 2000
@@ -54,7 +56,7 @@ class ProgressList(BaseModel):
     items: list[Progress]
 
 
-def _line(line: Line) -> SeriesLine:
+def _line(line: "Line") -> SeriesLine:
     y = [to_wire(v) for v in line.y]
     return SeriesLine(rank=line.rank, attempt=line.attempt, x=line.x, y=y, points=line.points)
 
@@ -69,6 +71,10 @@ def read_series(
 ) -> SeriesPage:
     """One metric of a job for charts: a line per (rank, attempt) plus the cross-rank mean, each
     downsampled to at most ``max_points`` (first, last and extreme points always kept)."""
+    # Imported on the first chart read, not at start-up: numpy and tsdownsample are ~0.15 CPU s
+    # of every server start, which most servers (and every ``--workers`` process) never use.
+    from service.domain.downsample import build_lines
+
     job_id = job.id
     state = JobState(job.state)
     # Read the cursor before the rows: a record stored in between is in the rows and makes the

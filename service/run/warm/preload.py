@@ -7,6 +7,7 @@ differs (:func:`import_time_mismatch`), a preloaded package the job's path has i
 (:func:`shadowed`), CUDA initialised — or None. See ``service.run.warm.server``.
 """
 
+import gc
 import importlib
 import importlib.machinery
 import os
@@ -92,16 +93,28 @@ def environ_reads() -> Iterator[set[str]]:
 
 
 def preload(modules: list[str]) -> None:
-    """Import what ranks would import first; a module that is missing is skipped."""
-    with environ_reads() as read:
-        for name in modules:
-            try:
-                importlib.import_module(name)
-            except ImportError as exc:
-                print(f"warm server: not preloading {name}: {exc}", file=sys.stderr, flush=True)
-                continue
-            PRELOADED.append(name)
-    READ_AT_IMPORT.update(read)
+    """Import what ranks would import first; a module that is missing is skipped.
+
+    The garbage collector is off meanwhile: importing torch and torch._dynamo makes ~500,000
+    objects, and the collections they set off took a quarter of the preload's CPU (5.4 → 4.1 CPU
+    s, measured). The few cycles it would have freed (~8 MiB) are frozen with the rest after it
+    (``gc.freeze`` in the server) and shared by every child."""
+    gc_was_on = gc.isenabled()
+    gc.disable()
+    try:
+        with environ_reads() as read:
+            for name in modules:
+                try:
+                    importlib.import_module(name)
+                except ImportError as exc:
+                    print(f"warm server: not preloading {name}: {exc}", file=sys.stderr,
+                          flush=True)
+                    continue
+                PRELOADED.append(name)
+        READ_AT_IMPORT.update(read)
+    finally:
+        if gc_was_on:
+            gc.enable()
 
 
 def refusal(message: dict) -> str | None:
