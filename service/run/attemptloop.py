@@ -43,7 +43,7 @@ import sys
 import time
 from pathlib import Path
 
-from service.run import ranktee, retrydecision, stacks
+from service.run import fastexit, ranktee, retrydecision, stacks
 from service.run.exitreason import describe_exit, failed_rank_exit_codes
 from service.run.pausing import PAUSED_REASON, PauseWatch
 from service.run.proctree import (
@@ -185,9 +185,13 @@ class Shim:
         """Start one attempt's group: torchrun here, or (slurm) one torchrun per node via srun."""
         # Each rank under service.run.ranktee: both streams also in one file, in the order written.
         # Warm: the tee (stdlib only, quick to start cold) runs the relay, whose warm process
-        # becomes the rank program itself.
-        relay = (str(RELAY_PATH), self.warm_socket) if self.warm_socket else ()
-        program = ranktee.wrap(self.run, number, (*relay, *self.config.rank_program(self.run)))
+        # becomes the rank program itself. Cold: a ``-m`` program ends without tearing torch down.
+        rank_program = tuple(self.config.rank_program(self.run))
+        if self.warm_socket:
+            rank_program = (str(RELAY_PATH), self.warm_socket, *rank_program)
+        else:
+            rank_program = fastexit.wrap(rank_program)
+        program = ranktee.wrap(self.run, number, rank_program)
         if self.launcher != "slurm":
             req = LaunchRequest(
                 job_id=self.config.job_id,

@@ -1,9 +1,11 @@
 """Ending a program as ``python`` does, short of tearing the interpreter down.
 
 ``python -m service.run.fastexit -m MODULE ARGS`` runs ``MODULE`` as ``python -m MODULE ARGS``
-would and ends the process with :func:`finish`. The shim starts torchrun's agent this way (cold
-starts; a warm agent ends through the same :func:`finish`): tearing down the torch the agent
-imported took 0.5–2.5 s on 2 cores after its last statement, all of it between the job's end and
+would and ends the process with :func:`finish`. The attempt loop starts torchrun's agent this way
+when cold (here and on every Slurm node), and a cold rank whose program is ``-m MODULE`` (the
+built-in trainer, a script job's module; :func:`wrap`); warm ones end through the same
+:func:`finish`. Tearing down the torch a process imported took 0.5–2.5 s on 2 cores after its
+last statement (0.65 CPU s measured for torchrun's agent), all of it between the job's end and
 ``succeeded``.
 
 :func:`finish` does what ``Py_FinalizeEx`` does that a program can observe — join the non-daemon
@@ -26,6 +28,7 @@ import threading
 import traceback
 from typing import NoReturn
 
+MODULE = "service.run.fastexit"  # what ``python -m`` runs: this module
 _FILE_TYPES = frozenset({io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom})
 
 
@@ -82,6 +85,15 @@ def flush_open_files() -> None:
                 print(f"Exception ignored while flushing {stream!r}: {exc!r}", file=sys.stderr)
             except Exception:  # noqa: BLE001
                 pass
+
+
+def wrap(program: tuple[str, ...]) -> tuple[str, ...]:
+    """A cold rank's ``python`` arguments ending through :func:`finish`: ``-m MODULE ARGS``
+    under this module; a script path as it is (``python SCRIPT`` puts the script's directory,
+    not the working directory, first on ``sys.path``, which ``-m`` here would not). Pure."""
+    if len(program) >= 2 and program[0] == "-m":
+        return ("-m", MODULE, *program)
+    return program
 
 
 def run_module(argv: list[str]) -> NoReturn:

@@ -10,6 +10,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from service.run import fastexit
 from service.run.proctree import ProcessGroupHandle
 from torchyard_contract.childenv import environ_for_children
 
@@ -46,7 +47,7 @@ def build_command(req: LaunchRequest) -> list[str]:
     """
     # Cold, the agent ends without tearing torch down (service.run.fastexit); warm, the warm
     # process ends that way.
-    start = list(req.relay) if req.relay is not None else ["-m", "service.run.fastexit"]
+    start = list(req.relay) if req.relay is not None else ["-m", fastexit.MODULE]
     return [
         req.python,
         *start,
