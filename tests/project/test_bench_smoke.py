@@ -22,6 +22,7 @@ HEADLINE = {
     "stacks": "2 ranks on demand: wall (median)",  # 8 in the full run
     "pause": "pause → slots free (p50)",
     "idle": "what one idle server takes",
+    "procstart": "warm preload: CPU, as served / plain imports",
 }
 
 

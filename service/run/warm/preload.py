@@ -96,9 +96,9 @@ def preload(modules: list[str]) -> None:
     """Import what ranks would import first; a module that is missing is skipped.
 
     The garbage collector is off meanwhile: importing torch and torch._dynamo makes ~500,000
-    objects, and the collections they set off took a quarter of the preload's CPU (5.4 → 4.1 CPU
-    s, measured). The few cycles it would have freed (~8 MiB) are frozen with the rest after it
-    (``gc.freeze`` in the server) and shared by every child."""
+    objects, and the collections they set off took a sixth of the preload's CPU (2.96 → 2.47 CPU
+    s, ``bench/procstart.py``). The few cycles it would have freed (~8 MiB) are frozen with the
+    rest after it (``gc.freeze`` in the server) and shared by every child."""
     gc_was_on = gc.isenabled()
     gc.disable()
     try:

@@ -1,0 +1,83 @@
+"""The CPU of what torchyard starts over and over — warm servers, cold torchrun agents, HTTP
+clients in ranks — each beside the way it was done before, in one run, alternating.
+
+CPU seconds of a child process (user + system, ``RUSAGE_CHILDREN``), medians over rounds:
+
+* the warm server's preload (the default ``TORCHYARD_WARM_PRELOAD``), as the server runs it
+  (``service.run.warm.preload.preload``: the garbage collector off meanwhile) and as plain imports
+  with the collector on, each ended by ``os._exit`` as the server ends;
+* a cold torchrun agent from start to exit (``torch.distributed.run --help``: its imports and
+  argument parsing), through ``service.run.fastexit`` and plain, which tears torch down at exit;
+* beside them, a bare interpreter (``python -c pass``): the floor of any process start.
+
+And in this process: an ``httpx.Client`` built with the default TLS context (certifi's CA bundle
+loaded per client, as every rank's reporter did) against one for a plain-http URL (what the
+reporter does now), per client.
+"""
+
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import httpx
+
+from bench.common import Row
+from service.settings import Settings
+
+REPO = __file__.rsplit("/bench/", 1)[0]
+
+
+def child_cpu(argv: list[str]) -> float:
+    """CPU seconds (user + system) of running ``argv`` to its end."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(argv, cwd=REPO, check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def per_client_ms(make: Callable[[], httpx.Client], n: int) -> float:
+    started = time.process_time()
+    for _ in range(n):
+        make().close()
+    return (time.process_time() - started) / n * 1000
+
+
+def run(smoke: bool) -> list[Row]:
+    rounds, clients = (1, 5) if smoke else (5, 50)
+    modules = Settings.model_fields["warm_preload"].default
+    py = sys.executable
+    cases = {
+        "bare": [py, "-c", "pass"],
+        # Both end with os._exit, as the warm server does (no teardown): the preload alone.
+        "preload": [py, "-c", "import os; from service.run.warm.preload import preload; "
+                    f"preload({modules!r}); os._exit(0)"],
+        "plain imports": [py, "-c", f"import os, {', '.join(modules)}; os._exit(0)"],
+        "agent, fastexit": [py, "-m", "service.run.fastexit", "-m", "torch.distributed.run",
+                            "--help"],
+        "agent, plain": [py, "-m", "torch.distributed.run", "--help"],
+    }
+    cpu: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(rounds):  # alternating, so that load on the host falls on every case alike
+        for name, argv in cases.items():
+            cpu[name].append(child_cpu(argv))
+    med = {name: statistics.median(values) for name, values in cpu.items()}
+    default_tls = per_client_ms(httpx.Client, clients)
+    plain_http = per_client_ms(lambda: httpx.Client(verify=False), clients)
+    note = f"median of {rounds}; CPU s of the child, user + system"
+    return [
+        Row("procstart", "warm preload: CPU, as served / plain imports",
+            round(med["preload"] / med["plain imports"], 3), "x", "< 1",
+            f"{med['preload']:.2f} vs {med['plain imports']:.2f} CPU s; {note}"),
+        Row("procstart", "cold torchrun agent: CPU, fastexit / plain",
+            round(med["agent, fastexit"] / med["agent, plain"], 3), "x", "< 1",
+            f"{med['agent, fastexit']:.2f} vs {med['agent, plain']:.2f} CPU s; {note}"),
+        Row("procstart", "bare interpreter start", round(med["bare"], 3), "CPU s", "",
+            "the floor of every process above"),
+        Row("procstart", "httpx client: plain-http / default TLS context",
+            round(plain_http / default_tls, 4), "x", "",
+            f"{plain_http:.2f} vs {default_tls:.1f} ms of CPU per client, {clients} clients"),
+    ]
