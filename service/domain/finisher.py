@@ -154,7 +154,10 @@ class Finisher:
             repo.transition(session, job_id, JobState.starting, started_at=repo.utcnow())
             spec = dict(job.spec or {})
             ranks = world_size(spec)
-            repo.set_attempts(session, job_id, job_attempts(run, spec, job.pauses or 0))
+            # Named by a guard's stop already here: a reader between this commit and ``_end``
+            # must not see the last attempt "cancelled" by the guard's own SIGTERM.
+            repo.set_attempts(session, job_id, _named_by_stop(
+                job_attempts(run, spec, job.pauses or 0), job.stop_reason))
             session.commit()
         notes, added = [], 0
         for rank in range(ranks):
@@ -288,15 +291,21 @@ def _requeue(
     return JobState.queued, reason, fields, JobState(job.state)
 
 
+def _named_by_stop(attempts: list[dict], stopped_by: str | None) -> list[dict]:
+    """The attempts (copies), the last one's reason ``stopped_by`` when a guard stopped the job."""
+    named = [dict(a) for a in attempts]
+    if stopped_by and named:
+        named[-1]["reason"] = stopped_by
+    return named
+
+
 def _closed_attempts(attempts: list[dict], stopped_by: str | None, why: str | None) -> list[dict]:
     """The job's attempts as they end: an attempt its shim never closed (killed when a stop's
     grace ran out) ends now, never left running forever; ``stopped_by`` — a guard's reason, with
     which the job fails — names the last one, whatever the shim made of the stop: a cancel when
     the SIGTERM reached it first, torchrun's exit when torchrun ended (on the group's SIGTERM)
     before the attempt loop saw the stop request, or a success that came just after the trip."""
-    closed = [dict(a) for a in attempts]
-    if stopped_by and closed:
-        closed[-1]["reason"] = stopped_by
+    closed = _named_by_stop(attempts, stopped_by)
     for attempt in closed:
         if attempt.get("ended_at") is None:
             attempt["ended_at"] = time.time()

@@ -10,6 +10,8 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+from sqlalchemy import event
+from sqlalchemy.orm import Session
 
 from service.domain.finisher import Finisher
 from service.domain.lossguard import divergence_trip, nonfinite_reason, nonfinite_trip
@@ -146,12 +148,29 @@ def test_a_guards_stop_names_the_last_attempt_whatever_the_shim_saw_first(
         "reason": shim_reason, "startup_failure": False}))
     run.exit_file.write_text(json.dumps({"state": state, "exit_code": code,
                                          "reason": shim_reason}))
-    Finisher(runs_dir=api.app.state.settings.runs_dir,
-             session_factory=api.app.state.session_factory,
+    factory = api.app.state.session_factory
+    committed: list[list[str | None]] = []  # the job's attempt reasons after each commit
+
+    def observed() -> Session:
+        """The store's own sessions; after each commit, the job's attempts as a reader sees them."""
+        session = factory()
+
+        def read_back(_: Session) -> None:
+            with factory() as reader:
+                job = repo.get_job(reader, job_id)
+                committed.append([a.get("reason") for a in (job.attempts or [])] if job else [])
+
+        event.listen(session, "after_commit", read_back)
+        return session
+
+    Finisher(runs_dir=api.app.state.settings.runs_dir, session_factory=observed,
              max_records_per_rank=1000).finish(job_id, 0)
     job = api.get(f"/jobs/{job_id}").json()
     assert job["state"] == "failed" and job["reason"] == reason, job
     assert [a["reason"] for a in job["attempts"]] == [reason], job["attempts"]
+    # Never the shim's account in between: a reader polling the job saw the guard's reason on
+    # the last attempt from the first commit that stored it (the flake of a live loss-guard test).
+    assert committed and all(r in ([], [reason]) for r in committed), committed
 
 
 # --- real jobs -----------------------------------------------------------------------------------
