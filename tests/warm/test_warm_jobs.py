@@ -113,7 +113,11 @@ def test_cancel_warm_job_leaves_no_process(server: LiveServer) -> None:
         assert r.status_code == 200 and r.json()["state"] == "cancelled"
         assert_gone([*members, *warm.values()])
         server.wait_for(job_id, {"cancelled"}, allowed={"cancelled"})
-    assert warm_pids(server, job_id) == {}
+    # Gone above may mean a zombie: the warm server lists it until it has reaped it (awaited).
+    deadline = time.monotonic() + 15
+    while (left := warm_pids(server, job_id)) != {}:
+        assert time.monotonic() < deadline, f"the warm server still runs {left} of the job"
+        time.sleep(0.1)
 
 
 @pytest.mark.slow
