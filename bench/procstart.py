@@ -25,15 +25,14 @@ from collections.abc import Callable
 import httpx
 
 from bench.common import Row
+from bench.server import REPO_ROOT
 from service.settings import Settings
-
-REPO = __file__.rsplit("/bench/", 1)[0]
 
 
 def child_cpu(argv: list[str]) -> float:
     """CPU seconds (user + system) of running ``argv`` to its end."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run(argv, cwd=REPO, check=True, stdout=subprocess.DEVNULL,
+    subprocess.run(argv, cwd=REPO_ROOT, check=True, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)

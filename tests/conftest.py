@@ -268,12 +268,12 @@ def assert_no_slot_held_twice(jobs: list[dict]) -> None:
     that allocates them. (A job's ``devices`` stay on it once they are freed, while the finisher
     still stores its spools, so sampling running jobs' devices shows a freed slot twice.) At least
     two of them must have run at the same time, or the check would prove nothing."""
-    ran = [j for j in jobs if j["started_at"]]
+    spans = [(datetime.fromisoformat(j["started_at"]), datetime.fromisoformat(j["ended_at"]), j)
+             for j in jobs if j["started_at"]]
     side_by_side = 0
-    for i, a in enumerate(ran):
-        for b in ran[i + 1:]:
-            apart = (datetime.fromisoformat(a["ended_at"]) <= datetime.fromisoformat(b["started_at"])
-                     or datetime.fromisoformat(b["ended_at"]) <= datetime.fromisoformat(a["started_at"]))
+    for i, (a_start, a_end, a) in enumerate(spans):
+        for b_start, b_end, b in spans[i + 1:]:
+            apart = a_end <= b_start or b_end <= a_start
             if set(a["devices"]) & set(b["devices"]):
                 assert apart, f"a slot held by two jobs at once: {a} {b}"
             side_by_side += not apart

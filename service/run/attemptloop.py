@@ -186,7 +186,7 @@ class Shim:
         # Each rank under service.run.ranktee: both streams also in one file, in the order written.
         # Warm: the tee (stdlib only, quick to start cold) runs the relay, whose warm process
         # becomes the rank program itself. Cold: a ``-m`` program ends without tearing torch down.
-        rank_program = tuple(self.config.rank_program(self.run))
+        rank_program = self.config.rank_program(self.run)
         if self.warm_socket:
             rank_program = (str(RELAY_PATH), self.warm_socket, *rank_program)
         else:

@@ -28,7 +28,8 @@ import threading
 import traceback
 from typing import NoReturn
 
-MODULE = "service.run.fastexit"  # what ``python -m`` runs: this module
+# ``python`` arguments that run what follows them (``-m MODULE ARGS``) under this module.
+PREFIX = ("-m", "service.run.fastexit")
 _FILE_TYPES = frozenset({io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom})
 
 
@@ -92,7 +93,7 @@ def wrap(program: tuple[str, ...]) -> tuple[str, ...]:
     under this module; a script path as it is (``python SCRIPT`` puts the script's directory,
     not the working directory, first on ``sys.path``, which ``-m`` here would not). Pure."""
     if len(program) >= 2 and program[0] == "-m":
-        return ("-m", MODULE, *program)
+        return (*PREFIX, *program)
     return program
 
 

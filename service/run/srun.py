@@ -7,16 +7,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from service.run import fastexit
+
 # One torchrun per node: writes the node's name (``RunDir.node_name_file``: the server shows it
 # with a rank's log, and ``retry_elsewhere`` excludes it), then execs torchrun with this node's
 # rank and log directory (through service.run.fastexit: the agent ends without tearing torch
 # down, as on the local executor). Positional: $1 = the attempt's log dir, $2 = python, the
-# rest = torchrun's other options and the rank program. A fixed string: no value is spliced in.
+# rest = torchrun's other options and the rank program. A constant: no job's value is spliced in.
 NODE_WRAPPER = (
     'd="$1/node-$SLURM_NODEID"; py="$2"; shift 2; mkdir -p "$d" && '
     'printf "%s\\n" "$SLURMD_NODENAME" > "$d/node" && '
-    'exec "$py" -m service.run.fastexit -m torch.distributed.run --node-rank="$SLURM_NODEID" '
-    '--log-dir="$d" "$@"'
+    f'exec "$py" {" ".join(fastexit.PREFIX)} -m torch.distributed.run '
+    '--node-rank="$SLURM_NODEID" --log-dir="$d" "$@"'
 )
 
 

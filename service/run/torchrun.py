@@ -47,7 +47,7 @@ def build_command(req: LaunchRequest) -> list[str]:
     """
     # Cold, the agent ends without tearing torch down (service.run.fastexit); warm, the warm
     # process ends that way.
-    start = list(req.relay) if req.relay is not None else ["-m", fastexit.MODULE]
+    start = list(req.relay) if req.relay is not None else list(fastexit.PREFIX)
     return [
         req.python,
         *start,
