@@ -8,6 +8,9 @@ CPU seconds of a child process (user + system, ``RUSAGE_CHILDREN``), medians ove
   with the collector on, each ended by ``os._exit`` as the server ends;
 * a cold torchrun agent from start to exit (``torch.distributed.run --help``: its imports and
   argument parsing), through ``service.run.fastexit`` and plain, which tears torch down at exit;
+* a ``torchyard serve`` (SQLite, no warm pool) from its start to an answered ``/healthz`` and a
+  drained SIGTERM, as shipped (the cyclic collector off until the app has started) and with
+  ``gc.disable`` made a no-op, so the collector runs throughout as it did before;
 * beside them, a bare interpreter (``python -c pass``): the floor of any process start.
 
 And in this process: an ``httpx.Client`` built with the default TLS context (certifi's CA bundle
@@ -19,14 +22,20 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 
 from bench.common import Row
-from bench.server import REPO_ROOT
+from bench.server import REPO_ROOT, Server
 from service.settings import Settings
+
+# ``python -m service`` with the collector left on: gc.disable() does nothing.
+COLLECTOR_ON = ("-c", "import gc, runpy; gc.disable = lambda: None; "
+                "runpy.run_module('service', run_name='__main__', alter_sys=True)")
 
 
 def child_cpu(argv: list[str]) -> float:
@@ -34,6 +43,15 @@ def child_cpu(argv: list[str]) -> float:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run(argv, cwd=REPO_ROOT, check=True, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def server_cpu(home: Path, program: tuple[str, ...]) -> float:
+    """CPU seconds (user + system) of one ``torchyard serve`` on ``home`` (a new SQLite store),
+    from its start to an answered ``/healthz``, then SIGTERM and its exit."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    Server.start(home, env={"TORCHYARD_WARM_RANKS": "false"}, program=program).stop()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
@@ -60,9 +78,15 @@ def run(smoke: bool) -> list[Row]:
         "agent, plain": [py, "-m", "torch.distributed.run", "--help"],
     }
     cpu: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(rounds):  # alternating, so that load on the host falls on every case alike
-        for name, argv in cases.items():
-            cpu[name].append(child_cpu(argv))
+    servers = {"server, as shipped": ("-m", "service"), "server, collector on": COLLECTOR_ON}
+    cpu.update({name: [] for name in servers})
+    with tempfile.TemporaryDirectory(prefix="torchyard-procstart-") as tmp:
+        for i in range(rounds):  # alternating: load on the host falls on every case alike
+            for name, argv in cases.items():
+                cpu[name].append(child_cpu(argv))
+            for name, program in servers.items():
+                cpu[name].append(server_cpu(Path(tmp) / f"{i}-{len(cpu[name])}-{name[8:10]}",
+                                            program))
     med = {name: statistics.median(values) for name, values in cpu.items()}
     default_tls = per_client_ms(httpx.Client, clients)
     plain_http = per_client_ms(lambda: httpx.Client(verify=False), clients)
@@ -74,6 +98,10 @@ def run(smoke: bool) -> list[Row]:
         Row("procstart", "cold torchrun agent: CPU, fastexit / plain",
             round(med["agent, fastexit"] / med["agent, plain"], 3), "x", "< 1",
             f"{med['agent, fastexit']:.2f} vs {med['agent, plain']:.2f} CPU s; {note}"),
+        Row("procstart", "torchyard serve start: CPU, as shipped / collector on",
+            round(med["server, as shipped"] / med["server, collector on"], 3), "x", "< 1",
+            f"{med['server, as shipped']:.2f} vs {med['server, collector on']:.2f} CPU s, start "
+            f"to /healthz and SIGTERM; {note}"),
         Row("procstart", "bare interpreter start", round(med["bare"], 3), "CPU s", "",
             "the floor of every process above"),
         Row("procstart", "httpx client: plain-http / default TLS context",

@@ -35,8 +35,10 @@ class Server:
     @classmethod
     def start(
         cls, home: Path, *, supervisor: bool = True, env: dict[str, str] | None = None,
-        args: tuple[str, ...] = (),
+        args: tuple[str, ...] = (), program: tuple[str, ...] = ("-m", "service"),
     ) -> "Server":
+        """``program``: the ``python`` arguments that run the ``torchyard`` command (a
+        benchmark's variant of ``-m service``)."""
         home.mkdir(parents=True, exist_ok=True)
         port = free_port()
         full_env = {
@@ -49,7 +51,7 @@ class Server:
             **(env or {}),
         }
         argv = (
-            [sys.executable, "-m", "service", "serve", *args]
+            [sys.executable, *program, "serve", *args]
             if supervisor
             else [sys.executable, "-m", "bench.server", str(home), str(port)]
         )

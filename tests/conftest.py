@@ -8,6 +8,7 @@ database. Without PostgreSQL installed that half is skipped with the reason, exc
 """
 
 import compileall
+import gc
 import importlib.util
 import os
 import shutil
@@ -100,8 +101,17 @@ def pytest_configure(config: pytest.Config) -> None:
     (~0.2 CPU s of a server start). Python still reads ``.pyc`` files under that setting."""
     if hasattr(config, "workerinput"):  # an xdist worker: the controller did it
         return
+    if config.getoption("numprocesses", None):
+        gc.enable()  # xdist's controller collects nothing: it would never turn it back on
     for package in ("service", "worker", "torchyard_contract", "migrations", "tests"):
         compileall.compile_dir(REPO_ROOT / package, quiet=2, workers=1)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Freeze what collection built (it lasts the session: later passes need not walk it) and
+    turn the collector back on (off since ``tests`` was imported: tests/__init__.py)."""
+    gc.freeze()
+    gc.enable()
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
@@ -415,6 +425,26 @@ def live_server_factory(
     yield start
     for server in started:
         _stop_server(server)
+    _kill_left_behind(tmp_path)
+
+
+def _kill_left_behind(root: Path) -> None:
+    """SIGKILL every process group still running something under ``root``: a job's attempt
+    loop outlives its server by design (a restart adopts it), so a job a test left running —
+    cancelled just before the end, or never finished — ran on for minutes beside later tests."""
+    prefix, own = str(root), os.getpgrp()
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if not any(arg.startswith(prefix) or f"={prefix}" in arg
+                       for arg in proc.info["cmdline"] or ()):
+                continue
+            group = os.getpgid(proc.pid)
+            if group == own:
+                proc.kill()
+            else:
+                os.killpg(group, signal.SIGKILL)
+        except (psutil.Error, ProcessLookupError):
+            pass
 
 
 @pytest.fixture

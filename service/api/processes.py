@@ -18,6 +18,7 @@ worker that dies is started again, unless workers keep dying (then the parent st
 exits 1); a worker whose parent died gets SIGTERM (``PR_SET_PDEATHSIG``) and drains.
 """
 
+import gc
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -81,6 +82,7 @@ def _worker(sock: socket.socket, parent: int) -> None:
     pid that started it (read there: by the time this runs it may already be gone)."""
     if not proctree.die_with_parent(signal.SIGTERM, parent):
         return  # the parent died before the death signal was armed
+    gc.disable()  # until the app has started, as in ``torchyard serve`` (service.cli)
     from service.api.app import create_app_from_environment
     from service.api.drain import serve
 

@@ -128,11 +128,6 @@ class Dispatcher:
     def start(self) -> None:
         n = self.settings.webhook_concurrency
         self._pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="torchyard-webhook")
-        self._client = httpx.Client(
-            timeout=httpx.Timeout(self.settings.webhook_timeout_s),
-            limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
-            follow_redirects=False,
-        )
         self._thread = threading.Thread(target=self._run, name="torchyard-webhooks", daemon=True)
         self._thread.start()
 
@@ -145,8 +140,10 @@ class Dispatcher:
             self._thread.join(timeout=10)
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
-        if self._client is not None:
-            self._client.close()
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
 
     def wake(self) -> None:
         self._wake.set()
@@ -232,9 +229,22 @@ class Dispatcher:
             outbox.record_delivery_try(session, item.id, at, status, error, next_at)
             session.commit()
 
+    def _http_client(self) -> httpx.Client | None:
+        """The senders' client, built for the first delivery: most servers send none, and its
+        TLS context (certifi's CA bundle) cost ~40 ms of CPU at every start. None once stopped."""
+        with self._lock:
+            if self._client is None and not self._stop.is_set():
+                n = self.settings.webhook_concurrency
+                self._client = httpx.Client(
+                    timeout=httpx.Timeout(self.settings.webhook_timeout_s),
+                    limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
+                    follow_redirects=False,
+                )
+            return self._client
+
     def _post(self, request: Outbound) -> tuple[int | None, str | None]:
         """(status code, error): error None for a 2xx. The response body is never read."""
-        client = self._client
+        client = self._http_client()
         if client is None:
             return None, "the sender is stopped"
         try:

@@ -84,6 +84,26 @@ def test_fastexit_ends_a_program_as_python_does_but_the_teardown(
         assert "service/run/fastexit.py" not in fast[2]
 
 
+def test_fastexit_imports_a_programs_package_once_and_runs_it_with_the_collector_on(
+    tmp_path: Path,
+) -> None:
+    package = tmp_path / "endpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("print('package imported')\n")
+    (package / "main.py").write_text("import gc\nprint('collector', gc.isenabled())\n")
+    fast = [sys.executable, "-m", "service.run.fastexit", "-m"]
+    ran = subprocess.run([*fast, "endpkg.main"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert (ran.returncode, ran.stdout) == (0, "package imported\ncollector True\n"), ran.stderr
+    for module in ("nopkg.main", "endpkg.nomodule"):  # worded as python -m words it
+        cold = subprocess.run([sys.executable, "-m", module], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=60)
+        missing = subprocess.run([*fast, module], cwd=tmp_path, capture_output=True, text=True,
+                                 timeout=60, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+        assert cold.returncode == missing.returncode == 1
+        assert cold.stderr.splitlines()[-1].split(": ", 1)[1] in missing.stderr
+
+
 @pytest.fixture(scope="module")
 def warm_socket(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real warm server preloading the standard library's json (torch's teardown is what

@@ -12,7 +12,7 @@ from sqlalchemy import Engine, inspect, select, text
 from sqlalchemy.orm import Session
 
 from service.executor.local import decode_reference, encode_reference, shim_pid
-from service.store.db import alembic_config, make_engine, upgrade
+from service.store.db import alembic_config, head_revision, is_at_head, make_engine, upgrade
 from service.store.tables import Base, Job
 from tests.conftest import both_stores
 
@@ -40,6 +40,31 @@ def test_upgrade_from_empty_creates_tables(url: str, store: str) -> None:
         else:
             assert conn.execute(text("SHOW transaction_isolation")).scalar() == "read committed"
     engine.dispose()
+
+
+def test_each_revision_is_named_by_its_file_and_they_apply_in_name_order() -> None:
+    """What ``head_revision`` (the start-up's check that nothing needs migrating) relies on: a
+    file's name starts with its revision (0001–0009 are the number alone; from 0010 on, and for
+    every new one, the whole name), and names sort in the order the revisions apply."""
+    script = ScriptDirectory.from_config(alembic_config("sqlite://"))
+    chain = list(reversed(list(script.walk_revisions())))  # base first
+    stems = [Path(rev.path).stem for rev in chain]
+    assert all(stem == rev.revision or stem.startswith(f"{rev.revision}_")
+               for stem, rev in zip(stems, chain, strict=True)), stems
+    assert stems == sorted(stems)
+    assert head_revision() == script.get_current_head() == chain[-1].revision == stems[-1]
+
+
+@both_stores
+def test_a_database_one_revision_behind_is_not_at_head(url: str) -> None:
+    script = ScriptDirectory.from_config(alembic_config(url))
+    previous = script.get_revision(script.get_current_head()).down_revision
+    assert isinstance(previous, str)
+    assert not is_at_head(url)  # nothing there yet
+    upgrade(url, previous)
+    assert not is_at_head(url)
+    upgrade(url)
+    assert is_at_head(url)
 
 
 @both_stores
