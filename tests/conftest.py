@@ -52,6 +52,8 @@ os.environ.setdefault("TORCHYARD_WARM_RANKS", "true")
 # needs no warm pool (~3 CPU s and the wait for the pool, per restart).
 ADOPTS_ONLY = {"TORCHYARD_WARM_RANKS": "false"}
 TERMINAL = {"succeeded", "failed", "cancelled"}
+# ``LiveServer.wait_for``'s long-poll rounds: a state outside ``allowed`` fails within one.
+WAIT_ROUND_S = 3.0
 # One TLS context for every client a test makes (``LiveServer.client``, the start-up poll):
 # httpx otherwise builds one per client, loading certifi's CA bundle (~40 ms of CPU each), for
 # servers that are plain http on loopback. Thousands of clients a run: about 60 CPU s.
@@ -258,18 +260,27 @@ class LiveServer:
         self, job_id: int, states: set[str], timeout_s: float = 120,
         allowed: set[str] | None = None,
     ) -> dict:
-        """Poll until the job is in ``states``; fail at once on a state outside ``allowed``."""
+        """Until the job is in ``states``; fail on a state outside ``allowed``. Terminal
+        ``states`` are awaited through the long poll (``/jobs/{id}/wait``, in rounds of
+        ``WAIT_ROUND_S``, each checking ``allowed``); others by polling every 0.2 s."""
         allowed = (allowed or {"queued", "starting", "running"}) | states
         deadline = time.monotonic() + timeout_s
+        terminal = states <= TERMINAL
         with self.client() as c:
             while True:
                 assert self.proc.poll() is None, f"server died:\n{self.log.read_text()[-3000:]}"
-                job = c.get(f"/jobs/{job_id}").json()
+                if terminal:
+                    wait_s = max(0.0, min(WAIT_ROUND_S, deadline - time.monotonic()))
+                    job = c.get(f"/jobs/{job_id}/wait", params={"timeout": wait_s},
+                                timeout=wait_s + 10).json()
+                else:
+                    job = c.get(f"/jobs/{job_id}").json()
                 if job["state"] in states:
                     return job
                 assert job["state"] in allowed, f"unexpected state {job['state']}: {job['reason']}"
                 assert time.monotonic() < deadline, f"timed out waiting for {states}: {job}"
-                time.sleep(0.2)
+                if not terminal:
+                    time.sleep(0.2)
 
 
 def assert_no_slot_held_twice(jobs: list[dict]) -> None:
