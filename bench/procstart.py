@@ -84,9 +84,8 @@ def run(smoke: bool) -> list[Row]:
         for i in range(rounds):  # alternating: load on the host falls on every case alike
             for name, argv in cases.items():
                 cpu[name].append(child_cpu(argv))
-            for name, program in servers.items():
-                cpu[name].append(server_cpu(Path(tmp) / f"{i}-{len(cpu[name])}-{name[8:10]}",
-                                            program))
+            for j, (name, program) in enumerate(servers.items()):
+                cpu[name].append(server_cpu(Path(tmp) / f"server-{i}-{j}", program))
     med = {name: statistics.median(values) for name, values in cpu.items()}
     default_tls = per_client_ms(httpx.Client, clients)
     plain_http = per_client_ms(lambda: httpx.Client(verify=False), clients)

@@ -54,7 +54,7 @@ def serve(
     ),
 ) -> None:
     """Run the API and the supervisor (migrates the database first)."""
-    # Off until the app has started: the lifespan collects once, freezes what start-up built
+    # Off until the app has started: the lifespan freezes what start-up built
     # (nearly all of it lives as long as the process) and turns the collector back on. Passes
     # over that growing heap were ~11 % of a start's CPU (docs/benchmarks.md, finding 12).
     gc.disable()

@@ -34,6 +34,7 @@ from fastapi.testclient import TestClient
 
 from service.api.app import create_app
 from service.domain.jobtoken import new_token
+from service.run import proctree
 from service.settings import Settings
 from service.store import repository as repo
 from service.store.db import upgrade
@@ -440,22 +441,14 @@ def live_server_factory(
 
 
 def _kill_left_behind(root: Path) -> None:
-    """SIGKILL every process group still running something under ``root``: a job's attempt
-    loop outlives its server by design (a restart adopts it), so a job a test left running —
-    cancelled just before the end, or never finished — ran on for minutes beside later tests."""
-    prefix, own = str(root), os.getpgrp()
+    """SIGKILL every process still running something under ``root``, with its descendants: a
+    job's attempt loop outlives its server by design (a restart adopts it), so a job a test left
+    running — cancelled just before the end, or never finished — ran on for minutes beside
+    later tests."""
+    prefix = str(root)
     for proc in psutil.process_iter(["cmdline"]):
-        try:
-            if not any(arg.startswith(prefix) or f"={prefix}" in arg
-                       for arg in proc.info["cmdline"] or ()):
-                continue
-            group = os.getpgid(proc.pid)
-            if group == own:
-                proc.kill()
-            else:
-                os.killpg(group, signal.SIGKILL)
-        except (psutil.Error, ProcessLookupError):
-            pass
+        if any(arg.startswith(prefix) or f"={prefix}" in arg for arg in proc.info["cmdline"] or ()):
+            proctree.kill_tree(proc.pid)
 
 
 @pytest.fixture
