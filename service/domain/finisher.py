@@ -49,6 +49,12 @@ _STOP = -1
 BUSY_RETRY_S = 1.0
 
 
+def _resumed_since(job: Job, ref: str | None) -> bool:
+    """What ended (executor reference ``ref``) was a submission withdrawn by a pause, and the job
+    has been resumed since: queued again, without that reference. Its end is not the job's."""
+    return ref is not None and job.executor_ref != ref and job.state == JobState.queued.value
+
+
 @dataclass(frozen=True)
 class Ended:
     """A job whose attempt loop ended; ``shim_code`` None when it ended unwatched; ``why``: the
@@ -147,8 +153,8 @@ class Finisher:
             job = repo.get_job(session, job_id)
             if job is None:
                 return
-            if ref is not None and job.executor_ref != ref and job.state == JobState.queued.value:
-                return  # a withdrawn submission of a job resumed since (a new one follows)
+            if _resumed_since(job, ref):
+                return
             # It ended before a tick saw it start (a Slurm job, fast or purged meanwhile): a
             # queued job becomes starting first, so its spools are stored and it may end.
             repo.transition(session, job_id, JobState.starting, started_at=repo.utcnow())
@@ -172,7 +178,7 @@ class Finisher:
                 added += stored
             if note := tally.describe(run.spool_file(rank)):
                 notes.append(note)
-        self._end(job_id, run, shim_code, notes, why, reason, ended_at, cancelled)
+        self._end(job_id, run, shim_code, notes, why, reason, ended_at, cancelled, ref)
         logger.info("job %s: finished; %d spooled records recovered", job_id, added)
 
     def _store(self, job_id: int, chunk: SpoolChunk) -> int | None:
@@ -191,6 +197,7 @@ class Finisher:
     def _end(
         self, job_id: int, run: RunDir, shim_code: int | None, notes: list[str], why: str | None,
         known: str | None = None, ended_at: datetime | None = None, cancelled: bool = False,
+        ref: str | None = None,
     ) -> None:
         outcome = read_outcome(run)
         requeued = outcome is not None and outcome.state == REQUEUE
@@ -219,6 +226,8 @@ class Finisher:
             if not self.fence(session):
                 return
             job = repo.get_job(session, job_id)
+            if job is not None and _resumed_since(job, ref):
+                return  # resumed while its spools were read: the next submission is its own
             if job is not None and job.state == JobState.paused.value:
                 # Paused while an executor still held it queued (Slurm): withdrawn, not ended.
                 repo.release(session, job_id)

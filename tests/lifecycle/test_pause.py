@@ -12,7 +12,9 @@ from collections import Counter
 
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 
+from service.domain.finisher import Finisher
 from service.store import repository as repo
 from tests.conftest import (
     LiveServer,
@@ -21,6 +23,7 @@ from tests.conftest import (
     every_record,
     hooks,
 )
+from torchyard_contract.spec import JobSpec
 from torchyard_contract.state import JobState
 
 # The built-in trainer's epochs take 0.4 s more (tests/rankhooks): epochs to pause between.
@@ -238,3 +241,32 @@ def test_a_users_pause_of_a_preempted_job_is_not_undone_by_the_preemptions_resum
     with api.app.state.session_factory() as session:
         assert repo.preempted_and_paused(session) == []
     assert api.post(f"/jobs/{job_id}/resume").status_code == 409  # once it is paused
+
+
+class _ResumedMeanwhile(Finisher):
+    """A finisher whose job is resumed between its first transaction and its last (what a user's
+    resume right after a pause-while-pending races with on Slurm)."""
+
+    def _end(self, job_id: int, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        with self.session_factory() as s:
+            assert repo.transition(s, job_id, JobState.queued, reason=None, executor_ref=None,
+                                   only_from=JobState.paused)
+            s.commit()
+        super()._end(job_id, *args, **kwargs)
+
+
+def test_a_withdrawn_submission_ending_after_a_resume_leaves_the_job_queued(
+    api: TestClient,
+) -> None:
+    sessions = api.app.state.session_factory
+    with sessions() as s:
+        job_id = repo.create_job(s, JobSpec.model_validate({"dataset": "synthetic"}), None).id
+        repo.set_executor_ref(s, job_id, "slurm", "4242")  # pending in Slurm's queue
+        assert repo.transition(s, job_id, JobState.paused, reason="paused by user",
+                               only_from=JobState.queued)
+        s.commit()
+    finisher = _ResumedMeanwhile(runs_dir=api.app.state.settings.runs_dir,
+                                 session_factory=sessions, max_records_per_rank=1000)
+    finisher.finish(job_id, None, "CANCELLED (exit 0:0)", cancelled=True, ref="4242")
+    job = api.get(f"/jobs/{job_id}").json()
+    assert (job["state"], job["reason"], job["ended_at"]) == ("queued", None, None)
