@@ -228,8 +228,10 @@ def two_workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer
         status = ask(socket_path(home), {"op": "status"})
         _stop_server(server)
     if status is not None:  # the last worker gone, it drains and exits (no ranks are running)
-        proc = psutil.Process(status["pid"])
-        proc.wait(timeout=30)
+        try:
+            psutil.Process(status["pid"]).wait(timeout=30)
+        except psutil.NoSuchProcess:
+            pass  # drained and gone already
 
 
 def _warm_servers(path: str) -> list[int]:
