@@ -121,6 +121,14 @@ class Settings(SlurmSettings, PackageSettings, WebhookSettings, BaseSettings):
         "agent; more are forked on demand, refilled in the background); unset = one more than "
         "the CPU slots, at most 8 (the largest job this host runs, and its agent)",
     )
+    warm_dir: Path | None = Field(
+        default=None,
+        description="directory of the warm server's socket, lock and log; unset = HOME/warm. "
+        "Servers of one user naming the same directory share one warm server (one pool's "
+        "memory and torch import, not one per server); it drains once all of them stopped. "
+        "Created 0700 if missing; one that is not this user's private directory leaves warm "
+        "ranks off, saying why (docs/warm-ranks.md)",
+    )
     warm_max_memory_mib: int = Field(
         default=4096,
         ge=0,

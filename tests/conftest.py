@@ -34,6 +34,7 @@ from fastapi.testclient import TestClient
 
 from service.api.app import create_app
 from service.domain.jobtoken import new_token
+from service.executor.warmpool import ask, socket_path
 from service.run import proctree
 from service.settings import Settings
 from service.store import repository as repo
@@ -52,6 +53,13 @@ os.environ.setdefault("TORCHYARD_WARM_RANKS", "true")
 # For a server restarted only to adopt what its predecessor started: it launches nothing, so it
 # needs no warm pool (~3 CPU s and the wait for the pool, per restart).
 ADOPTS_ONLY = {"TORCHYARD_WARM_RANKS": "false"}
+# ... and the live servers of one session (xdist worker) that keep the default warm settings
+# share one warm server, as servers naming the same TORCHYARD_WARM_DIR do (docs/warm-ranks.md):
+# the first one's pool starts it, the session owns it too (``_await_warm_pool``), so it outlives
+# each test's servers and drains when the session ends. Each server start otherwise imported
+# torch again (~3.5 CPU s, ~40 times a run). A server that sets a TORCHYARD_WARM_* variable of
+# its own (pool size, preload, budget, directory) gets a warm server of its own.
+SHARED_WARM_DIRS: list[Path] = []  # the session's directory, once ``_shared_warm_dir`` made it
 TERMINAL = {"succeeded", "failed", "cancelled"}
 # ``LiveServer.wait_for``'s long-poll rounds: a state outside ``allowed`` fails within one.
 WAIT_ROUND_S = 3.0
@@ -252,6 +260,12 @@ class LiveServer:
     proc: subprocess.Popen[bytes]
     log: Path
     token: str | None = None  # the first of TORCHYARD_API_TOKENS, when the server has tokens
+    warm_dir: Path | None = None  # TORCHYARD_WARM_DIR: the session's shared warm server
+
+    @property
+    def warm_socket(self) -> str:
+        """The socket of this server's warm server (its own, or the session's)."""
+        return socket_path(self.home, self.warm_dir)
 
     def client(self) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
@@ -342,8 +356,16 @@ class _PortTaken(AssertionError):
 def _start_server_on(
     home: Path, extra_env: dict[str, str], port: int, args: tuple[str, ...]
 ) -> LiveServer:
+    own_warm = any(k.startswith("TORCHYARD_WARM_") and k != "TORCHYARD_WARM_RANKS"
+                   for k in extra_env)
+    shared_warm = {} if own_warm or not SHARED_WARM_DIRS else {
+        "TORCHYARD_WARM_DIR": str(SHARED_WARM_DIRS[0])}
     env = {
-        **os.environ,
+        # Not pytest's own variables: PYTEST_CURRENT_TEST differs in every test and torch reads
+        # it at import, so a job's relays would find it differs from the shared warm server's
+        # (recorded when it preloaded) and rightly start cold.
+        **{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")},
+        **shared_warm,
         "TORCHYARD_HOME": str(home),
         "TORCHYARD_PORT": str(port),
         "TORCHYARD_GPUS": "none",
@@ -381,8 +403,10 @@ def _start_server_on(
             assert time.monotonic() < deadline, "server did not answer in 30 s"
             time.sleep(0.1)
     tokens = [t for t in env.get("TORCHYARD_API_TOKENS", "").split(",") if t.strip()]
+    warm_dir = env.get("TORCHYARD_WARM_DIR")
     server = LiveServer(url=url, port=port, home=home, proc=proc, log=log,
-                        token=tokens[0].strip() if tokens else None)
+                        token=tokens[0].strip() if tokens else None,
+                        warm_dir=Path(warm_dir) if warm_dir else None)
     _await_warm_pool(server)
     return server
 
@@ -396,6 +420,9 @@ def _await_warm_pool(server: LiveServer, timeout_s: float = 120) -> None:
         while True:
             assert server.proc.poll() is None, f"server died:\n{server.log.read_text()[-3000:]}"
             warm = c.get("/resources").json().get("warm") or {}
+            if warm.get("state") == "ready" and server.warm_dir in SHARED_WARM_DIRS:
+                # The session owns the shared one too: it outlives the server that started it.
+                ask(server.warm_socket, {"op": "status", "owner": os.getpid()})
             if warm.get("state") in ("ready", "broken") or not warm:
                 return
             assert time.monotonic() < deadline, f"warm pool not ready in {timeout_s} s: {warm}"
@@ -449,6 +476,17 @@ def _kill_left_behind(root: Path) -> None:
     for proc in psutil.process_iter(["cmdline"]):
         if any(arg.startswith(prefix) or f"={prefix}" in arg for arg in proc.info["cmdline"] or ()):
             proctree.kill_tree(proc.pid)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_warm_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The directory of the session's shared warm server (``SHARED_WARM_DIRS``); at the end the
+    session gives its ownership back (the server drains once no test server owns it either)."""
+    directory = tmp_path_factory.mktemp("warm-shared") / "warm"  # created 0700 by the pools
+    SHARED_WARM_DIRS.append(directory)
+    yield
+    SHARED_WARM_DIRS.remove(directory)
+    ask(str(directory / "server.sock"), {"op": "release", "owner": os.getpid()})
 
 
 @pytest.fixture

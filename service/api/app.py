@@ -233,7 +233,7 @@ def _warm_pool(settings: Settings) -> WarmPool | None:
     return WarmPool(
         python=settings.python_executable or sys.executable, home=settings.home,
         size=warm_pool_size(settings), preload=settings.warm_preload,
-        max_memory_mib=settings.warm_max_memory_mib,
+        max_memory_mib=settings.warm_max_memory_mib, directory=settings.warm_dir,
     )
 
 

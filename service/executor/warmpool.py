@@ -9,16 +9,19 @@ while the last check found the server ready (else None: the job starts cold). :m
 asks the server to drain: it stops serving and exits once its running ranks ended, so jobs
 outlive the torchyard server as they do without warm ranks. Never imports torch.
 
-Where: ``HOME/warm/server.sock``, whatever the home's length (connections go through the checked
-directory, ``relay.connect``). The pool creates ``HOME/warm`` (0700) and checks it before every
-use: one that is not this user's own private directory (another uid's, a symlink, group or other
-access) is never used — the pool reports ``broken`` and every job starts cold, saying why.
+Where: ``DIR/server.sock``, ``DIR`` being ``TORCHYARD_WARM_DIR`` or ``HOME/warm``, whatever its
+length (connections go through the checked directory, ``relay.connect``). The pool creates
+``DIR`` (0700) and checks it before every use: one that is not this user's own private directory
+(another uid's, a symlink, group or other access) is never used — the pool reports ``broken`` and
+every job starts cold, saying why.
 
-One warm server per home: with ``torchyard serve --workers N`` each worker has a pool, and they
-share one server. A pool starts a server only when none answers and none holds the server's
+One warm server per directory: with ``torchyard serve --workers N`` each worker has a pool, and
+they share one server; so do servers of other homes that name the same ``TORCHYARD_WARM_DIR``. A pool starts a server only when none answers and none holds the server's
 lock (``server.lock``, see ``service.run.warm.listen.claim``); a server that finds the lock held exits
 at once (``BUSY_EXIT``) without touching the socket. Every pool asks the one server's status
-(each worker becomes an owner: the server drains once all are gone) and hands its socket out.
+(each worker becomes an owner: the server drains once all are gone) and hands its socket out;
+:meth:`WarmPool.close` gives this process's ownership back (``release``), so the server drains
+when its last owner stops, not when the first one does.
 """
 
 import fcntl
@@ -69,10 +72,10 @@ class WarmStatus:
     reason: str = ""  # why jobs start cold now ("" while ready); not in /resources
 
 
-def socket_path(home: Path) -> str:
-    """``HOME/warm/server.sock``: in the service's own home, whatever its length (no fallback
-    anywhere another user could create first)."""
-    return str(home.resolve() / "warm" / "server.sock")
+def socket_path(home: Path, directory: Path | None = None) -> str:
+    """``DIRECTORY/server.sock``, by default ``HOME/warm/server.sock``: in the service's own
+    home, whatever its length (no fallback anywhere another user could create first)."""
+    return str((directory or home / "warm").resolve() / "server.sock")
 
 
 def lock_holder(directory: str) -> int | None:
@@ -121,11 +124,11 @@ def pool_memory(server: int, idle: list[int]) -> int:
 class WarmPool:
     def __init__(
         self, *, python: str, home: Path, size: int, preload: list[str], max_memory_mib: int,
-        environ: Mapping[str, str] | None = None,
+        environ: Mapping[str, str] | None = None, directory: Path | None = None,
     ) -> None:
         self.python, self.size, self.preload = python, size, preload
         self.home = home
-        self.path = socket_path(home)
+        self.path = socket_path(home, directory)
         self.directory = os.path.dirname(self.path)
         self.memory_limit = max_memory_mib * 2**20
         self._environ = dict(os.environ if environ is None else environ)
@@ -162,14 +165,18 @@ class WarmPool:
         self._thread.start()
 
     def close(self) -> None:
-        """Stop watching; the server drains (exits once the ranks it runs have ended)."""
+        """Stop watching and give this process's ownership back: the server drains (exits once
+        the ranks it runs have ended) when no other owner is left."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        if ask(self.path, {"op": "drain"}) is None and self._proc is not None \
-                and not self._answered:
+        # A server from before ``release`` drops the request unanswered: it is asked to drain,
+        # as it was then.
+        if ask(self.path, {"op": "release", "owner": os.getpid()}) is None \
+                and ask(self.path, {"op": "drain"}) is None \
+                and self._proc is not None and not self._answered:
             self._detach(kill=True)  # never answered: still importing torch, serving no one
-        self._detach(kill=False)  # else it drains (another worker's pool may have asked first)
+        self._detach(kill=False)  # else it drains, or serves the owners still left
 
     def _run(self) -> None:
         while not self._stop.is_set():

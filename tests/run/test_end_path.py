@@ -179,7 +179,7 @@ def test_a_warm_job_ends_with_nothing_lost(shared_script_server: LiveServer) -> 
     server = shared_script_server
     add_script(server, "ending.py", JOB)
     wait_warm(server)
-    served = ask(socket_path(server.home), {"op": "status"})["served"]  # type: ignore[index]
+    served = ask(server.warm_socket, {"op": "status"})["served"]  # type: ignore[index]
     with server.client() as c:
         job_id = c.post("/jobs", json={"entrypoint": "ending.py", "nproc_per_node": 2}).json()["id"]
         job = _wait(c, job_id)
@@ -189,7 +189,7 @@ def test_a_warm_job_ends_with_nothing_lost(shared_script_server: LiveServer) -> 
         assert sorted((r["rank"], r["step"]) for r in records if r["name"] == "loss") == \
             [(r, s) for r in (0, 1) for s in range(40)]
         # The server's own count (/resources shows the pool's last poll, up to CHECK_S old).
-        now = ask(socket_path(server.home), {"op": "status"})["served"]  # type: ignore[index]
+        now = ask(server.warm_socket, {"op": "status"})["served"]  # type: ignore[index]
         assert now >= served + 3, "not all warm"
         run = server.home / "runs" / str(job_id)
         for rank in (0, 1):

@@ -191,3 +191,33 @@ def test_broken_pool_starts_jobs_cold_saying_so_and_is_replaced(
     warm = wait_warm(server)
     assert warm["restarts"] >= 1 and warm["state"] == "ready", warm
     assert_gone(status["idle_pids"])
+
+
+def test_servers_naming_one_warm_dir_share_its_warm_server_until_the_last_one_stops(
+    live_server_factory: Callable[..., LiveServer], tmp_path: Path,
+) -> None:
+    """Two servers (two homes) with one ``TORCHYARD_WARM_DIR``: one warm server serves both;
+    stopping the server that started it leaves it serving the other (it only gives its
+    ownership back); it drains once the last owner stopped."""
+    directory = tmp_path / "one-warm"
+    first = start_warm(live_server_factory, TORCHYARD_WARM_DIR=str(directory))
+    second = start_warm(live_server_factory, TORCHYARD_WARM_DIR=str(directory))
+    path = socket_path(first.home, directory)
+    assert first.warm_socket == second.warm_socket == path
+    pid = ask(path, {"op": "status"})["pid"]  # type: ignore[index]
+    assert not (first.home / "warm").exists() and not (second.home / "warm").exists()
+    _stop_server(first)  # the pool that started it
+    status = ask(path, {"op": "status"})
+    assert status is not None and status["pid"] == pid and not status["draining"], status
+    served = wait_warm(second)["served"]
+    with second.client() as c:
+        job_id = c.post("/jobs", json={"dataset": "synthetic", "epochs": 1}).json()["id"]
+    second.wait_for(job_id, {"succeeded"})
+    wait_served(second, served + 2)  # the agent and the rank: warm, from the same server
+    assert "starting cold" not in rank_logs(second, job_id)
+    assert ask(path, {"op": "status"})["pid"] == pid  # type: ignore[index]
+    _stop_server(second)
+    try:
+        psutil.Process(pid).wait(timeout=30)  # drained: its last owner is gone
+    except psutil.NoSuchProcess:
+        pass  # gone already

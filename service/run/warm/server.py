@@ -29,8 +29,9 @@ when a relay's socket closes before its child ended, the child's whole tree is S
 process re-parented to the server (left behind by an ended child) is killed at once — so no
 process of a job outlives the job's own tree. Control messages: ``{"op": "status", "owner":
 PID}`` (PID, a torchyard process, becomes an owner: the server drains once every owner is gone),
-``{"op": "drain"}`` (stop serving, unlink the socket, release the lock, exit once no child is
-active).
+``{"op": "release", "owner": PID}`` (PID stops owning it: a torchyard process stopping; the
+server drains when that was the last owner), ``{"op": "drain"}`` (stop serving, unlink the
+socket, release the lock, exit once no child is active).
 Process trees (the death signal, the subreaper, killing a tree) are ``service.run.proctree``'s.
 Single-threaded (it forks): one ``selectors`` loop.
 """
@@ -231,6 +232,12 @@ class Server:
             if isinstance(message.get("owner"), int) and not self.draining:
                 self.owners.add(message["owner"])  # a (restarted) torchyard process adopts it
             self._reply(conn, self.status())
+        elif op == "release":
+            if isinstance(message.get("owner"), int):
+                self.owners.discard(message["owner"])
+            if not self.owners:
+                self.drain()
+            self._reply(conn, {"ok": True, "draining": self.draining})
         elif op == "drain":
             self.drain()
             self._reply(conn, {"ok": True})
