@@ -11,6 +11,10 @@ CPU seconds of a child process (user + system, ``RUSAGE_CHILDREN``), medians ove
 * a ``torchyard serve`` (SQLite, no warm pool) from its start to an answered ``/healthz`` and a
   drained SIGTERM, as shipped (the cyclic collector off until the app has started) and with
   ``gc.disable`` made a no-op, so the collector runs throughout as it did before;
+* a ``torchyard serve`` (warm ranks on) from its start until its warm pool is ready, then
+  SIGTERM: with a warm server of its own (the server's CPU and the warm server's, read before it
+  drains) and with ``TORCHYARD_WARM_DIR`` naming the directory of another server's, already
+  running (the server's CPU alone: it imports no torch);
 * beside them, a bare interpreter (``python -c pass``): the floor of any process start.
 
 And in this process: an ``httpx.Client`` built with the default TLS context (certifi's CA bundle
@@ -28,9 +32,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import psutil
 
 from bench.common import Row
 from bench.server import REPO_ROOT, Server
+from service.executor.warmpool import ask, socket_path
 from service.settings import Settings
 
 # ``python -m service`` with the collector left on: gc.disable() does nothing.
@@ -54,6 +60,33 @@ def server_cpu(home: Path, program: tuple[str, ...]) -> float:
     Server.start(home, env={"TORCHYARD_WARM_RANKS": "false"}, program=program).stop()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def warm_start_cpu(home: Path, warm_dir: Path) -> float:
+    """CPU seconds of one ``torchyard serve`` naming ``warm_dir``, from its start until its pool
+    reports ``ready``, then SIGTERM and its exit; plus the warm server's and its idle children's
+    when this server started it (read before it drains)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    server = Server.start(home, env={"TORCHYARD_WARM_RANKS": "true",
+                                     "TORCHYARD_WARM_DIR": str(warm_dir)})
+    warm_cpu = 0.0
+    try:
+        deadline = time.monotonic() + 300
+        while (httpx.get(f"{server.url}/resources", timeout=5).json()["warm"] or {}).get(
+                "state") != "ready":
+            if time.monotonic() > deadline:
+                raise RuntimeError("the warm pool did not get ready")
+            time.sleep(0.05)
+        status = ask(socket_path(home, warm_dir), {"op": "status"}) or {}
+        warm = psutil.Process(int(status["pid"]))
+        if warm.ppid() == server.proc.pid:  # its own: count it and its idle children
+            for proc in (warm, *warm.children()):
+                times = proc.cpu_times()
+                warm_cpu += times.user + times.system
+    finally:
+        server.stop()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime) + warm_cpu
 
 
 def per_client_ms(make: Callable[[], httpx.Client], n: int) -> float:
@@ -86,6 +119,15 @@ def run(smoke: bool) -> list[Row]:
                 cpu[name].append(child_cpu(argv))
             for j, (name, program) in enumerate(servers.items()):
                 cpu[name].append(server_cpu(Path(tmp) / f"server-{i}-{j}", program))
+        # A server whose warm server the "shared" starts use (not measured itself).
+        shared_dir = Path(tmp) / "shared-warm"
+        cpu["warm, own"], cpu["warm, shared"] = [], []
+        with Server.start(Path(tmp) / "first", env={"TORCHYARD_WARM_RANKS": "true",
+                                                     "TORCHYARD_WARM_DIR": str(shared_dir)}):
+            for i in range(rounds):
+                cpu["warm, own"].append(
+                    warm_start_cpu(Path(tmp) / f"own-{i}", Path(tmp) / f"own-{i}" / "warm"))
+                cpu["warm, shared"].append(warm_start_cpu(Path(tmp) / f"shared-{i}", shared_dir))
     med = {name: statistics.median(values) for name, values in cpu.items()}
     default_tls = per_client_ms(httpx.Client, clients)
     plain_http = per_client_ms(lambda: httpx.Client(verify=False), clients)
@@ -101,6 +143,10 @@ def run(smoke: bool) -> list[Row]:
             round(med["server, as shipped"] / med["server, collector on"], 3), "x", "< 1",
             f"{med['server, as shipped']:.2f} vs {med['server, collector on']:.2f} CPU s, start "
             f"to /healthz and SIGTERM; {note}"),
+        Row("procstart", "server start to a ready warm pool: CPU, shared warm server / own",
+            round(med["warm, shared"] / med["warm, own"], 3), "x", "< 1",
+            f"{med['warm, shared']:.2f} vs {med['warm, own']:.2f} CPU s (own: with the warm "
+            f"server it started); {note}"),
         Row("procstart", "bare interpreter start", round(med["bare"], 3), "CPU s", "",
             "the floor of every process above"),
         Row("procstart", "httpx client: plain-http / default TLS context",

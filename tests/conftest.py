@@ -513,7 +513,7 @@ def shared_server(_shared_server: LiveServer) -> Iterator[LiveServer]:
     """One server with the default settings (SQLite, warm ranks, 4 CPU slots, no tokens) per
     session, i.e. per xdist worker, shared by every test (and module fixture, through
     ``_shared_server``) that needs nothing of a server but that it runs its jobs: a server
-    start and its warm pool cost ~6.5 CPU s. Other tests' jobs are on it too, so a test reads
+    start costs ~1.4 CPU s (its warm pool is the session's). Other tests' jobs are on it too, so a test reads
     its own jobs by id and never counts the server's jobs, its free slots or its queue; per-job
     rank hooks (``hooks``) stand in for the ``TORCHYARD_TEST_*`` server variables. Jobs the test
     left unfinished are cancelled after it, so that they hold no slot of the next test."""
