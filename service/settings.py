@@ -126,8 +126,8 @@ class Settings(SlurmSettings, PackageSettings, WebhookSettings, BaseSettings):
         description="directory of the warm server's socket, lock and log; unset = HOME/warm. "
         "Servers of one user naming the same directory share one warm server (one pool's "
         "memory and torch import, not one per server); it drains once all of them stopped. "
-        "Created 0700 if missing; one that is not this user's private directory leaves warm "
-        "ranks off, saying why (docs/warm-ranks.md)",
+        "Created 0700 if missing (its parent must exist); one that is not this user's private "
+        "directory leaves warm ranks off, saying why (docs/warm-ranks.md)",
     )
     warm_max_memory_mib: int = Field(
         default=4096,

@@ -6,8 +6,9 @@ adopted) in a session of its own, asked for its status every ``CHECK_S``, measur
 plus its idle children's own pages) and replaced when it died, stopped answering or grew past its
 memory budget. Nothing here blocks a launch: :meth:`socket_for_launch` returns the socket only
 while the last check found the server ready (else None: the job starts cold). :meth:`close`
-asks the server to drain: it stops serving and exits once its running ranks ended, so jobs
-outlive the torchyard server as they do without warm ranks. Never imports torch.
+gives this process's ownership back; with no owner left the server drains: it stops serving and
+exits once its running ranks ended, so jobs outlive the torchyard server as they do without warm
+ranks. Never imports torch.
 
 Where: ``DIR/server.sock``, ``DIR`` being ``TORCHYARD_WARM_DIR`` or ``HOME/warm``, whatever its
 length (connections go through the checked directory, ``relay.connect``). The pool creates
@@ -16,10 +17,11 @@ length (connections go through the checked directory, ``relay.connect``). The po
 every job starts cold, saying why.
 
 One warm server per directory: with ``torchyard serve --workers N`` each worker has a pool, and
-they share one server; so do servers of other homes that name the same ``TORCHYARD_WARM_DIR``. A pool starts a server only when none answers and none holds the server's
-lock (``server.lock``, see ``service.run.warm.listen.claim``); a server that finds the lock held exits
-at once (``BUSY_EXIT``) without touching the socket. Every pool asks the one server's status
-(each worker becomes an owner: the server drains once all are gone) and hands its socket out;
+they share one server; so do servers of other homes that name the same ``TORCHYARD_WARM_DIR``.
+A pool starts a server only when none answers and none holds the server's lock (``server.lock``,
+see ``service.run.warm.listen.claim``); a server that finds the lock held exits at once
+(``BUSY_EXIT``) without touching the socket. Every pool asks the one server's status (each
+worker becomes an owner: the server drains once all are gone) and hands its socket out;
 :meth:`WarmPool.close` gives this process's ownership back (``release``), so the server drains
 when its last owner stops, not when the first one does.
 """
