@@ -95,6 +95,28 @@ class Server:
         self.stop()
 
 
+def wait_job_processes_gone(home: Path, job_id: int, timeout_s: float = 30.0) -> None:
+    """Until no process of the job's group is left: a job the database calls ended (a cancel is
+    terminal at once) still has its group for up to the stop grace, and its ranks write in its
+    run directory meanwhile (a temp home removed under them fails with ENOTEMPTY). The group is
+    the shim's: its pid, from the claim it wrote first thing, leads it (``start_new_session``)."""
+    from torchyard_contract.claim import read_claim
+    from torchyard_contract.rundir import RunDir
+
+    claim = read_claim(RunDir.for_job(home / "runs", job_id)) or {}
+    pgid = claim.get("pid")
+    if not isinstance(pgid, int):
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"job {job_id}: its process group {pgid} outlived {timeout_s} s")
+
+
 def db_path(home: Path) -> Path:
     return (home / "torchyard.db").resolve()
 

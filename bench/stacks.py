@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 
 from bench.common import Row, percentile
-from bench.server import REPO_ROOT, Server
+from bench.server import REPO_ROOT, Server, wait_job_processes_gone
 
 TOKEN = "bench-stacks-token-0123456789abcdef01"
 RANKS = 8
@@ -70,8 +70,10 @@ def run(smoke: bool) -> list[Row]:
                     took.append(body["took_s"])
             finally:
                 client.post(f"/jobs/{job_id}/cancel")
-                # Ended before the server and its directory go (its ranks write there).
+                # Ended, and its group gone, before the server and its directory go (its ranks
+                # write there until the stop grace's SIGKILL).
                 client.get(f"/jobs/{job_id}/wait", params={"timeout": 30})
+                wait_job_processes_gone(server.home, job_id)
     what = f"{ranks} ranks, {repeats} requests"
     return [
         Row("stacks", f"{ranks} ranks on demand: wall (median)", statistics.median(walls), "s",
