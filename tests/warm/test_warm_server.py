@@ -24,7 +24,7 @@ import time; T = time.time()
 import json, os, sys
 import torch
 out = {"first": T, "pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(),
-       "path0": sys.path[0], "argv": sys.argv, "threads": torch.get_num_threads(),
+       "path0": sys.path[0], "path": sys.path, "argv": sys.argv, "threads": torch.get_num_threads(),
        "cuda_initialized": torch.cuda.is_initialized(), "marker": os.environ.get("MARKER"),
        "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"), "sid": os.getsid(0),
        "name": __name__}
@@ -145,6 +145,31 @@ def test_handoff_applies_the_jobs_env_cwd_path_and_threads(
     assert json.loads(out.read_text())["pid"] != got["pid"]
     after = ask(warm_server, {"op": "status"})
     assert after is not None and after["served"] >= before["served"] + 2
+
+
+def test_a_safe_path_module_job_starts_warm_with_the_path_python_would_give_it(
+    warm_server: str, tmp_path: Path
+) -> None:
+    # A script directory's `-m package.module` job runs with PYTHONSAFEPATH=1 (service.domain.
+    # scriptpath): the working directory is not on sys.path, so a module of the same name there
+    # is not what runs. Warm, the relay sends that path; the flag itself refuses nothing.
+    mods = tmp_path / "scripts"
+    (mods / "probemod").mkdir(parents=True)
+    (mods / "probemod" / "__main__.py").write_text(PROBE)
+    (tmp_path / "probemod").mkdir()  # a decoy in the working directory: must not run
+    (tmp_path / "probemod" / "__main__.py").write_text("raise SystemExit('the decoy ran')\n")
+    out = tmp_path / "out.json"
+    env = {**{k: v for k, v in os.environ.items() if k not in PER_TEST}, "OUT": str(out),
+           "PYTHONPATH": str(mods), "PYTHONSAFEPATH": "1"}
+    relay = subprocess.Popen(
+        [sys.executable, str(RELAY_PATH), warm_server, "-m", "probemod"], cwd=tmp_path, env=env,
+        stderr=(tmp_path / "stderr.log").open("wb"), stdout=subprocess.DEVNULL)
+    assert relay.wait(timeout=60) == 0, (tmp_path / "stderr.log").read_text()
+    assert "starting cold" not in (tmp_path / "stderr.log").read_text()
+    got = json.loads(out.read_text())
+    assert got["pid"] != relay.pid  # a warm process, not the relay exec'd cold
+    assert got["path0"] == str(mods) and str(tmp_path) not in got["path"] and "" not in got["path"]
+    assert got["argv"] == [str(mods / "probemod" / "__main__.py")] and got["name"] == "__main__"
 
 
 @pytest.mark.parametrize(("mode", "code", "words"), [

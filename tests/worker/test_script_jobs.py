@@ -354,6 +354,8 @@ def test_script_raising_on_rank_1_fails_naming_rank_and_exception(server: LiveSe
     with server.client() as c:
         attempts = c.get(f"/jobs/{job_id}/attempts").json()
     assert len(attempts) == 1
+    # A `-m` job runs with PYTHONSAFEPATH=1, and its ranks still start warm (docs/warm-ranks.md).
+    assert "starting cold" not in rank_logs(server, job_id)
 
 
 def test_unresolvable_entrypoints_are_422_not_500(script_api: TestClient, script_dir: Path) -> None:

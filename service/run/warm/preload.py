@@ -125,7 +125,8 @@ def refusal(message: dict) -> str | None:
     if message.get("executable") != os.path.realpath(sys.executable):
         return f"interpreter {message.get('executable')} is not the warm server's"
     theirs, ours = message.get("flags") or {}, relay.flags()
-    differ = sorted(k for k in ours if theirs.get(k) != ours[k])
+    differ = sorted(k for k in ours
+                    if k not in relay.REPRODUCED_FLAGS and theirs.get(k) != ours[k])
     if differ:
         return f"interpreter flags differ from the warm server's: {', '.join(differ)}"
     name = import_time_mismatch(dict(message.get("env") or {}), STARTED_ENV, READ_AT_IMPORT)

@@ -50,6 +50,11 @@ FLAGS = (
     "ignore_environment", "verbose", "bytes_warning", "quiet", "hash_randomization", "isolated",
     "dev_mode", "utf8_mode", "safe_path",
 )
+# ... except these, whose one effect the relay reproduces: safe_path (-P, PYTHONSAFEPATH, which a
+# script directory's ``-m`` module job runs with) only keeps the working directory or script
+# directory off ``sys.path``, and the relay sends the ``sys.path`` its job would start with
+# (:func:`job_sys_path`). Still sent (``flags``): a warm server from before this compares it.
+REPRODUCED_FLAGS = frozenset({"safe_path"})
 
 
 class Untrusted(OSError):
