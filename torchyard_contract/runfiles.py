@@ -44,7 +44,7 @@ def _time(v: float | None) -> float | None:
 class AttemptDecision(BaseModel):
     """Why a failed attempt was or was not retried (``service.run.retrydecision``)."""
 
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="ignore", strict=True, defer_build=True)
 
     action: Literal["retry", "fail", "retry_elsewhere"]
     rule: str | None = Field(default=None, max_length=64)  # "1", "default:cuda-oom", None
@@ -59,7 +59,7 @@ class AttemptDecision(BaseModel):
 class RankWhere(BaseModel):
     """Where one rank was when the heartbeat timed out (``service.run.stacks``)."""
 
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="ignore", strict=True, defer_build=True)
 
     rank: int = Field(ge=0, le=2**31)
     state: Literal["collective", "elsewhere", "unknown"]
@@ -70,7 +70,7 @@ class RankWhere(BaseModel):
 class HangStacks(BaseModel):
     """The stacks taken at a heartbeat timeout, per rank (the full dump: GET .../stacks)."""
 
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="ignore", strict=True, defer_build=True)
 
     error: str | None = Field(default=None, max_length=2000)
     ranks: list[RankWhere] = Field(default_factory=list, max_length=65_536)
@@ -79,7 +79,7 @@ class HangStacks(BaseModel):
 class AttemptFile(BaseModel):
     """``attempts/<n>.json`` as the shim writes it (``service.run.attemptloop``)."""
 
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="ignore", strict=True, defer_build=True)
 
     number: int = Field(ge=1, le=ATTEMPTS_MAX)
     started_at: float
@@ -107,7 +107,7 @@ OUTCOME_NODES_MAX = 16
 class Outcome(BaseModel):
     """``exit.json``: how the launch ended, written once by the shim."""
 
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="ignore", strict=True, defer_build=True)
 
     state: Literal["succeeded", "failed", "cancelled", "paused", "requeue"]
     exit_code: int | None = Field(default=None, ge=-EXIT_CODE_BOUND, lt=EXIT_CODE_BOUND)

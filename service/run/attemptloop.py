@@ -43,7 +43,7 @@ import sys
 import time
 from pathlib import Path
 
-from service.run import fastexit, ranktee, retrydecision, stacks
+from service.run import fastexit, ranktee, stacks
 from service.run.exitreason import describe_exit, failed_rank_exit_codes
 from service.run.pausing import PAUSED_REASON, PauseWatch
 from service.run.proctree import (
@@ -278,6 +278,10 @@ class Shim:
             last = startup or failures > self.config.max_restarts or reason == DEADLINE_REASON
             # --- retries decided by the cause (service.run.retrydecision) ---
             if not startup and reason != DEADLINE_REASON and not self.stopped_by_shim:
+                # Imported here, at the first failure: its rules are pydantic models (~0.15 CPU s
+                # to import), and most shims — every standby one among them — never need it.
+                from service.run import retrydecision
+
                 decided = retrydecision.decide_attempt(self.run, self.config, number, reason,
                                                        failures, self.launcher == "slurm")
                 last, reason = not decided.retry, decided.reason

@@ -3,6 +3,7 @@ directory and log, runs it as an ordinary shim would, and a server going away le
 
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -71,3 +72,20 @@ def test_a_standby_whose_server_went_away_exits(tmp_path: Path) -> None:
     standby.close()  # closes its stdin, as the server's exit would
     assert proc.wait(timeout=30) == 0
     assert standby.take(RunDir(tmp_path), dict(os.environ)) is None
+
+
+def test_a_shim_starts_without_the_retry_rules_or_built_attempt_models() -> None:
+    # Every job's shim (a standby one ahead of every job) pays its imports: the retry rules and
+    # the attempt-file models' schemas were ~0.1 CPU s of its ~0.29 (docs/benchmarks.md). They
+    # are built when first used: at a failure, on reading an earlier attempt.
+    probe = (
+        "import json, sys\n"
+        "import service.run.attemptloop\n"
+        "from torchyard_contract import runfiles\n"
+        "print(json.dumps({'modules': sorted(m for m in sys.modules if 'retry' in m),\n"
+        "                  'built': runfiles.AttemptFile.__pydantic_complete__}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, timeout=60).stdout
+    seen = json.loads(out)
+    assert seen == {"modules": [], "built": False}, seen
