@@ -89,3 +89,12 @@ def test_a_shim_starts_without_the_retry_rules_or_built_attempt_models() -> None
                          check=True, timeout=60).stdout
     seen = json.loads(out)
     assert seen == {"modules": [], "built": False}, seen
+
+
+def test_a_python_process_of_the_environment_imports_no_install_hook() -> None:
+    # An editable install's import finder doubled every interpreter start (docs/dependencies.md):
+    # every shim, tee, relay and rank of every job paid it. A plain path line costs nothing.
+    probe = "import sys; print(sorted(m for m in sys.modules if m.startswith('__editable__')))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, timeout=60, cwd="/").stdout
+    assert json.loads(out.replace("'", '"')) == [], out
