@@ -4,8 +4,12 @@ import math
 import os
 import platform
 import statistics
+import subprocess
 import sys
+import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -21,6 +25,29 @@ class Row:
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
+
+
+def run_baseline(argv: list[str], cwd: Path, env: Mapping[str, str]) -> tuple[float, float]:
+    """Run a baseline (plain torchrun, plain python) to its end in ``cwd``, its output in
+    ``cwd/baseline.log``; its start and end (``time.time()``). A plain rank now and then aborts at
+    interpreter exit after gloo's teardown ("terminate called without an active exception",
+    SIGABRT: 1 of 6 plain runs on a loaded 2-core host, and once in CI), which a torchyard rank
+    never reaches (it ends through ``os._exit``, ``service.run.fastexit``); so a failed baseline
+    runs once more, and a second failure raises with the log."""
+    log = cwd / "baseline.log"
+    for tries_left in (1, 0):
+        started = time.time()
+        with log.open("wb") as out:
+            code = subprocess.run(list(argv), cwd=cwd, env=dict(env), stdout=out,
+                                  stderr=subprocess.STDOUT).returncode
+        ended = time.time()
+        if code == 0:
+            return started, ended
+        tail = log.read_text(errors="replace")[-3000:]
+        if not tries_left:
+            raise RuntimeError(f"baseline {argv[1:4]} exited {code} twice:\n{tail}")
+        print(f"bench: baseline exited {code}; once more. Its log:\n{tail}", file=sys.stderr)
+    raise AssertionError("unreachable")
 
 
 def percentile(values: list[float], q: float) -> float:

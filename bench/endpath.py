@@ -24,7 +24,6 @@ and the server's idle CPU (server, pool and warm server, over ``IDLE_S``), defau
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +33,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from bench.common import Row, percentile
+from bench.common import Row, percentile, run_baseline
 from bench.orchestration import PROBE_DIR, _probe
 from bench.server import REPO_ROOT, Server
 
@@ -136,26 +135,7 @@ def run_plain(workdir: Path, script: Path, ranks: int) -> dict[str, float]:
     run_dir.mkdir()
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc-per-node={ranks}", str(script)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    log = run_dir / "torchrun.log"
-    for tries_left in (1, 0):
-        t0 = time.time()
-        with log.open("wb") as out:
-            code = subprocess.run(argv, cwd=run_dir, env=env, stdout=out,
-                                  stderr=subprocess.STDOUT).returncode
-        t_end = time.time()
-        if code == 0:
-            break
-        # The baseline, not torchyard: a plain rank now and then aborts at interpreter exit
-        # ("terminate called without an active exception", SIGABRT, after gloo's teardown:
-        # 1 of 6 plain runs on a loaded 2-core host, and once in CI). A torchyard rank ends
-        # through os._exit (service.run.fastexit) and never reaches that teardown. Run again
-        # once; a second failure shows the log.
-        tail = log.read_text(errors="replace")[-3000:]
-        if not tries_left:
-            raise RuntimeError(f"plain torchrun exited {code} twice:\n{tail}")
-        print(f"bench endpath: plain torchrun exited {code}; once more. Its log:\n{tail}",
-              file=sys.stderr)
+    t0, t_end = run_baseline(argv, run_dir, {**os.environ, "OMP_NUM_THREADS": "1"})
     out = {"client sees succeeded": t_end - t0}
     if any(run_dir.glob("first-*.txt")):
         out["first statement"] = _stamp(run_dir, "first") - t0

@@ -19,7 +19,6 @@ which the probe does not instrument: (c) has no rank phases.
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,7 +28,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from bench.common import Row
+from bench.common import Row, run_baseline
 from bench.server import REPO_ROOT, Server
 from service.run.socketport import free_port
 
@@ -83,12 +82,7 @@ def run_plain(workdir: Path, epochs: int) -> dict[str, object]:
             f"--nproc-per-node={RANKS}", "--master-addr=127.0.0.1",
             f"--master-port={free_port()}", "-m", "worker", "--spec", str(spec_file)]
     env = _env(TORCHYARD_RUN_DIR=str(run_dir))
-    with (run_dir / "torchrun.log").open("wb") as log:
-        t0 = time.time()
-        code = subprocess.call(argv, cwd=run_dir, env=env, stdout=log, stderr=subprocess.STDOUT)
-        t_end = time.time()
-    if code != 0:
-        raise RuntimeError(f"plain torchrun failed ({code}):\n{(run_dir / 'torchrun.log').read_text()[-2000:]}")
+    t0, t_end = run_baseline(argv, run_dir, env)
     events = _probe(run_dir)
     phases = _rank_phases(events, t0)
     exits = [e["t"] for e in events if e["role"] == "rank" and e["event"] == "exit"]

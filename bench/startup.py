@@ -16,7 +16,6 @@ waited on until its pool is ready (``GET /resources``).
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.common import Row, percentile
+from bench.common import Row, percentile, run_baseline
 from bench.orchestration import PROBE_DIR, _phase, _probe
 from bench.server import REPO_ROOT, Server
 
@@ -107,10 +106,7 @@ def _run_plain(workdir: Path, script: Path, torchrun: bool) -> float:
     argv = ([sys.executable, "-m", "torch.distributed.run", "--standalone",
              f"--nproc-per-node={RANKS}", str(script)] if torchrun
             else [sys.executable, str(script)])
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    t0 = time.time()
-    subprocess.run(argv, cwd=run_dir, env=env, check=True, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
+    t0, _ = run_baseline(argv, run_dir, {**os.environ, "OMP_NUM_THREADS": "1"})
     return _first(run_dir) - t0
 
 
