@@ -35,19 +35,23 @@ def run_baseline(argv: list[str], cwd: Path, env: Mapping[str, str]) -> tuple[fl
     never reaches (it ends through ``os._exit``, ``service.run.fastexit``); so a failed baseline
     runs once more, and a second failure raises with the log."""
     log = cwd / "baseline.log"
-    for tries_left in (1, 0):
+
+    def once() -> tuple[int, float, float]:
         started = time.time()
         with log.open("wb") as out:
-            code = subprocess.run(list(argv), cwd=cwd, env=dict(env), stdout=out,
+            code = subprocess.run(argv, cwd=cwd, env=dict(env), stdout=out,
                                   stderr=subprocess.STDOUT).returncode
-        ended = time.time()
-        if code == 0:
-            return started, ended
+        return code, started, time.time()
+
+    code, started, ended = once()
+    if code != 0:
         tail = log.read_text(errors="replace")[-3000:]
-        if not tries_left:
-            raise RuntimeError(f"baseline {argv[1:4]} exited {code} twice:\n{tail}")
         print(f"bench: baseline exited {code}; once more. Its log:\n{tail}", file=sys.stderr)
-    raise AssertionError("unreachable")
+        code, started, ended = once()
+    if code != 0:
+        tail = log.read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"baseline {argv[1:4]} exited {code} twice:\n{tail}")
+    return started, ended
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -96,25 +96,24 @@ class Server:
 
 
 def wait_job_processes_gone(home: Path, job_id: int, timeout_s: float = 30.0) -> None:
-    """Until no process of the job's group is left: a job the database calls ended (a cancel is
-    terminal at once) still has its group for up to the stop grace, and its ranks write in its
-    run directory meanwhile (a temp home removed under them fails with ENOTEMPTY). The group is
-    the shim's: its pid, from the claim it wrote first thing, leads it (``start_new_session``)."""
+    """Until the job's shim has exited: a job the database calls ended (a cancel is terminal at
+    once) still runs for up to the stop grace, and its ranks write in its run directory meanwhile
+    (a temp home removed under them fails with ENOTEMPTY). The shim is the job's subreaper and
+    stops every process below it before it exits (``service.run.attemptloop``); it is found by the
+    pid and start time of the claim it wrote first thing."""
+    from service.run.proctree import same_process
     from torchyard_contract.claim import read_claim
     from torchyard_contract.rundir import RunDir
 
     claim = read_claim(RunDir.for_job(home / "runs", job_id)) or {}
-    pgid = claim.get("pid")
-    if not isinstance(pgid, int):
+    pid, started = claim.get("pid"), claim.get("create_time")
+    if not isinstance(pid, int) or not isinstance(started, int | float):
         return
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except (ProcessLookupError, PermissionError):
-            return
+    while same_process(pid, float(started)):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"job {job_id}: its shim (pid {pid}) outlived {timeout_s} s")
         time.sleep(0.05)
-    raise RuntimeError(f"job {job_id}: its process group {pgid} outlived {timeout_s} s")
 
 
 def db_path(home: Path) -> Path:

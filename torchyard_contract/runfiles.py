@@ -35,6 +35,11 @@ EXIT_CODE_BOUND = 2**31
 _warned: set[tuple[str, int, int]] = set()
 
 
+# Every run-file model: unknown fields ignored, types strict, and the schema built at first use,
+# not at import (the job's shim imports this module and, for a first attempt, reads nothing).
+_RUN_FILE_CONFIG = ConfigDict(extra="ignore", strict=True, defer_build=True)
+
+
 def _time(v: float | None) -> float | None:
     if v is not None and not (math.isfinite(v) and 0 <= v <= 1e11):
         raise ValueError("not a Unix time")
@@ -44,7 +49,7 @@ def _time(v: float | None) -> float | None:
 class AttemptDecision(BaseModel):
     """Why a failed attempt was or was not retried (``service.run.retrydecision``)."""
 
-    model_config = ConfigDict(extra="ignore", strict=True, defer_build=True)
+    model_config = _RUN_FILE_CONFIG
 
     action: Literal["retry", "fail", "retry_elsewhere"]
     rule: str | None = Field(default=None, max_length=64)  # "1", "default:cuda-oom", None
@@ -59,7 +64,7 @@ class AttemptDecision(BaseModel):
 class RankWhere(BaseModel):
     """Where one rank was when the heartbeat timed out (``service.run.stacks``)."""
 
-    model_config = ConfigDict(extra="ignore", strict=True, defer_build=True)
+    model_config = _RUN_FILE_CONFIG
 
     rank: int = Field(ge=0, le=2**31)
     state: Literal["collective", "elsewhere", "unknown"]
@@ -70,7 +75,7 @@ class RankWhere(BaseModel):
 class HangStacks(BaseModel):
     """The stacks taken at a heartbeat timeout, per rank (the full dump: GET .../stacks)."""
 
-    model_config = ConfigDict(extra="ignore", strict=True, defer_build=True)
+    model_config = _RUN_FILE_CONFIG
 
     error: str | None = Field(default=None, max_length=2000)
     ranks: list[RankWhere] = Field(default_factory=list, max_length=65_536)
@@ -79,7 +84,7 @@ class HangStacks(BaseModel):
 class AttemptFile(BaseModel):
     """``attempts/<n>.json`` as the shim writes it (``service.run.attemptloop``)."""
 
-    model_config = ConfigDict(extra="ignore", strict=True, defer_build=True)
+    model_config = _RUN_FILE_CONFIG
 
     number: int = Field(ge=1, le=ATTEMPTS_MAX)
     started_at: float
@@ -107,7 +112,7 @@ OUTCOME_NODES_MAX = 16
 class Outcome(BaseModel):
     """``exit.json``: how the launch ended, written once by the shim."""
 
-    model_config = ConfigDict(extra="ignore", strict=True, defer_build=True)
+    model_config = _RUN_FILE_CONFIG
 
     state: Literal["succeeded", "failed", "cancelled", "paused", "requeue"]
     exit_code: int | None = Field(default=None, ge=-EXIT_CODE_BOUND, lt=EXIT_CODE_BOUND)
