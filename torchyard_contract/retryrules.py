@@ -190,11 +190,16 @@ def _matches(rule: FailureRule, failure: RankFailure, lines: list[str]) -> bool:
     return True
 
 
-def decide(rules: list[FailureRule], failures: list[RankFailure]) -> Decision:
+def decide(
+    rules: list[FailureRule], failures: list[RankFailure], *, ranks_known: bool = True
+) -> Decision:
     """The first rule (the spec's, then the defaults) matching a failing rank decides.
 
     ``failures``: the ranks that failed, in the order to blame them (the first failing rank
-    first); empty when no rank's exit is known (the whole group was killed)."""
+    first); empty when no rank's exit is known (the whole group was killed).
+    ``ranks_known=False``: torchrun named no failed rank (it died before its failure summary),
+    so ``failures`` holds every rank with the group's exit code: a rule may still match one's
+    output, but without a match the cause is the group's, not the first rank's."""
     ordered = [(str(i), r) for i, r in enumerate(rules, 1)]
     ordered += [(f"default:{name}", r) for name, r in DEFAULT_RULES]
     lines = {f.rank: _lines(f.tail) for f in failures}
@@ -203,6 +208,6 @@ def decide(rules: list[FailureRule], failures: list[RankFailure]) -> Decision:
             if _matches(rule, failure, lines[failure.rank]):
                 return Decision(rule.action, label, failure.rank,
                                 f"rank {failure.rank} {rule.what()}")
-    first = failures[0] if failures else None
+    first = failures[0] if failures and ranks_known else None
     why = f"rank {first.rank} failed" if first else "the group failed"
     return Decision(None, None, first.rank if first else None, why)

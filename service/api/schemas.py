@@ -243,7 +243,8 @@ class WarmRead(BaseModel):
     """The warm-rank pool of this host (docs/warm-ranks.md)."""
 
     state: Literal["starting", "ready", "broken"] = Field(
-        description="starting: importing torch (jobs start cold); ready: serving warm ranks; "
+        description="starting: importing torch, or not answering its checks (jobs start cold; "
+        "its running ranks go on); ready: serving warm ranks; "
         "broken: cannot serve, its socket's directory is not the service user's private one "
         "(jobs start cold, saying why; see the server's log)"
     )

@@ -3,8 +3,9 @@
 :class:`WarmPool` runs one background thread that keeps a warm server
 (``python -u -m service.run.warm.server``) alive on this host: started (or, after a torchyard restart,
 adopted) in a session of its own, asked for its status every ``CHECK_S``, measured (the server's RSS
-plus its idle children's own pages) and replaced when it died, stopped answering or grew past its
-memory budget. Nothing here blocks a launch: :meth:`socket_for_launch` returns the socket only
+plus its idle children's own pages) and replaced when it died, grew past its memory budget or
+stopped answering (``SILENCE_PATIENCE_S`` without an answer, once it had answered: until then
+jobs start cold and its running ranks go on). Nothing here blocks a launch: :meth:`socket_for_launch` returns the socket only
 while the last check found the server ready (else None: the job starts cold). :meth:`close`
 gives this process's ownership back; with no owner left the server drains: it stops serving and
 exits once its running ranks ended, so jobs outlive the torchyard server as they do without warm
@@ -50,6 +51,10 @@ MEMORY_CHECK_S = 10.0  # USS reads /proc/PID/smaps: not every poll
 MEMORY_RECHECK_S = 60.0  # ... and of a pool that has not changed, only this often
 STARTUP_TIMEOUT_S = 300.0  # importing torch on a loaded machine; after this it counts as hung
 CLAIM_TIMEOUT_S = 30.0  # from spawn to holding the server's lock (before it imports torch)
+# A server that answered and then falls silent while it holds its lock is alive, and its ranks
+# run on: a loaded host can delay one reply past the 2 s a check waits. Killing it would kill
+# every warm rank on the host (PDEATHSIG), so it is only after this long without an answer.
+SILENCE_PATIENCE_S = 30.0
 # Variables torch reads when the server imports it; the server must not inherit the server's.
 NOT_INHERITED = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
 
@@ -144,6 +149,7 @@ class WarmPool:
         self._spawned_at = 0.0
         self._answered = False  # the server this pool started has answered
         self._held_since: float | None = None  # another's server holds the lock, silent
+        self._answered_at: float | None = None  # the last answer of a warm server (monotonic)
 
     # --- what others read ------------------------------------------------------------------
     def status(self) -> WarmStatus:
@@ -202,6 +208,7 @@ class WarmPool:
             self._no_answer()
             return
         self._held_since = None
+        self._answered_at = time.monotonic()
         if self._proc is not None and int(reply["pid"]) == self._proc.pid:
             self._answered = True
         now = time.monotonic()
@@ -236,6 +243,15 @@ class WarmPool:
         holder = lock_holder(self.directory)  # the pid of the one server serving this socket
         proc = self._proc
         alive = proc is not None and proc.poll() is None
+        if holder and self._answered_at is not None \
+                and now - self._answered_at < SILENCE_PATIENCE_S:
+            # Held, so alive: slow, not gone. New jobs start cold until it answers again.
+            why = f"the warm server {holder} does not answer"
+            if self._status.state == "ready":
+                logger.warning("warm pool: %s; jobs start cold until it does (it is replaced "
+                               "after %.0f s without an answer)", why, SILENCE_PATIENCE_S)
+            self._status = replace(self._status, state="starting", idle=0, active=0, reason=why)
+            return
         lost = self._status.state == "ready" or (
             proc is not None and not alive and proc.returncode != BUSY_EXIT)
         if lost:

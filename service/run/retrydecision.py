@@ -42,18 +42,23 @@ class AttemptDecision:
     summary: str = ""  # the decision in words, with the rule
 
 
-def _failures(run: RunDir, number: int, record: dict, world_size: int) -> list[RankFailure]:
+def _failures(
+    run: RunDir, number: int, record: dict, world_size: int
+) -> tuple[list[RankFailure], bool]:
+    """The failing ranks, first to blame first, and whether torchrun named them (False: no
+    failure summary, e.g. its agent died with a warm server, so every rank stands in)."""
     codes = {
         int(r): c for r, c in (record.get("rank_exit_codes") or {}).items()
         if str(r).isdigit() and int(r) < world_size and c != 0
     }
+    named = bool(codes)
     if not codes and isinstance(record.get("exit_code"), int):
         codes = dict.fromkeys(range(world_size), record["exit_code"])  # no summary: every rank
     # The rank that failed first is not one torchrun stopped (-SIGTERM) because another failed.
     order = sorted(codes, key=lambda r: (codes[r] == -signal.SIGTERM, r))
     return [
         RankFailure(r, codes[r], read_tail(run.rank_output(number, r), TAIL_BYTES)) for r in order
-    ]
+    ], named
 
 
 def decide_attempt(
@@ -79,7 +84,8 @@ def _decide(
     path = run.attempt_file(number)
     record = json.loads(path.read_text())
     rules = [FailureRule.model_validate(r) for r in config.on_failure or []]
-    decision = decide(rules, _failures(run, number, record, config.world_size))
+    failed, named = _failures(run, number, record, config.world_size)
+    decision = decide(rules, failed, ranks_known=named)
     label = decision.label()
     used_up = failures > config.max_restarts
     if decision.action == "fail":

@@ -125,7 +125,8 @@ def test_no_rule_retries_while_max_restarts_allows(server: LiveServer) -> None:
     assert job["state"] == "failed", job
     decision = job["attempts"][0]["decision"]
     assert decision["rule"] is None and decision["action"] == "fail"
-    assert decision["summary"].startswith("not restarted: max_restarts (0) used up; rank 1 failed")
+    assert decision["summary"].startswith(
+        "not restarted: max_restarts (0) used up; rank 1 failed"), job["attempts"]
     # The reason stays the failing rank's own, as before rules existed.
     assert not job["reason"].startswith("not restarted"), job
 
@@ -160,6 +161,13 @@ def test_rules_are_ordered_and_first_match_wins() -> None:
     assert decide(rules, [oom, stopped]).rule == "1"  # rule 1 matches rank 0's SIGTERM
     assert decide(rules[1:], [oom]).why == "rank 1 exited with code 1"
     assert decide([], [RankFailure(0, 2, "")]).rule is None
+    # torchrun named no rank (no failure summary): every rank stands in, none is blamed...
+    group = [RankFailure(0, 1, ""), RankFailure(1, 1, "shard 17 is corrupt")]
+    unnamed = decide([], group, ranks_known=False)
+    assert (unnamed.why, unnamed.rank, unnamed.rule) == ("the group failed", None, None)
+    # ... but a rule matching one's output names that one.
+    assert decide([FailureRule(log_pattern="corrupt", action="fail")], group,
+                  ranks_known=False).rank == 1
     catch_all = [FailureRule(action="fail")]
     assert decide(catch_all, [oom]).action == "fail"
     assert {name for name, _ in DEFAULT_RULES} == {"cuda-oom", "killed", "collective-timeout"}

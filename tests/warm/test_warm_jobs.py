@@ -2,6 +2,7 @@
 the real warm server: reporting, cancel, heartbeat, deadline, a killed rank's restart, logs,
 and that no process of a job outlives it."""
 
+import contextlib
 import os
 import signal
 import time
@@ -170,6 +171,32 @@ def test_heartbeat_and_deadline_stop_warm_ranks(server: LiveServer, case: str) -
     job = server.wait_for(job_id, {"failed"}, timeout_s=90)
     assert reason in job["reason"] and len(job["attempts"]) == 1, job["reason"]
     assert_gone([job["pid"], *warm.values()])
+
+
+def test_a_warm_server_slow_to_answer_keeps_its_running_ranks(server: LiveServer) -> None:
+    """A warm server that misses a status check (SIGSTOPped past the 2 s a check waits, as a
+    loaded host can delay it) is not killed: it holds its lock, so it is alive, and killing it
+    would kill every warm rank. Jobs start cold meanwhile; the running job ends warm, once."""
+    with server.client() as c:
+        job_id = c.post("/jobs", json={"dataset": "synthetic", "epochs": 2, "nproc_per_node": 2,
+                                       "labels": hooks(epoch_sleep_s=2)}).json()["id"]
+    wait_warm_ranks(server, job_id, 2)
+    pid = ask(socket_path(server.home), {"op": "status"})["pid"]  # type: ignore[index]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 30
+        with server.client() as c:  # until the pool has missed an answer
+            while (warm := c.get("/resources").json()["warm"])["state"] == "ready":
+                assert time.monotonic() < deadline, warm
+                time.sleep(0.2)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # gone: the pool killed it
+            os.kill(pid, signal.SIGCONT)
+    job = server.wait_for(job_id, {"succeeded", "failed"})
+    assert job["state"] == "succeeded" and len(job["attempts"]) == 1, job
+    assert job["attempts"][0]["rank_exit_codes"] == {"0": 0, "1": 0}
+    assert wait_warm(server)["restarts"] == 0
+    assert ask(socket_path(server.home), {"op": "status"})["pid"] == pid  # type: ignore[index]
 
 
 @pytest.mark.slow
