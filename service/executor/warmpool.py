@@ -149,7 +149,8 @@ class WarmPool:
         self._spawned_at = 0.0
         self._answered = False  # the server this pool started has answered
         self._held_since: float | None = None  # another's server holds the lock, silent
-        self._answered_at: float | None = None  # the last answer of a warm server (monotonic)
+        self._has_answered = False  # a warm server has answered this pool
+        self._silent_since: float | None = None  # the first check it missed since (monotonic)
 
     # --- what others read ------------------------------------------------------------------
     def status(self) -> WarmStatus:
@@ -208,7 +209,7 @@ class WarmPool:
             self._no_answer()
             return
         self._held_since = None
-        self._answered_at = time.monotonic()
+        self._has_answered, self._silent_since = True, None
         if self._proc is not None and int(reply["pid"]) == self._proc.pid:
             self._answered = True
         now = time.monotonic()
@@ -243,8 +244,10 @@ class WarmPool:
         holder = lock_holder(self.directory)  # the pid of the one server serving this socket
         proc = self._proc
         alive = proc is not None and proc.poll() is None
-        if holder and self._answered_at is not None \
-                and now - self._answered_at < SILENCE_PATIENCE_S:
+        # Silence counted from the first missed check, not from the last answer: a pool whose
+        # own process was stopped for a while has not heard a server fall silent.
+        self._silent_since = self._silent_since or now
+        if holder and self._has_answered and now - self._silent_since < SILENCE_PATIENCE_S:
             # Held, so alive: slow, not gone. New jobs start cold until it answers again.
             why = f"the warm server {holder} does not answer"
             if self._status.state == "ready":
