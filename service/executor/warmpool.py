@@ -5,8 +5,9 @@
 adopted) in a session of its own, asked for its status every ``CHECK_S``, measured (the server's RSS
 plus its idle children's own pages) and replaced when it died, grew past its memory budget or
 stopped answering (``SILENCE_PATIENCE_S`` without an answer, once it had answered: until then
-jobs start cold and its running ranks go on). Nothing here blocks a launch: :meth:`socket_for_launch` returns the socket only
-while the last check found the server ready (else None: the job starts cold). :meth:`close`
+jobs start cold and its running ranks go on). Nothing here blocks a launch:
+:meth:`socket_for_launch` returns the socket only while the last check found the server ready
+(else None: the job starts cold). :meth:`close`
 gives this process's ownership back; with no owner left the server drains: it stops serving and
 exits once its running ranks ended, so jobs outlive the torchyard server as they do without warm
 ranks. Never imports torch.
