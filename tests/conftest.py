@@ -50,6 +50,9 @@ RANK_HOOKS = REPO_ROOT / "tests" / "rankhooks"
 # most of what this suite spends). Tests of the cold path, and servers that run no job, set
 # ``TORCHYARD_WARM_RANKS=false`` themselves.
 os.environ.setdefault("TORCHYARD_WARM_RANKS", "true")
+# The environment before any test module imported torch or scikit-learn, which set variables
+# of their own here (TORCHINDUCTOR_*, KMP_*): what plain groups started by tests inherit.
+ENV_AT_START = dict(os.environ)
 # For a server restarted only to adopt what its predecessor started: it launches nothing, so it
 # needs no warm pool (~3 CPU s and the wait for the pool, per restart).
 ADOPTS_ONLY = {"TORCHYARD_WARM_RANKS": "false"}
@@ -83,6 +86,8 @@ XDIST_GROUPS = {
     "test_slurm.py": "slurm", "test_slurm_security.py": "slurm",
     "test_slurm_pending_cancel.py": "slurm",
     "test_failover.py": "failover",
+    # Their plain torchrun groups share one warm server (tests/worker/conftest.py).
+    "test_checkpoint.py": "rungroup", "test_worker_unit.py": "rungroup",
     **{name: name for name in (
         "test_dashboard.py", "test_fuzz.py", "test_hostile_scripts.py",
         "test_openapi.py", "test_warm_security.py", "test_warm_server.py",

@@ -202,7 +202,8 @@ def test_server_sigkill_and_restart_readopts_by_slurm_job_id(
 ) -> None:
     server = slurm_server(TORCHYARD_TEST_EPOCH_SLEEP_S="0.5")
     with server.client() as c:
-        # Re-adoption is by Slurm job id, whatever the nodes: one node with both ranks.
+        # Re-adoption is by Slurm job id, whatever the nodes: one node with both ranks (the one
+        # Slurm test of two ranks on a node; the others use one, each cold rank ~4 CPU s).
         job_id = c.post("/jobs", json={"nnodes": 1, "nproc_per_node": 2, "dataset": "synthetic",
                                        "epochs": 8, "device": "cpu"}).json()["id"]
     server.wait_for(job_id, {"running"}, timeout_s=60)
@@ -251,7 +252,8 @@ def test_job_slurm_purged_while_the_server_was_down_still_ends_right(
 ) -> None:
     server = slurm_server()
     with server.client() as c:
-        job_id = c.post("/jobs", json={"nnodes": 1, "nproc_per_node": 2, "dataset": "synthetic",
+        # One rank: what is tested is the end Slurm no longer knows, not the ranks.
+        job_id = c.post("/jobs", json={"nnodes": 1, "nproc_per_node": 1, "dataset": "synthetic",
                                        "epochs": 2, "device": "cpu"}).json()["id"]
     server.wait_for(job_id, {"starting", "running"}, timeout_s=60)
     os.killpg(server.proc.pid, signal.SIGKILL)
@@ -264,11 +266,10 @@ def test_job_slurm_purged_while_the_server_was_down_still_ends_right(
 
     again = slurm_server(server.home, server.port)
     job = again.wait_for(job_id, {"succeeded"}, timeout_s=60)
-    assert job["exit_code"] == 0 and job["attempts"][0]["rank_exit_codes"] == {"0": 0, "1": 0}
+    assert job["exit_code"] == 0 and job["attempts"][0]["rank_exit_codes"] == {"0": 0}
     items = every_record(again, job_id)
     assert_each_record_once(items)
-    assert {(i["rank"], i["epoch"]) for i in items if i["name"] == "loss"} == {
-        (r, e) for r in (0, 1) for e in (1, 2)}
+    assert {(i["rank"], i["epoch"]) for i in items if i["name"] == "loss"} == {(0, 1), (0, 2)}
 
 
 def test_a_job_slurm_refuses_fails_with_sbatchs_reason(server: LiveServer) -> None:
@@ -309,14 +310,16 @@ def test_pause_releases_the_allocation_and_resume_goes_on(
     slurm: SlurmCluster, server: LiveServer
 ) -> None:
     """Pause and resume (issue 25, item 1, docs/lifecycle.md): a pause releases the job's
-    allocation and a resume asks Slurm for a new one."""
-    spec = {"nnodes": 1, "nproc_per_node": 2, "dataset": "synthetic", "epochs": 6,
+    allocation and a resume asks Slurm for a new one. One rank: every rank pausing at one
+    epoch boundary is tests/lifecycle/test_pause.py's (each cold rank here costs ~4 CPU s; two
+    ranks on a Slurm node: test_server_sigkill_and_restart_readopts_by_slurm_job_id)."""
+    spec = {"nnodes": 1, "nproc_per_node": 1, "dataset": "synthetic", "epochs": 6,
             "device": "cpu", "labels": hooks(epoch_sleep_s=0.5)}
     with server.client() as c:
         job_id = c.post("/jobs", json=spec).json()["id"]
         server.wait_for(job_id, {"running"}, timeout_s=60)
         deadline = time.monotonic() + 90
-        while sum(_pause_losses(server, job_id).values()) < 4:
+        while sum(_pause_losses(server, job_id).values()) < 2:
             assert time.monotonic() < deadline, "too few epochs reported"
             time.sleep(0.2)
         assert c.post(f"/jobs/{job_id}/pause").json()["state"] == "pausing"
@@ -330,7 +333,7 @@ def test_pause_releases_the_allocation_and_resume_goes_on(
     job = server.wait_for(job_id, {"succeeded"}, timeout_s=120)
     assert [a["number"] for a in job["attempts"]] == [1, 2]
     seen = _pause_losses(server, job_id)
-    assert set(seen) == {(r, e) for r in (0, 1) for e in range(1, 7)} and max(seen.values()) == 1
+    assert set(seen) == {(0, e) for e in range(1, 7)} and max(seen.values()) == 1
 
 
 def test_a_job_paused_while_pending_in_slurm_is_withdrawn(

@@ -6,7 +6,6 @@ started cold, each of the three processes imports torch (about 9 CPU-seconds a g
 2-core CI machine); forked warm, about one. The command is the product's own builder's.
 """
 
-import os
 import shutil
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 
 from service.run.torchrun import LaunchRequest, build_command
 from service.run.warm import RELAY_PATH
-from tests.conftest import REPO_ROOT, free_port
+from tests.conftest import ENV_AT_START, REPO_ROOT, free_port
 from torchyard_contract.spec import JobSpec
 
 
@@ -22,7 +21,10 @@ def environment(run_dir: Path | None = None) -> dict[str, str]:
     """What the group runs with (the warm server the same, so no import-time variable differs)."""
     # PYTEST_CURRENT_TEST changes with each test and is read at start (torch reads it): a
     # group's relays would find it differs from the server's and start cold.
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHYARD_", "PYTEST_"))} | {
+    # This process's environment as it was before any test imported torch or scikit-learn:
+    # both set variables read at start-up (TORCHINDUCTOR_*, KMP_*), so a group started after
+    # that would differ from its warm server, started before, and rightly start cold.
+    env = {k: v for k, v in ENV_AT_START.items() if not k.startswith(("TORCHYARD_", "PYTEST_"))} | {
         "OMP_NUM_THREADS": "1",
         "PYTHONPATH": str(REPO_ROOT),
     }

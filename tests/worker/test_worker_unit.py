@@ -128,11 +128,13 @@ def test_reporter_close_is_bounded_when_api_unreachable(tmp_path: Path) -> None:
     assert (tmp_path / "spool" / "rank-0.jsonl").exists()
 
 
-def test_real_two_rank_run(tmp_path: Path) -> None:
+def test_real_two_rank_run(tmp_path: Path, warm_ranks: str) -> None:
+    """The built-in trainer as a real 2-rank group, forked warm as the product does by default
+    (cold groups run through the server: tests/run/test_e2e.py)."""
     spec = JobSpec(
         name="t", dataset=DatasetName.synthetic, epochs=2, batch_size=32, synthetic_samples=256
     )
-    run_worker_group(tmp_path, spec)
+    run_worker_group(tmp_path, spec, warm_ranks)
     for rank in (0, 1):
         assert (tmp_path / "attempts" / "1" / f"ready-rank-{rank}").exists()
         records = [
