@@ -36,6 +36,7 @@ from service.api.app import create_app
 from service.domain.jobtoken import new_token
 from service.executor.warmpool import ask, socket_path
 from service.run import proctree
+from service.run.warm.preload import IMPORT_TIME_NAMES, IMPORT_TIME_PREFIXES
 from service.settings import Settings
 from service.store import repository as repo
 from service.store.db import upgrade
@@ -51,7 +52,7 @@ RANK_HOOKS = REPO_ROOT / "tests" / "rankhooks"
 # ``TORCHYARD_WARM_RANKS=false`` themselves.
 os.environ.setdefault("TORCHYARD_WARM_RANKS", "true")
 # The environment before any test module imported torch or scikit-learn, which set variables
-# of their own here (TORCHINDUCTOR_*, KMP_*): what plain groups started by tests inherit.
+# read at start-up of their own here (TORCHINDUCTOR_*, KMP_*): see ``child_environ``.
 ENV_AT_START = dict(os.environ)
 # For a server restarted only to adopt what its predecessor started: it launches nothing, so it
 # needs no warm pool (~3 CPU s and the wait for the pool, per restart).
@@ -166,6 +167,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(group))
     rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order kept
+
+
+def child_environ() -> dict[str, str]:
+    """The environment for a process a test starts (a server, a plain group): this process's,
+    without pytest's ``PYTEST_*`` and with the variables read at start-up as they were when the
+    session began. A library a test imported in this process sets some (scikit-learn two
+    ``KMP_*``); a server started after that passed them to its jobs, whose relays found they
+    differ from the session's warm server (started before) and rightly started cold: every
+    later job of that xdist worker cold, CI's run of 1276354."""
+    def start_up(name: str) -> bool:
+        return name in IMPORT_TIME_NAMES or name.startswith(IMPORT_TIME_PREFIXES)
+
+    return {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_") and not start_up(k)
+            } | {k: v for k, v in ENV_AT_START.items() if start_up(k)}
 
 
 def free_port() -> int:
@@ -369,7 +384,7 @@ def _start_server_on(
         # Not pytest's own variables: PYTEST_CURRENT_TEST differs in every test and torch reads
         # it at import, so a job's relays would find it differs from the shared warm server's
         # (recorded when it preloaded) and rightly start cold.
-        **{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")},
+        **child_environ(),
         **shared_warm,
         "TORCHYARD_HOME": str(home),
         "TORCHYARD_PORT": str(port),

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from service.run.torchrun import LaunchRequest, build_command
 from service.run.warm import RELAY_PATH
-from tests.conftest import ENV_AT_START, REPO_ROOT, free_port
+from tests.conftest import REPO_ROOT, child_environ, free_port
 from torchyard_contract.spec import JobSpec
 
 
@@ -21,10 +21,9 @@ def environment(run_dir: Path | None = None) -> dict[str, str]:
     """What the group runs with (the warm server the same, so no import-time variable differs)."""
     # PYTEST_CURRENT_TEST changes with each test and is read at start (torch reads it): a
     # group's relays would find it differs from the server's and start cold.
-    # This process's environment as it was before any test imported torch or scikit-learn:
-    # both set variables read at start-up (TORCHINDUCTOR_*, KMP_*), so a group started after
-    # that would differ from its warm server, started before, and rightly start cold.
-    env = {k: v for k, v in ENV_AT_START.items() if not k.startswith(("TORCHYARD_", "PYTEST_"))} | {
+    # Start-up variables as the session began (tests/conftest.py: child_environ), so a group
+    # started after a test imported scikit-learn does not differ from its warm server.
+    env = {k: v for k, v in child_environ().items() if not k.startswith("TORCHYARD_")} | {
         "OMP_NUM_THREADS": "1",
         "PYTHONPATH": str(REPO_ROOT),
     }
