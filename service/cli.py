@@ -111,10 +111,10 @@ def db_upgrade(revision: str = typer.Argument("head")) -> None:
     typer.echo(f"database at {masked_url(settings.resolved_database_url)} is at {revision}")
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the command line ``argv`` (default ``sys.argv[1:]``). The client commands are added
-    unless the command is one of ``SERVER_COMMANDS`` (so ``--help`` lists every command)."""
-    args = sys.argv[1:] if argv is None else argv
+def main() -> None:
+    """Run the command line. The client commands are added unless the command is one of
+    ``SERVER_COMMANDS`` (so ``--help`` lists every command)."""
+    args = sys.argv[1:]
     if not args or args[0] not in SERVER_COMMANDS:
         from service.client.commands import register as register_client_commands
 

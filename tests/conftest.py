@@ -36,7 +36,7 @@ from service.api.app import create_app
 from service.domain.jobtoken import new_token
 from service.executor.warmpool import ask, socket_path
 from service.run import proctree
-from service.run.warm.preload import IMPORT_TIME_NAMES, IMPORT_TIME_PREFIXES
+from service.run.warm.preload import read_at_start_up
 from service.settings import Settings
 from service.store import repository as repo
 from service.store.db import upgrade
@@ -175,12 +175,11 @@ def child_environ() -> dict[str, str]:
     session began. A library a test imported in this process sets some (scikit-learn two
     ``KMP_*``); a server started after that passed them to its jobs, whose relays found they
     differ from the session's warm server (started before) and rightly started cold: every
-    later job of that xdist worker cold, CI's run of 1276354."""
-    def start_up(name: str) -> bool:
-        return name in IMPORT_TIME_NAMES or name.startswith(IMPORT_TIME_PREFIXES)
-
-    return {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_") and not start_up(k)
-            } | {k: v for k, v in ENV_AT_START.items() if start_up(k)}
+    later job of that xdist worker cold, CI's run of 1276354. (``PYTEST_CURRENT_TEST`` differs
+    in every test and torch reads it at import: a job carrying it would start cold as well.)"""
+    now = {k: v for k, v in os.environ.items() if not read_at_start_up(k)}
+    began = {k: v for k, v in ENV_AT_START.items() if read_at_start_up(k)}
+    return {k: v for k, v in (now | began).items() if not k.startswith("PYTEST_")}
 
 
 def free_port() -> int:
@@ -381,10 +380,7 @@ def _start_server_on(
     shared_warm = {} if own_warm or not SHARED_WARM_DIRS else {
         "TORCHYARD_WARM_DIR": str(SHARED_WARM_DIRS[0])}
     env = {
-        # Not pytest's own variables: PYTEST_CURRENT_TEST differs in every test and torch reads
-        # it at import, so a job's relays would find it differs from the shared warm server's
-        # (recorded when it preloaded) and rightly start cold.
-        **child_environ(),
+        **child_environ(),  # as the session's shared warm server has it
         **shared_warm,
         "TORCHYARD_HOME": str(home),
         "TORCHYARD_PORT": str(port),

@@ -19,10 +19,7 @@ from torchyard_contract.spec import JobSpec
 
 def environment(run_dir: Path | None = None) -> dict[str, str]:
     """What the group runs with (the warm server the same, so no import-time variable differs)."""
-    # PYTEST_CURRENT_TEST changes with each test and is read at start (torch reads it): a
-    # group's relays would find it differs from the server's and start cold.
-    # Start-up variables as the session began (tests/conftest.py: child_environ), so a group
-    # started after a test imported scikit-learn does not differ from its warm server.
+    # child_environ: start-up variables as the session began, none of pytest's own.
     env = {k: v for k, v in child_environ().items() if not k.startswith("TORCHYARD_")} | {
         "OMP_NUM_THREADS": "1",
         "PYTHONPATH": str(REPO_ROOT),

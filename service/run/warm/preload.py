@@ -34,18 +34,22 @@ IMPORT_TIME_NAMES = frozenset({"GLIBC_TUNABLES"})
 RUN_TIME_PREFIXES = ("TORCHYARD_", "TORCHELASTIC_", "TORCH_NCCL_")
 
 
+def read_at_start_up(name: str, read: Set[str] = frozenset()) -> bool:
+    """Whether the variable ``name`` is read when the interpreter, its C libraries or torch
+    start (or is in ``read``: what the preload read), so a job must share its value with the
+    warm server; not the ones passed through or read only after the hand-off."""
+    if name in PASSED_THROUGH or name.startswith(RUN_TIME_PREFIXES):
+        return False
+    return name in read or name in IMPORT_TIME_NAMES or name.startswith(IMPORT_TIME_PREFIXES)
+
+
 def import_time_mismatch(
     job_env: dict[str, str], own_env: dict[str, str], read: Set[str] = frozenset()
 ) -> str | None:
-    """The first variable read at interpreter or torch import (or in ``read``: what the
-    preload read) whose job value differs."""
+    """The first variable read at start-up (:func:`read_at_start_up`) whose job value
+    differs."""
     for name in sorted(set(job_env) | set(own_env)):
-        if name in PASSED_THROUGH or name.startswith(RUN_TIME_PREFIXES):
-            continue
-        if not (name in read or name in IMPORT_TIME_NAMES
-                or name.startswith(IMPORT_TIME_PREFIXES)):
-            continue
-        if job_env.get(name) != own_env.get(name):
+        if read_at_start_up(name, read) and job_env.get(name) != own_env.get(name):
             return name
     return None
 
