@@ -403,6 +403,24 @@ def _start_server_on(
         start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
+    tokens = [t for t in env.get("TORCHYARD_API_TOKENS", "").split(",") if t.strip()]
+    warm_dir = env.get("TORCHYARD_WARM_DIR")
+    server = LiveServer(url=url, port=port, home=home, proc=proc, log=log,
+                        token=tokens[0].strip() if tokens else None,
+                        warm_dir=Path(warm_dir) if warm_dir else None)
+    try:
+        _await_health(proc, log, url, port)
+        _await_warm_pool(server)
+    except BaseException:
+        # A server that never got ready still runs (and may own the shared warm server): left
+        # behind, it outlived the session (a minute's stall of this VM's host, 2026-12-07).
+        _stop_process(proc)
+        raise
+    return server
+
+
+def _await_health(proc: subprocess.Popen, log: Path, url: str, port: int) -> None:
+    """Until ``/healthz`` answers 200; raises if the server exits first or takes over 30 s."""
     deadline = time.monotonic() + 30
     with httpx.Client(timeout=1, verify=LOOPBACK_TLS) as poll:
         while True:
@@ -418,13 +436,6 @@ def _start_server_on(
                 pass
             assert time.monotonic() < deadline, "server did not answer in 30 s"
             time.sleep(0.1)
-    tokens = [t for t in env.get("TORCHYARD_API_TOKENS", "").split(",") if t.strip()]
-    warm_dir = env.get("TORCHYARD_WARM_DIR")
-    server = LiveServer(url=url, port=port, home=home, proc=proc, log=log,
-                        token=tokens[0].strip() if tokens else None,
-                        warm_dir=Path(warm_dir) if warm_dir else None)
-    _await_warm_pool(server)
-    return server
 
 
 def _await_warm_pool(server: LiveServer, timeout_s: float = 120) -> None:
@@ -446,13 +457,18 @@ def _await_warm_pool(server: LiveServer, timeout_s: float = 120) -> None:
 
 
 def _stop_server(server: LiveServer) -> None:
-    if server.proc.poll() is None:
-        server.proc.send_signal(signal.SIGTERM)
+    _stop_process(server.proc)
+
+
+def _stop_process(proc: subprocess.Popen) -> None:
+    """SIGTERM, 15 s, then SIGKILL."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
         try:
-            server.proc.wait(timeout=15)
+            proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
-            server.proc.kill()
-            server.proc.wait()
+            proc.kill()
+            proc.wait()
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from sqlalchemy.engine import Engine
 
 from service.api.app import create_app
 from service.settings import Settings
+from service.store import queue as queuerepo
 
 POLL_S = 0.05
 WRITES = ("BEGIN IMMEDIATE", "INSERT", "UPDATE", "DELETE")
@@ -20,19 +21,33 @@ WRITES = ("BEGIN IMMEDIATE", "INSERT", "UPDATE", "DELETE")
 
 def _supervisor_statements(seconds: float, client: TestClient) -> list[str]:
     """The SQL the supervisor's thread ran during ``seconds`` (after a first idle pass)."""
+    _await_first_publish(client)
     seen: list[str] = []
 
     def record(conn, cursor, statement, parameters, context, executemany) -> None:  # type: ignore[no-untyped-def]
         if threading.current_thread().name == "torchyard-supervisor":
             seen.append(" ".join(statement.split())[:60])
 
-    time.sleep(3 * POLL_S)
+    time.sleep(3 * POLL_S)  # a pass or so more: reads only from here on
     event.listen(Engine, "before_cursor_execute", record)
     try:
         time.sleep(seconds)
     finally:
         event.remove(Engine, "before_cursor_execute", record)
     return seen
+
+
+def _await_first_publish(client: TestClient, timeout_s: float = 30) -> None:
+    """Until the supervisor has taken the lease and published its first (empty) queue: the
+    writes of a term's start, not of an idle pass (on a loaded host they came after a fixed
+    0.15 s wait, inside the window: 4 xdist workers on 2 cores, 2026-12-07)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with client.app.state.session_factory() as session:
+            if (queuerepo.snapshot_version(session) or 0) > 0:
+                return
+        assert time.monotonic() < deadline, "no queue snapshot published"
+        time.sleep(POLL_S)
 
 
 def test_an_idle_pass_is_one_read_and_a_busy_one_still_acts(tmp_path: Path) -> None:
