@@ -106,11 +106,11 @@ def wait_job_processes_gone(home: Path, job_id: int, timeout_s: float = 30.0) ->
     from torchyard_contract.rundir import RunDir
 
     claim = read_claim(RunDir.for_job(home / "runs", job_id)) or {}
-    pid, started = claim.get("pid"), claim.get("create_time")
+    pid, started, ticks = claim.get("pid"), claim.get("create_time"), claim.get("start_ticks")
     if not isinstance(pid, int) or not isinstance(started, int | float):
         return
     deadline = time.monotonic() + timeout_s
-    while same_process(pid, float(started)):
+    while same_process(pid, float(started), ticks if isinstance(ticks, int) else None):
         if time.monotonic() > deadline:
             raise RuntimeError(f"job {job_id}: its shim (pid {pid}) outlived {timeout_s} s")
         time.sleep(0.05)

@@ -5,7 +5,8 @@ The supervisor commits ``starting``, has the executor start the shim, then store
 the executor returned. A server killed in between leaves a ``starting`` job with no reference
 while its shim may be running. So exactly one party claims ``RUN_DIR/claim.json``, once:
 
-* the shim, first thing, before it runs anything: it records its pid, start time and host, and
+* the shim, first thing, before it runs anything: it records its pid, start time (``create_time``
+  and ``start_ticks``, ticks since boot) and host, and
   runs the job;
 * or the recovery of a later server that finds a launched job without a reference and no claim:
   the launch is given up (the job fails), and a shim that starts after that exits at once

@@ -1,8 +1,9 @@
 """The local executor: each job's attempt loop (``python -m service.run.attemptloop RUN_DIR``) runs as a
 process group of its own on the server's host, so the job outlives a server restart.
 
-Reference: JSON ``{"pid": <shim pid>, "create_time": <its start, epoch seconds>, "host": <host>}``
-— the start time tells the shim from a later process that reused its pid; the host says where
+Reference: JSON ``{"pid": <shim pid>, "create_time": <its start, epoch seconds>, "host": <host>,
+"start_ticks": <its start, clock ticks since boot>}`` — the start (in ticks where the reference
+has them: ``proctree.start_ticks``) tells the shim from a later process that reused its pid; the host says where
 the pid means anything: a supervisor on another host (a standby that took over) leaves the job
 alone (``reachable``). References from before ``host`` was added are taken as this host's. Logs:
 torchrun's per-rank files under
@@ -31,7 +32,7 @@ from service.executor.base import (
 )
 from service.executor.standby import StandbyShim
 from service.executor.warmpool import WarmPool
-from service.run.proctree import ProcessGroupHandle, create_time, same_process
+from service.run.proctree import ProcessGroupHandle, create_time, same_process, start_ticks
 from service.run.warm import COLD_ENV, SOCKET_ENV
 from torchyard_contract.childenv import environ_for_children
 from torchyard_contract.rundir import RunDir
@@ -46,10 +47,16 @@ def build_shim_command(python: str, run: RunDir) -> list[str]:
     return [python, "-m", "service.run.attemptloop", str(run.root)]
 
 
-def encode_reference(pid: int, started: float | None, host: str | None = None) -> str:
+def encode_reference(
+    pid: int, started: float | None, host: str | None = None, ticks: int | None = None
+) -> str:
+    """``ticks``: the shim's start in clock ticks since boot (``proctree.start_ticks``), what
+    identifies it across a wall-clock step; older references have only ``create_time``."""
     data: dict[str, object] = {"pid": pid, "create_time": started}
     if host is not None:
         data["host"] = host
+    if ticks is not None:
+        data["start_ticks"] = ticks
     return json.dumps(data)
 
 
@@ -62,12 +69,15 @@ def reference_host(reference: str) -> str | None:
     return host if isinstance(host, str) else None
 
 
-def decode_reference(reference: str) -> tuple[int, float | None] | None:
-    """(pid, create time) of a local reference; None when it is not one."""
+def decode_reference(reference: str) -> tuple[int, float | None, int | None] | None:
+    """(pid, create time, start ticks or None) of a local reference; None when it is not one."""
     try:
         data = json.loads(reference)
-        return int(data["pid"]), (None if data["create_time"] is None else float(data["create_time"]))
-    except (ValueError, TypeError, KeyError):
+        ticks = data.get("start_ticks")
+        return (int(data["pid"]),
+                None if data["create_time"] is None else float(data["create_time"]),
+                ticks if isinstance(ticks, int) and not isinstance(ticks, bool) else None)
+    except (ValueError, TypeError, KeyError, AttributeError):
         return None
 
 
@@ -138,7 +148,8 @@ class LocalExecutor:
                 )
         if self.standby is not None:
             self.standby.refill()
-        reference = encode_reference(popen.pid, create_time(popen.pid), socket.gethostname())
+        reference = encode_reference(popen.pid, create_time(popen.pid), socket.gethostname(),
+                                     start_ticks(popen.pid))
         with self._lock:
             self._handles[reference] = ProcessGroupHandle(pid=popen.pid, popen=popen)
         # Reap at once when the shim exits, not up to a poll interval later.
@@ -208,9 +219,11 @@ class LocalExecutor:
     def reference_from_claim(self, claim: Mapping[str, object]) -> str | None:
         """The shim's own pid, start time and host, as it claimed its run directory."""
         pid, started, host = claim.get("pid"), claim.get("create_time"), claim.get("host")
+        ticks = claim.get("start_ticks")
         if not isinstance(pid, int) or not isinstance(started, int | float):
             return None
-        return encode_reference(pid, float(started), host if isinstance(host, str) else None)
+        return encode_reference(pid, float(started), host if isinstance(host, str) else None,
+                                ticks if isinstance(ticks, int) else None)
 
     def cancel(self, reference: str, grace_s: float) -> None:
         with self._lock:

@@ -50,6 +50,7 @@ from service.run.proctree import (
     ProcessGroupHandle,
     become_subreaper,
     create_time,
+    start_ticks,
     stop_descendants,
 )
 from service.run.socketport import free_port
@@ -361,7 +362,8 @@ def main() -> None:
     run = RunDir(root.resolve())
     # First of all: claim the launch, unless a recovering server gave it up (torchyard_contract.claim).
     me = os.getpid()
-    mine = {"pid": me, "create_time": create_time(me), "host": socket.gethostname()}
+    mine = {"pid": me, "create_time": create_time(me), "start_ticks": start_ticks(me),
+            "host": socket.gethostname()}
     if args.launcher == "slurm" and os.environ.get("SLURM_JOB_ID"):
         mine["slurm_job_id"] = os.environ["SLURM_JOB_ID"]  # how the Slurm executor adopts it
     if (other := runclaim.claim(run, mine)) is not None:

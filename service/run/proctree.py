@@ -76,8 +76,27 @@ def create_time(pid: int) -> float | None:
         return None
 
 
-def same_process(pid: int, started: float | None) -> bool:
-    """A pid is the one we started only if its start time matches too (pids are reused)."""
+def start_ticks(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot (``/proc/PID/stat``, field 22); None if
+    it is gone or there is no ``/proc``. Unlike :func:`create_time` it never moves: psutil adds
+    the boot time, which Linux recomputes from the wall clock at every read (``btime``), so an
+    NTP correction or a VM's clock step moves every process's create time by whole seconds, and
+    two processes reading at different moments disagree (psutil issues 2526 and 2541). Seen
+    here: a re-adopted shim judged gone after a restart on a stalled VM, its live job failed."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        return int(fields[19])  # fields[0] is field 3 (the state)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def same_process(pid: int, started: float | None, ticks: int | None = None) -> bool:
+    """A pid is the one we started only if its start matches too (pids are reused): its
+    :func:`start_ticks` where the reference has them, else its create time (references and
+    claims written before the ticks were)."""
+    if ticks is not None:
+        return start_ticks(pid) == ticks and _alive(pid)
     if started is None:
         return False
     now = create_time(pid)

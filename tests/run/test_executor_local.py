@@ -9,7 +9,7 @@ import psutil
 
 from service.executor.base import Phase, Submission
 from service.executor.local import LocalExecutor, decode_reference, encode_reference
-from service.run.proctree import create_time
+from service.run.proctree import create_time, start_ticks
 from torchyard_contract.rundir import RunDir
 
 # A leader in its own session with a child that starts a session of its own, as torchrun's ranks do.
@@ -89,3 +89,42 @@ def test_a_reused_pid_is_never_adopted_or_signalled() -> None:
             except psutil.Error:
                 pass
         leader.wait(timeout=10)
+
+
+def test_a_clock_step_does_not_lose_an_adopted_shim() -> None:
+    """Linux derives every create time from the wall clock at each read: after an NTP step or a
+    VM's clock step the shim's create time reads whole seconds off what its reference holds. Its
+    start in ticks since boot does not move, so it is still adopted, described running and
+    cancelled; a reference with another start in ticks (a reused pid) is none of these."""
+    leader, pids = _start_tree()
+    try:
+        started, ticks = create_time(leader.pid), start_ticks(leader.pid)
+        assert started is not None and ticks is not None
+        stepped = encode_reference(leader.pid, started - 3.0, "host", ticks)
+        assert decode_reference(stepped) == (leader.pid, started - 3.0, ticks)
+        executor = LocalExecutor()
+        assert executor.adopt(stepped)
+        assert executor.describe({1: stepped})[1].phase is Phase.running
+        reused = encode_reference(leader.pid, started, "host", ticks + 1)
+        assert not LocalExecutor().adopt(reused)
+        assert LocalExecutor().describe({1: reused})[1].phase is Phase.ended
+        LocalExecutor().cancel(reused, grace_s=0)
+        assert leader.poll() is None, "a process with another start was signalled"
+        executor.cancel(stepped, grace_s=2)
+        assert leader.wait(timeout=10) is not None
+    finally:
+        for pid in pids:
+            try:
+                psutil.Process(pid).kill()
+            except psutil.Error:
+                pass
+
+
+def test_a_reference_from_a_claim_keeps_the_start_ticks() -> None:
+    """The claim the shim writes first thing carries ``start_ticks``; the reference recovery
+    builds from it keeps them, and a claim from before them still gives a reference."""
+    executor = LocalExecutor()
+    ref = executor.reference_from_claim({"pid": 42, "create_time": 1.5, "host": "h", "start_ticks": 7})
+    assert ref is not None and decode_reference(ref) == (42, 1.5, 7)
+    old = executor.reference_from_claim({"pid": 42, "create_time": 1.5, "host": "h"})
+    assert old is not None and decode_reference(old) == (42, 1.5, None)

@@ -199,7 +199,7 @@ def test_0005_turns_a_pid_into_the_local_executors_reference(url: str) -> None:
     engine.dispose()
     assert rows[1] == (2, None, None)
     assert rows[0][1] == "local"
-    assert decode_reference(rows[0][2]) == (4242, 1700000000.25)
+    assert decode_reference(rows[0][2]) == (4242, 1700000000.25, None)
     assert shim_pid(rows[0][1], rows[0][2]) == 4242
     assert records == 1
     assert not columns & {"pid", "pid_create_time"}
