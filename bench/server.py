@@ -101,18 +101,19 @@ def wait_job_processes_gone(home: Path, job_id: int, timeout_s: float = 30.0) ->
     (a temp home removed under them fails with ENOTEMPTY). The shim is the job's subreaper and
     stops every process below it before it exits (``service.run.attemptloop``); it is found by the
     pid and start time of the claim it wrote first thing."""
+    from service.executor.local import claim_reference, decode_reference
     from service.run.proctree import same_process
     from torchyard_contract.claim import read_claim
     from torchyard_contract.rundir import RunDir
 
-    claim = read_claim(RunDir.for_job(home / "runs", job_id)) or {}
-    pid, started, ticks = claim.get("pid"), claim.get("create_time"), claim.get("start_ticks")
-    if not isinstance(pid, int) or not isinstance(started, int | float):
+    reference = claim_reference(read_claim(RunDir.for_job(home / "runs", job_id)) or {})
+    shim = decode_reference(reference) if reference is not None else None
+    if shim is None:
         return
     deadline = time.monotonic() + timeout_s
-    while same_process(pid, float(started), ticks if isinstance(ticks, int) else None):
+    while same_process(*shim):
         if time.monotonic() > deadline:
-            raise RuntimeError(f"job {job_id}: its shim (pid {pid}) outlived {timeout_s} s")
+            raise RuntimeError(f"job {job_id}: its shim (pid {shim[0]}) outlived {timeout_s} s")
         time.sleep(0.05)
 
 

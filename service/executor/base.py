@@ -139,9 +139,9 @@ class Executor(Protocol):
     def reference_from_claim(self, claim: Mapping[str, object]) -> str | None:
         """The reference of a job whose attempt loop claimed its run directory
         (``torchyard_contract.claim``: ``pid``, ``create_time``, ``start_ticks``, ``host`` as it
-        wrote them), for a
-        recovery that finds a launched job whose reference was never stored (the server died
-        between ``submit`` and storing it). None when the claim names nothing it could adopt."""
+        wrote them), for a recovery that finds a launched job whose reference was never stored
+        (the server died between ``submit`` and storing it). None when the claim names nothing
+        it could adopt."""
         ...
 
     def rank_log(

@@ -3,8 +3,8 @@ process group of its own on the server's host, so the job outlives a server rest
 
 Reference: JSON ``{"pid": <shim pid>, "create_time": <its start, epoch seconds>, "host": <host>,
 "start_ticks": <its start, clock ticks since boot>}`` — the start (in ticks where the reference
-has them: ``proctree.start_ticks``) tells the shim from a later process that reused its pid; the host says where
-the pid means anything: a supervisor on another host (a standby that took over) leaves the job
+has them: ``proctree.start_ticks``) tells the shim from a later process that reused its pid; the
+host says where the pid means anything: a supervisor on another host (a standby that took over) leaves the job
 alone (``reachable``). References from before ``host`` was added are taken as this host's. Logs:
 torchrun's per-rank files under
 ``RUN_DIR/logs/attempt-<n>/<run id>/attempt_0/<rank>/{stderr,stdout}.log``, and both streams in
@@ -73,12 +73,25 @@ def decode_reference(reference: str) -> tuple[int, float | None, int | None] | N
     """(pid, create time, start ticks or None) of a local reference; None when it is not one."""
     try:
         data = json.loads(reference)
-        ticks = data.get("start_ticks")
         return (int(data["pid"]),
                 None if data["create_time"] is None else float(data["create_time"]),
-                ticks if isinstance(ticks, int) and not isinstance(ticks, bool) else None)
+                _ticks(data.get("start_ticks")))
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
+
+
+def claim_reference(claim: Mapping[str, object]) -> str | None:
+    """The reference of the shim that wrote ``claim`` (``torchyard_contract.claim``: its pid,
+    start and host), None when the claim names no process."""
+    pid, started, host = claim.get("pid"), claim.get("create_time"), claim.get("host")
+    if not isinstance(pid, int) or not isinstance(started, int | float):
+        return None
+    return encode_reference(pid, float(started), host if isinstance(host, str) else None,
+                            _ticks(claim.get("start_ticks")))
+
+
+def _ticks(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def shim_pid(executor: str | None, reference: str | None) -> int | None:
@@ -217,13 +230,8 @@ class LocalExecutor:
         return host is None or host == socket.gethostname()
 
     def reference_from_claim(self, claim: Mapping[str, object]) -> str | None:
-        """The shim's own pid, start time and host, as it claimed its run directory."""
-        pid, started, host = claim.get("pid"), claim.get("create_time"), claim.get("host")
-        ticks = claim.get("start_ticks")
-        if not isinstance(pid, int) or not isinstance(started, int | float):
-            return None
-        return encode_reference(pid, float(started), host if isinstance(host, str) else None,
-                                ticks if isinstance(ticks, int) else None)
+        """The shim's own pid, start and host, as it claimed its run directory."""
+        return claim_reference(claim)
 
     def cancel(self, reference: str, grace_s: float) -> None:
         with self._lock:

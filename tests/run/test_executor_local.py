@@ -20,6 +20,14 @@ TREE = (
 )
 
 
+def _kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            psutil.Process(pid).kill()
+        except psutil.Error:
+            pass
+
+
 def _start_tree() -> tuple[subprocess.Popen[bytes], list[int]]:
     leader = subprocess.Popen([sys.executable, "-c", TREE], start_new_session=True)
     deadline = time.monotonic() + 20
@@ -63,11 +71,7 @@ def test_adopt_describe_cancel_by_reference() -> None:
         executor.cancel(ref, grace_s=1)  # idempotent
         assert not executor.adopt(ref)
     finally:
-        for pid in pids:
-            try:
-                psutil.Process(pid).kill()
-            except psutil.Error:
-                pass
+        _kill_all(pids)
 
 
 def test_a_reused_pid_is_never_adopted_or_signalled() -> None:
@@ -83,11 +87,7 @@ def test_a_reused_pid_is_never_adopted_or_signalled() -> None:
         assert leader.poll() is None, "a process that merely reuses the pid was signalled"
         assert decode_reference("not json") is None and not executor.adopt("12")
     finally:
-        for pid in pids:
-            try:
-                psutil.Process(pid).kill()
-            except psutil.Error:
-                pass
+        _kill_all(pids)
         leader.wait(timeout=10)
 
 
@@ -113,11 +113,7 @@ def test_a_clock_step_does_not_lose_an_adopted_shim() -> None:
         executor.cancel(stepped, grace_s=2)
         assert leader.wait(timeout=10) is not None
     finally:
-        for pid in pids:
-            try:
-                psutil.Process(pid).kill()
-            except psutil.Error:
-                pass
+        _kill_all(pids)
 
 
 def test_a_reference_from_a_claim_keeps_the_start_ticks() -> None:
