@@ -66,9 +66,9 @@ def page_latencies(server: Server, params: dict[str, object], requests: int) -> 
 
 def scheduling_pass(home: Path, repeats: int) -> tuple[float, float, int]:
     """(median s of a full supervisor pass, median s of ``scheduler.plan`` alone, jobs waiting)."""
+    from service.domain.loop.supervisor import Supervisor
     from service.domain.queue import scheduler
     from service.domain.queue.inventory import make_inventory
-    from service.domain.supervisor import Supervisor
     from service.executor.local import LocalExecutor
     from service.settings import Settings
     from service.store import repository as repo

@@ -18,8 +18,8 @@ from typing import Self
 
 import httpx
 
-from service.domain.jobtoken import new_token
 from service.run.socketport import free_port
+from service.settings.tokens import new_token
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 60.0

@@ -33,11 +33,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.api.app import create_app
-from service.domain.jobtoken import new_token
 from service.executor.warmpool import ask, socket_path
 from service.run import proctree
 from service.run.warm.preload import read_at_start_up
 from service.settings import Settings
+from service.settings.tokens import new_token
 from service.store import repository as repo
 from service.store.db import upgrade
 from tests import pgserver

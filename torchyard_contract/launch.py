@@ -22,7 +22,7 @@ class LaunchConfig:
     max_runtime_s: float | None
     heartbeat_timeout_s: float | None
     stop_grace_s: float
-    # What each rank runs after torchrun's options (``service.domain.scriptpath.RankProgram``);
+    # What each rank runs after torchrun's options (``service.domain.intake.scriptpath.RankProgram``);
     # None = the built-in trainer (also what a launch.json from before script jobs means).
     program: list[str] | None = None
     pythonpath: str | None = None  # ``-m`` script jobs: the script directory holding the module
@@ -52,7 +52,7 @@ class LaunchConfig:
     def rank_program(self, run: RunDir) -> tuple[str, ...]:
         if self.program is None:
             # Old launch.json only (the supervisor always writes ``program``): the built-in
-            # trainer, as ``service.domain.scriptpath.builtin_program`` spells it.
+            # trainer, as ``service.domain.intake.scriptpath.builtin_program`` spells it.
             return ("-m", "worker", "--spec", str(run.spec_file))
         return tuple(self.program)
 

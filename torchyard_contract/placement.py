@@ -1,6 +1,6 @@
 """The one rule for which process-group backend follows from a rank's device.
 
-Used by the server when it places a job (``service.domain.placement``) and by a rank that picks
+Used by the server when it places a job (``service.domain.queue.placement``) and by a rank that picks
 its own device (``worker.train``: a Slurm job whose spec left the device to the node).
 """
 

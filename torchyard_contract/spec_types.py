@@ -129,12 +129,12 @@ ALLOWED_PYTHON_ENV = frozenset({"PYTHONHASHSEED", "PYTHONFAULTHANDLER", "PYTHOND
 NoNul = Annotated[str, StringConstraints(max_length=ARG_LEN_MAX, pattern=r"^[^\x00]*$")]
 EnvName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=ENV_NAME_PATTERN)]
 EnvValue = Annotated[str, StringConstraints(max_length=ENV_VALUE_LEN_MAX, pattern=r"^[^\x00]*$")]
-# The name of a secret in the server's secrets file (service.domain.secretstore), never its value.
+# The name of a secret in the server's secrets file (service.domain.intake.secretstore), never its value.
 SecretName = Annotated[
     str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 ]
 PATIENCE_MAX = 10_000
-# The name of a webhook endpoint in the server's webhooks file (service.domain.webhookconf);
+# The name of a webhook endpoint in the server's webhooks file (service.settings.webhookfile);
 # a job names endpoints, never URLs.
 WebhookName = Annotated[
     str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")

@@ -5,7 +5,7 @@ Revises: 0009
 Create Date: 2026-12-10 10:00:00
 
 A delivery row is written in the transaction of the state change it tells of; the supervisor
-sends and retries it (service.domain.webhooks). ``recreate="never"`` on jobs: the column is added
+sends and retries it (service.domain.webhooks.delivery). ``recreate="never"`` on jobs: the column is added
 and dropped in place, never a table rebuild (that would cascade into every child row; see 0005).
 """
 import sqlalchemy as sa

@@ -6,7 +6,7 @@ Create Date: 2026-12-10 10:00:00
 
 ``sweeps`` holds each sweep's request as submitted (``spec``) and its state; the search itself
 is rebuilt in memory from these rows and the trials' records by whichever supervisor holds the
-lease (service.domain.sweepdriver). ``jobs.sweep_id`` and ``jobs.params`` make a job a trial;
+lease (service.domain.sweeps.driver). ``jobs.sweep_id`` and ``jobs.params`` make a job a trial;
 ``jobs.pruned_epoch`` marks a trial the sweep's early-stopping rule stopped (its state is then
 ``cancelled``, its outcome ``pruned``). The jobs columns are added in place (``recreate="never"``,
 see 0005 and 0008). Another branch adds 0010; the merge rechains this one after it.

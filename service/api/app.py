@@ -48,9 +48,9 @@ from service.api.routes import (
 )
 from service.api.routes.prometheus import PROMETHEUS_DIR_VARIABLE, RequestTimer, Telemetry
 from service.api.routes.prometheus import router as prometheus_router
-from service.domain.diskspace import free_bytes
+from service.domain.files.diskspace import free_bytes
+from service.domain.loop.supervisor import LOOP_LOCK_TIMEOUT_S, Supervisor
 from service.domain.queue.inventory import make_inventory
-from service.domain.supervisor import LOOP_LOCK_TIMEOUT_S, Supervisor
 from service.executor import Executor, make_executor
 from service.executor.base import ExecutorError
 from service.executor.gpus import detect_gpus

@@ -16,7 +16,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.api.errors import ApiError
-from service.domain.supervisor import Supervisor
+from service.domain.loop.supervisor import Supervisor
 from service.settings import Settings
 from service.store import repository as repo
 from service.store.changefeed import ChangeFeed

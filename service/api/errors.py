@@ -18,8 +18,8 @@ from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.api.schemas import ErrorBody
-from service.domain.admission import AdmissionRefused
-from service.domain.pathguard import PathRefused
+from service.domain.intake.admission import AdmissionRefused
+from service.domain.intake.pathguard import PathRefused
 from service.store.db import is_busy
 
 logger = logging.getLogger(__name__)

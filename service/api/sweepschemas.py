@@ -6,8 +6,8 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from service.api.schemas import UtcDatetime
-from service.domain.sweeps import SweepView, TrialView
-from service.domain.sweepspec import SweepSpec
+from service.domain.sweeps.manage import SweepView, TrialView
+from service.domain.sweeps.spec import SweepSpec
 from torchyard_contract.bounds import bounded_text
 from torchyard_contract.state import JobState
 

@@ -1,4 +1,8 @@
-"""The domain: submission rules, the supervisor's tick, launch, the queue, finishing jobs, the lease.
+"""The domain: every decision about jobs, sweeps, records and files, in one folder per question.
 
+``intake`` (what may be submitted), ``queue`` (who starts where, and why the rest wait),
+``loop`` (the acting supervisor's tick and its steps), ``records`` (what happens to a reported
+record), ``files`` (packages in, artifacts out, clean-up, disk), ``sweeps``, ``webhooks``.
 No HTTP request objects, no subprocess, no SQL text: SQL lives in ``service.store``, processes
-behind ``service.executor``."""
+behind the executor Protocol (``service.executor.base``); settings come from ``service.settings``.
+"""

@@ -37,7 +37,7 @@ def build_command(req: LaunchRequest) -> list[str]:
 
     ``req.program`` is what each rank runs, after torchrun's options: ``("-m", "worker",
     "--spec", SPEC)`` for the built-in trainer, ``(SCRIPT, *args)`` or ``("-m", MODULE, *args)``
-    for a script job (see ``service.domain.scriptpath``). An argv list, never a shell string.
+    for a script job (see ``service.domain.intake.scriptpath``). An argv list, never a shell string.
 
     With ``req.relay`` torchrun's agent runs through the relay (``python RELAY SOCKET <python
     args>``), which becomes a process of the warm server: the same torchrun options, started

@@ -1,4 +1,4 @@
-"""Deleting jobs in SQL (``DELETE /jobs/{id}``, retention: ``service.domain.cleanup``)."""
+"""Deleting jobs in SQL (``DELETE /jobs/{id}``, retention: ``service.domain.files.cleanup``)."""
 
 from datetime import datetime
 

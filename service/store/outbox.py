@@ -1,6 +1,6 @@
 """The webhook outbox in SQL: a delivery row per subscribed endpoint, written in the same
 transaction as the state change it tells of (``repository.transition``), sent and retried by
-``service.domain.webhooks``.
+``service.domain.webhooks.delivery``.
 """
 
 import json

@@ -238,7 +238,7 @@ def _queue_restarts(
         })
 
 
-# --- webhook outbox (service.domain.webhooks sends it) -----------------------------------------
+# --- webhook outbox (service.domain.webhooks.delivery sends it) -----------------------------------------
 
 
 
@@ -285,6 +285,6 @@ def count_jobs_by_state(session: Session) -> dict[str, int]:
     return dict(rows)
 
 
-# --- deleting jobs (DELETE /jobs/{id}, retention: service.domain.cleanup) ----------------------
+# --- deleting jobs (DELETE /jobs/{id}, retention: service.domain.files.cleanup) ----------------------
 
 

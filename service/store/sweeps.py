@@ -45,7 +45,7 @@ def list_sweeps(
 def anything_unfinished(session: Session) -> bool:
     """True if a job is not terminal (paused counts) or a sweep runs: only then has the
     supervisor's tick work beyond what it keeps in memory. One indexed query, so an idle server's
-    tick costs one read (``service.domain.supervisor``)."""
+    tick costs one read (``service.domain.loop.supervisor``)."""
     unfinished = [*_LIVE_JOB_STATES, JobState.paused.value]
     q = select(or_(exists().where(Job.state.in_(unfinished)),
                    exists().where(Sweep.state == RUNNING)))

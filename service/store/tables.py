@@ -56,16 +56,16 @@ class Job(Base):
     devices: Mapped[str | None] = mapped_column(String(200))
     # Indexed: the auth middleware looks a bearer token up by its hash on every worker request.
     token_hash: Mapped[str | None] = mapped_column(String(64), index=True)
-    # Why a guard (service.domain.lossguard: non-finite or diverging loss) wants the job stopped. Set once,
+    # Why a guard (service.domain.records.lossguard: non-finite or diverging loss) wants the job stopped. Set once,
     # compare-and-set, by whichever process ingested the offending record; the supervisor then
     # fails the job with it and stops its group.
     stop_reason: Mapped[str | None] = mapped_column(Text)
     # Attempt records as the job's shim wrote them (see service.run.attemptloop); [] before launch.
     attempts: Mapped[list | None] = mapped_column(JSON)
-    # Webhook endpoint name → the events it is told of, fixed at submit (service.domain.webhookconf);
+    # Webhook endpoint name → the events it is told of, fixed at submit (service.settings.webhookfile);
     # null = none. Read by ``repository.transition`` to write the outbox in the same transaction.
     webhooks: Mapped[dict | None] = mapped_column(JSON)
-    # A sweep's trial (service.domain.sweepdriver): its sweep, the parameters it was given, and
+    # A sweep's trial (service.domain.sweeps.driver): its sweep, the parameters it was given, and
     # the epoch its sweep's early-stopping rule pruned it at (state ``cancelled``); else null.
     # No foreign key: added in place (migration 0011_sweeps), the sweeps are never deleted.
     sweep_id: Mapped[int | None] = mapped_column(Integer, index=True)
@@ -82,7 +82,7 @@ class Job(Base):
     preempted_by: Mapped[int | None] = mapped_column(Integer)
     preemptible: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     # Slurm nodes the job leaves out from now on (``--exclude``): each one a rank failed on
-    # under a ``retry_elsewhere`` rule (service.domain.finisher); null = none (0013).
+    # under a ``retry_elsewhere`` rule (service.domain.loop.finisher); null = none (0013).
     exclude_nodes: Mapped[list | None] = mapped_column(JSON)
 
 
@@ -90,7 +90,7 @@ Index("ix_jobs_queue", Job.state, Job.priority, Job.id)
 
 
 class Sweep(Base):
-    """A sweep: its request as submitted (``spec``, see ``service.domain.sweepspec``) and its
+    """A sweep: its request as submitted (``spec``, see ``service.domain.sweeps.spec``) and its
     state (running, then succeeded, failed or cancelled). Its trials are jobs
     (``Job.sweep_id``)."""
 
@@ -157,7 +157,7 @@ class MetricRecord(Base):
 
 
 class SupervisorLease(Base):
-    """Who supervises, until when (``service.domain.lease``). One row, ``name='supervisor'``.
+    """Who supervises, until when (``service.domain.loop.lease``). One row, ``name='supervisor'``.
 
     Times are seconds since the epoch on the database's clock, never a server's, so hosts with
     skewed clocks still agree on expiry. ``generation`` grows with every change of owner.
@@ -191,7 +191,7 @@ class QueueSnapshot(Base):
 class WebhookDelivery(Base):
     """The webhook outbox: one row per (event, endpoint), written in the transaction of the
     state change it tells of (``repository.transition``, ``repository.set_attempts``), sent and
-    retried by the supervisor (``service.domain.webhooks``) until ``state`` is not ``pending``.
+    retried by the supervisor (``service.domain.webhooks.delivery``) until ``state`` is not ``pending``.
 
     ``body`` is the JSON body as first built, sent byte for byte on every try; ``webhook_id``
     (the ``webhook-id`` header) is the same on every try, so receivers can drop duplicates.

@@ -33,8 +33,8 @@ from hypothesis.errors import FlakyStrategyDefinition
 
 from service.api.app import create_app
 from service.api.middleware.auth import worker_job_id
-from service.domain.jobtoken import new_token
 from service.settings import Settings
+from service.settings.tokens import new_token
 from service.store import repository as repo
 from tests.conftest import LiveServer, _start_server, _stop_server
 from torchyard_contract.state import TERMINAL_STATES, JobState

@@ -17,8 +17,8 @@ import pytest
 import uvicorn
 
 from service.api.app import create_app
-from service.domain.jobtoken import new_token
 from service.settings import Settings
+from service.settings.tokens import new_token
 from service.store import repository as repo
 from tests.dashboard.browser import CHROMIUM, chart_traces
 from torchyard_contract.rundir import RunDir

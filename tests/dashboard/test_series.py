@@ -8,7 +8,7 @@ import numpy as np
 from fastapi.testclient import TestClient
 from sqlalchemy import insert
 
-from service.domain.downsample import build_lines, downsample_indices, epoch_mean
+from service.domain.records.downsample import build_lines, downsample_indices, epoch_mean
 from service.store import records as recordstore
 from service.store import repository as repo
 from service.store.tables import MetricRecord

@@ -13,8 +13,8 @@ import pytest
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
-from service.domain.finisher import Finisher
-from service.domain.lossguard import divergence_trip, nonfinite_reason, nonfinite_trip
+from service.domain.loop.finisher import Finisher
+from service.domain.records.lossguard import divergence_trip, nonfinite_reason, nonfinite_trip
 from service.store import repository as repo
 from tests.conftest import REPO_ROOT, LiveServer, add_script, cli
 from torchyard_contract.rundir import RunDir
@@ -56,7 +56,7 @@ def _assert_stopped(server: LiveServer, job: dict) -> None:
             time.sleep(0.2)
         records = c.get(f"/jobs/{job['id']}/metrics", params={"name": "loss"}).json()["items"]
         # The resources are freed as soon as the group ends; the finisher closes its attempt
-        # record just after (service.domain.finisher).
+        # record just after (service.domain.loop.finisher).
         while (final := c.get(f"/jobs/{job['id']}").json())["attempts"][-1]["ended_at"] is None:
             assert time.monotonic() < deadline, final["attempts"]
             time.sleep(0.1)
@@ -131,7 +131,7 @@ def test_a_guards_stop_names_the_last_attempt_whatever_the_shim_saw_first(
     api, state: str, code: int, shim_reason: str | None,  # type: ignore[no-untyped-def]
 ) -> None:
     """The finisher on a migrated store, the job as the supervisor leaves it: the guard's stop
-    request noted and the job failed with it (``service.domain.stops``), then the shim's files."""
+    request noted and the job failed with it (``service.domain.loop.stops``), then the shim's files."""
     reason = nonfinite_reason(0, 1, NAN, 1)
     with api.app.state.session_factory() as session:
         job_id = repo.create_job(session, JobSpec.model_validate({"dataset": "synthetic"}),

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from service.domain.finisher import Finisher
+from service.domain.loop.finisher import Finisher
 from service.store import repository as repo
 from tests.conftest import (
     LiveServer,

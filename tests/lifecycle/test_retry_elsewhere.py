@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.domain.finisher import Finisher
+from service.domain.loop.finisher import Finisher
 from service.run import retrydecision
 from service.run.attemptloop import Shim
 from service.store import outbox

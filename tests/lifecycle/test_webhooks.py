@@ -22,8 +22,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from service.domain.webhookconf import Endpoint
-from service.domain.webhooks import Outgoing, build_request
+from service.domain.webhooks.delivery import Outgoing, build_request
+from service.settings.webhookfile import Endpoint
 from service.store import outbox
 from service.store import repository as repo
 from service.store.db import make_engine, make_session_factory, upgrade

@@ -18,9 +18,9 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from service.api.app import create_app
-from service.domain.finisher import Finisher
-from service.domain.jobtoken import new_token
+from service.domain.loop.finisher import Finisher
 from service.settings import Settings
+from service.settings.tokens import new_token
 from service.store import repository as repo
 from torchyard_contract.rundir import RunDir
 from worker.env import WorkerEnv

@@ -6,7 +6,7 @@ import statistics
 import pytest
 from fastapi.testclient import TestClient
 
-from service.domain.metricsummary import EpochValue, diverged_ranks, summarize
+from service.domain.records.summary import EpochValue, diverged_ranks, summarize
 from tests.conftest import REPO_ROOT, LiveServer, add_script
 
 NAN, INF = math.nan, math.inf

@@ -16,9 +16,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Connection, create_engine, text
 
 from service.api.app import create_app
-from service.domain.cleanup import RECORD_BATCH, Cleanup, JobLive, JobNotFound
-from service.domain.packagestore import PackageStore
-from service.domain.unpack import Limits
+from service.domain.files.cleanup import RECORD_BATCH, Cleanup, JobLive, JobNotFound
+from service.domain.files.packages import PackageStore
+from service.domain.files.unpack import Limits
 from service.settings import Settings
 from service.store import records as recordstore
 from service.store import repository as repo

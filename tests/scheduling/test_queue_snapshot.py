@@ -10,11 +10,11 @@ import pytest
 from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.domain.lease import Lease
+from service.domain.loop.lease import Lease
+from service.domain.loop.supervisor import Supervisor
 from service.domain.queue.inventory import make_inventory
 from service.domain.queue.scheduler import Waiting
 from service.domain.queue.snapshot import MAX_AGE_S, PUBLISH_MIN_S, SnapshotReader, decode, encode
-from service.domain.supervisor import Supervisor
 from service.executor.local import LocalExecutor
 from service.settings import Settings
 from service.store import queue as queuerepo

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from service.domain.secretstore import SecretRefused, check_names, resolve
+from service.domain.intake.secretstore import SecretRefused, check_names, resolve
 from tests.conftest import REPO_ROOT, LiveServer, _copy_sqlite, _start_server, _stop_server
 
 API_TOKEN = "secret-tests-api-token-0123456789"

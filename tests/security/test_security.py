@@ -28,9 +28,9 @@ from starlette.routing import Mount, Route
 
 from service.api.app import create_app
 from service.api.middleware.auth import is_public, worker_job_id
-from service.domain.admission import AdmissionRefused, require_tokens_for_scripts
-from service.domain.jobtoken import new_token
+from service.domain.intake.admission import AdmissionRefused, require_tokens_for_scripts
 from service.settings import Settings
+from service.settings.tokens import new_token
 from service.store import repository as repo
 from tests.conftest import LOOPBACK_TLS, REPO_ROOT, LiveServer, both_stores, free_port
 from torchyard_contract.childenv import environ_for_children

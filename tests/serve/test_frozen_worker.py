@@ -26,8 +26,8 @@ import pytest
 from sqlalchemy import text
 
 from service.api.middleware.writegate import WRITE_SLOTS
-from service.domain.finisher import Finisher
-from service.domain.jobtoken import new_token
+from service.domain.loop.finisher import Finisher
+from service.settings.tokens import new_token
 from service.store import records as recordstore
 from service.store import repository as repo
 from service.store.db import is_busy, make_engine, make_session_factory, upgrade, with_lock_timeout

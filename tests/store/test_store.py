@@ -127,7 +127,7 @@ def test_concurrent_transitions_have_exactly_one_winner(factories) -> None:  # t
 
 
 def test_the_pause_and_preemption_statements(factories) -> None:  # type: ignore[no-untyped-def]
-    """What ``service.domain.pauses`` runs, as each store runs it: counters added in SQL, a
+    """What ``service.domain.loop.pauses`` runs, as each store runs it: counters added in SQL, a
     second preemption of a pausing job losing its compare-and-set, the preempted-and-paused list
     that a user's pause leaves. The live paths (SQLite) are tests/scheduling/test_preemption.py
     and tests/lifecycle/test_pause.py."""

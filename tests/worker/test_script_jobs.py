@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.api.app import create_app
-from service.domain.scriptpath import rank_program
+from service.domain.intake.scriptpath import rank_program
 from service.run.torchrun import LaunchRequest, build_command
 from service.settings import Settings
 from tests.conftest import REPO_ROOT, LiveServer, add_script, free_port

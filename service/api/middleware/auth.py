@@ -7,7 +7,7 @@ Contract (docs/security.md):
 * **Worker route** (``POST /jobs/{id}/records``): only that job's
   own token, while the job is starting or running and for ``worker_token_grace_s`` after it
   ended (the route then answers 409, so a rank's late batch learns that nothing is stored after
-  the end; see ``service.domain.recordscope``). No token is 401; any other token is 403, API tokens included: metrics come only
+  the end; see ``service.domain.records.scope``). No token is 401; any other token is 403, API tokens included: metrics come only
   from the job's ranks.
 * **Everything else**, including routes and mounts added later (``/metrics``, ``/events``...):
   with API tokens configured, ``Authorization: Bearer <API token>``. No token or an unknown one is
@@ -33,7 +33,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.api.errors import ApiError, error_body
-from service.domain.jobtoken import hash_token
+from service.settings.tokens import hash_token
 from service.store import repository as repo
 from torchyard_contract.state import ACTIVE_STATES, JobState
 

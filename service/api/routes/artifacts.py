@@ -1,7 +1,7 @@
 """Artifact routes: list what a job kept (``TORCHYARD_OUTPUT_DIR``, its checkpoints) and
 download one, streamed, with ``ETag``, ``Range`` (206) and ``Content-Disposition``.
 
-What may be served and how it is opened safely is ``service.domain.artifacts``.
+What may be served and how it is opened safely is ``service.domain.files.artifacts``.
 """
 
 import os
@@ -16,7 +16,7 @@ from fastapi.responses import Response, StreamingResponse
 from service.api.deps import JobDep, SettingsDep
 from service.api.errors import ERROR_RESPONSES, ApiError
 from service.api.schemas import ArtifactList, ArtifactRead
-from service.domain.artifacts import ArtifactNotFound, list_artifacts, open_artifact
+from service.domain.files.artifacts import ArtifactNotFound, list_artifacts, open_artifact
 from torchyard_contract.rundir import RunDir
 
 router = APIRouter(prefix="/jobs", tags=["artifacts"])

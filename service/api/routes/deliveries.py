@@ -16,7 +16,7 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 
 class DeliveryRead(BaseModel):
-    """One event told to one endpoint (service.domain.webhooks); times are UTC."""
+    """One event told to one endpoint (service.domain.webhooks.delivery); times are UTC."""
 
     event: Literal["running", "succeeded", "failed", "cancelled", "restarted", "paused"]
     endpoint: str = Field(description="the endpoint's name in TORCHYARD_WEBHOOKS_FILE")

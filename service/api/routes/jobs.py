@@ -23,10 +23,10 @@ from service.api.errors import ERROR_RESPONSES, ApiError
 from service.api.hotreads import HotReads
 from service.api.middleware.writegate import WriteSlotDep
 from service.api.schemas import AttemptRead, JobList, JobRead, MetricRead, MetricsPage
-from service.domain.cleanup import JobLive, JobNotFound
-from service.domain.intake import SubmitRejected
-from service.domain.pauses import PauseRefused
-from service.domain.supervisor import Supervisor
+from service.domain.files.cleanup import JobLive, JobNotFound
+from service.domain.intake.submission import SubmitRejected
+from service.domain.loop.pauses import PauseRefused
+from service.domain.loop.supervisor import Supervisor
 from service.store import records as recordstore
 from service.store import repository as repo
 from service.store.tables import Job

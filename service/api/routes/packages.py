@@ -3,7 +3,7 @@
 ``POST /packages`` is the one route whose body is not JSON and not held in memory: the body
 limit and the JSON check (``service.api.middleware``) let it through as a stream, and this route
 enforces ``TORCHYARD_PACKAGE_MAX_UPLOAD_BYTES`` as the bytes arrive. The archive is checked and
-unpacked by ``service.domain.unpack`` into ``service.domain.packagestore``.
+unpacked by ``service.domain.files.unpack`` into ``service.domain.files.packages``.
 """
 
 import hashlib
@@ -17,9 +17,9 @@ from starlette.requests import ClientDisconnect
 from service.api.deps import SettingsDep
 from service.api.errors import ERROR_RESPONSES, ApiError
 from service.api.schemas import PackageRead
-from service.domain.diskspace import DiskFull, check_floor
-from service.domain.packagestore import DIGEST_PATTERN, package_store
-from service.domain.unpack import ArchiveRefused
+from service.domain.files.diskspace import DiskFull, check_floor
+from service.domain.files.packages import DIGEST_PATTERN, package_store
+from service.domain.files.unpack import ArchiveRefused
 from service.settings import Settings
 
 router = APIRouter(prefix="/packages", tags=["packages"])
@@ -44,7 +44,7 @@ def _refuse_unless_enabled(settings: Settings) -> None:
 
 
 def disk_floor(settings: Settings) -> None:
-    """507 below the free-space floor (``service.domain.diskspace``)."""
+    """507 below the free-space floor (``service.domain.files.diskspace``)."""
     try:
         check_floor(settings)
     except DiskFull as exc:

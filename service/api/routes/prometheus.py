@@ -33,7 +33,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.domain.diskspace import free_bytes
+from service.domain.files.diskspace import free_bytes
 from service.domain.queue.inventory import Inventory
 from service.executor.warmpool import WarmPool, WarmStatus
 from service.store import repository as repo

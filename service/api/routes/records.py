@@ -2,7 +2,7 @@
 
 A job token is shared by the job's ranks (they share a Unix user, environment and run directory,
 so a token per rank would not keep one rank from posting as another). What the token can post is
-bounded by what the job is (``service.domain.recordscope``, docs/security.md): a batch naming a rank or
+bounded by what the job is (``service.domain.records.scope``, docs/security.md): a batch naming a rank or
 attempt the job does not have is refused whole (422); one naming the next attempt before the
 server has recorded it is 503 with ``Retry-After`` (the rank's reporter retries); a batch for a
 job that is over is 409 (docs/metrics.md: nothing is stored after the terminal state). A batch
@@ -26,7 +26,7 @@ from service.api.errors import ERROR_RESPONSES, RETRY_LATER, ApiError
 from service.api.middleware.auth import WorkerJobDep
 from service.api.middleware.writegate import WriteSlotDep
 from service.api.schemas import IngestResult, RecordBatch, parse_record_batch
-from service.domain.ingest import RecordsRefused, accept_records
+from service.domain.records.ingest import RecordsRefused, accept_records
 from service.store import repository as repo
 from service.store.records import RecordIn
 

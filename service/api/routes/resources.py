@@ -7,7 +7,7 @@ from fastapi import APIRouter, Request
 from service.api.deps import SupervisorDep
 from service.api.errors import ApiError
 from service.api.schemas import NodeRead, ResourceRead, ResourcesRead, ResourceTotals, WarmRead
-from service.domain.supervisor import Supervisor
+from service.domain.loop.supervisor import Supervisor
 from service.executor.base import ExecutorError
 
 router = APIRouter(tags=["scheduling"])

@@ -12,7 +12,7 @@ from torchyard_contract.records import decode_value, to_wire
 from torchyard_contract.state import JobState
 
 if TYPE_CHECKING:
-    from service.domain.downsample import Line
+    from service.domain.records.downsample import Line
 
 router = APIRouter(tags=["dashboard"])
 SERIES_POINTS_DEFAULT = 2000
@@ -73,7 +73,7 @@ def read_series(
     downsampled to at most ``max_points`` (first, last and extreme points always kept)."""
     # Imported on the first chart read, not at start-up: numpy and tsdownsample are ~0.15 CPU s
     # of every server start, which most servers (and every ``--workers`` process) never use.
-    from service.domain.downsample import build_lines
+    from service.domain.records.downsample import build_lines
 
     job_id = job.id
     state = JobState(job.state)

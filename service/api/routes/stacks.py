@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from service.api.deps import JobDep, SettingsDep
 from service.api.errors import _ERROR, ERROR_RESPONSES, ApiError
-from service.domain import stacks
+from service.domain.files import stackrequest as stacks
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.state import JobState
 

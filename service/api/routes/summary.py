@@ -1,6 +1,6 @@
 """``GET /jobs/{id}/metrics/summary``: one per-epoch metric across ranks, with diverging ranks.
 
-The statistics and the divergence rule live in :mod:`service.domain.metricsummary`.
+The statistics and the divergence rule live in :mod:`service.domain.records.summary`.
 """
 
 from typing import Annotated
@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 
 from service.api.deps import JobDep, SessionDep
 from service.api.schemas import MetricValue
-from service.domain.metricsummary import DEFAULT_THRESHOLD, EpochValue, summarize
+from service.domain.records.summary import DEFAULT_THRESHOLD, EpochValue, summarize
 from service.store import series
 from torchyard_contract.records import decode_value, to_wire
 

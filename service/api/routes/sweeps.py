@@ -1,5 +1,5 @@
 """Sweep routes: create, list (cursor), read, cancel (docs/sweeps.md). The trials are jobs: the
-job routes read and control each one; the sweep driver (``service.domain.sweepdriver``) makes
+job routes read and control each one; the sweep driver (``service.domain.sweeps.driver``) makes
 them, in the acting supervisor."""
 
 from typing import Annotated, Literal
@@ -10,9 +10,9 @@ from service.api.deps import SessionDep, SupervisorDep
 from service.api.errors import ERROR_RESPONSES, ApiError
 from service.api.middleware.writegate import WriteSlotDep
 from service.api.sweepschemas import SweepList, SweepRead
-from service.domain import sweeps as domain
-from service.domain.intake import SubmitRejected
-from service.domain.sweepspec import SweepSpec
+from service.domain.intake.submission import SubmitRejected
+from service.domain.sweeps import manage as domain
+from service.domain.sweeps.spec import SweepSpec
 from service.store import sweeps as store
 
 router = APIRouter(prefix="/sweeps", tags=["sweeps"])

@@ -1,1 +1,7 @@
-"""The queue: policy (``scheduler``), what the host has (``inventory``), positions every process answers (``snapshot``)."""
+"""The queue: who starts where, and why the others wait.
+
+Decides: the policy (``scheduler``, pure), which running jobs a more urgent one pauses
+(``preemption``), where a job fits on this host (``placement``: the one capacity check), what
+the host has (``inventory``) and the positions every process answers (``snapshot``).
+May import: the contract, ``service.settings`` and ``service.store``; no other domain folder.
+"""

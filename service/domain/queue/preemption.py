@@ -6,7 +6,7 @@ themselves soon (free now plus what jobs already pausing hold is too little) and
 preemptible jobs of strictly lower priority makes enough room. A job preempted before is safe
 for ``min_run_s`` after each start (no thrashing: it makes progress between preemptions). Those are taken lowest priority first, then the most recently
 started first, until there is room; none are taken when all of them would not make enough.
-The supervisor then pauses them (``service.domain.pauses``) and resumes them on its own once
+The supervisor then pauses them (``service.domain.loop.pauses``) and resumes them on its own once
 they are paused: they wait in the queue again, ahead of later jobs of their priority.
 """
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, field_validator
 
-from service.domain.webhookconf import read_endpoints
+from service.settings.webhookfile import read_endpoints
 from torchyard_contract.spec_types import SLURM_CONSTRAINT_PATTERN, SLURM_NAME_PATTERN
 
 

@@ -6,7 +6,7 @@ The database decides first (compare-and-set, ``torchyard_contract.state``): a qu
 acts on (``service.run.pausing``: SIGTERM to the ranks, ``pause_grace_s``, then a stop). When the
 loop ends with the outcome ``paused``, the finisher makes the job ``paused`` and its resources are
 free. A queued job the executor already holds (pending in Slurm's queue) is withdrawn from it
-(``service.domain.stops``) and submitted again when resumed. ``resume`` makes a paused job
+(``service.domain.loop.stops``) and submitted again when resumed. ``resume`` makes a paused job
 ``queued``: it waits by priority, then by id, as any queued job, and its next launch goes on
 from its last checkpoint as a new attempt. A pause uses no restart.
 """
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
-from service.domain.loopcontext import LoopContext
+from service.domain.loop.context import LoopContext
 from service.store import repository as repo
 from service.store.tables import Job
 from torchyard_contract.rundir import RunDir

@@ -1,6 +1,6 @@
 """Stopping the groups of jobs that ended in the database while their processes still run.
 
-A loss guard's stop request (``service.domain.lossguard``) fails the job with its reason, in the
+A loss guard's stop request (``service.domain.records.lossguard``) fails the job with its reason, in the
 database first (compare-and-set); a cancel does the same through ``Supervisor.cancel``. Then,
 for every watched job the database calls terminal, the executor stops its group (SIGTERM →
 grace → SIGKILL) on a thread of its own, and the reaper records the exit.
@@ -11,14 +11,14 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from service.domain.loopcontext import LoopContext
+from service.domain.loop.context import LoopContext
 from service.store import repository as repo
 from torchyard_contract.state import TERMINAL_STATES, JobState
 
 logger = logging.getLogger(__name__)
 
 # States whose group must not run: ended, and paused while an executor held it queued (Slurm's
-# pending job is withdrawn; service.domain.pauses).
+# pending job is withdrawn; service.domain.loop.pauses).
 _STOPPED = TERMINAL_STATES | {JobState.paused}
 
 

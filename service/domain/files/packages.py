@@ -12,7 +12,7 @@ Contract:
   it streamed in) and returns ``(info, created)``. It unpacks into a staging directory and
   renames it into place in one step, so a digest is either absent or complete; two uploads of
   the same content race harmlessly (the loser's copy is discarded, both answer the same digest).
-  Raises :class:`service.domain.unpack.ArchiveRefused` with nothing stored.
+  Raises :class:`service.domain.files.unpack.ArchiveRefused` with nothing stored.
 * :meth:`PackageStore.get` reads a package's metadata (None when absent) and marks it used now.
 * :meth:`PackageStore.copy_for_job` copies a package's tree into a job's run directory, so what
   one job writes never changes what another sees.
@@ -30,7 +30,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from service.domain.unpack import ArchiveRefused, Limits, unpack
+from service.domain.files.unpack import ArchiveRefused, Limits, unpack
 from service.settings import Settings
 
 logger = logging.getLogger(__name__)

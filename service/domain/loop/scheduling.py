@@ -4,11 +4,11 @@ Two strategies behind one method, chosen by the executor's capability (``queues_
 
 * :class:`HostScheduling` — the supervisor places jobs on this host's inventory
   (``service.domain.queue.scheduler``: priority, FIFO, gang allocation, backfill behind a
-  reservation) and launches them (``service.domain.launch``); a more urgent job that cannot
+  reservation) and launches them (``service.domain.loop.launch``); a more urgent job that cannot
   start may preempt preemptible ones (``service.domain.queue.preemption``).
 * :class:`ExecutorQueueing` — the executor queues and places jobs itself (Slurm): every queued
-  job is handed to it at once, each on a submit thread (``service.domain.submits``), and stays
-  ``queued`` until the executor starts it (``service.domain.reaping``).
+  job is handed to it at once, each on a submit thread (``service.domain.loop.submits``), and stays
+  ``queued`` until the executor starts it (``service.domain.loop.reaping``).
 """
 
 import logging
@@ -22,16 +22,16 @@ from typing import Protocol
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from service.domain.jobtoken import new_token
-from service.domain.launch import Launcher
-from service.domain.loopcontext import LoopContext
-from service.domain.pauses import Pauses
-from service.domain.placement import capacity_shortfall, placement_for, resource_kind
+from service.domain.intake.scriptpath import ScriptRefused
+from service.domain.intake.secretstore import SecretRefused
+from service.domain.loop.context import LoopContext
+from service.domain.loop.launch import Launcher
+from service.domain.loop.pauses import Pauses
+from service.domain.loop.submits import Submits
 from service.domain.queue import preemption, scheduler
-from service.domain.scriptpath import ScriptRefused
-from service.domain.secretstore import SecretRefused
-from service.domain.submits import Submits
+from service.domain.queue.placement import capacity_shortfall, placement_for, resource_kind
 from service.executor.base import ExecutorError
+from service.settings.tokens import new_token
 from service.store import repository as repo
 from service.store.tables import Job
 from torchyard_contract.spec import JobSpec

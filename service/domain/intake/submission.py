@@ -3,7 +3,7 @@ capacity, the script and its secrets' names, the idempotency key; then the job i
 
 Contract: :meth:`Intake.submit` stores a queued job and returns ``(job, created)``, or raises
 :class:`SubmitRejected` (its ``kind`` and ``status`` say why), ``AdmissionRefused`` (403) or
-``PathRefused`` (422) from ``service.domain.admission``. It never starts anything: the
+``PathRefused`` (422) from ``service.domain.intake.admission``. It never starts anything: the
 supervisor's loop does, on its next pass.
 """
 
@@ -13,20 +13,21 @@ from dataclasses import dataclass
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.domain import secretstore, webhookconf
-from service.domain.admission import admit
-from service.domain.diskspace import DiskFull, check_floor
-from service.domain.packagestore import package_store
-from service.domain.placement import capacity_shortfall, resource_kind
-from service.domain.queue.inventory import Inventory
-from service.domain.scriptpath import (
+from service.domain.files.diskspace import DiskFull, check_floor
+from service.domain.files.packages import package_store
+from service.domain.intake import secretstore
+from service.domain.intake.admission import admit
+from service.domain.intake.scriptpath import (
     ScriptRefused,
     ScriptsDisabled,
     package_program,
     script_program,
 )
-from service.domain.secretstore import SecretRefused
+from service.domain.intake.secretstore import SecretRefused
+from service.domain.queue.inventory import Inventory
+from service.domain.queue.placement import capacity_shortfall, resource_kind
 from service.settings import Settings
+from service.settings import webhookfile as webhookconf
 from service.store import repository as repo
 from service.store.tables import Job
 from torchyard_contract.spec import SLURM_FIELDS, JobSpec
@@ -111,7 +112,7 @@ class Intake:
 
     def check_runnable(self, spec: JobSpec) -> None:
         """Raise ``SubmitRejected`` for an admitted spec this server could never run (also the
-        check of a sweep's trials, ``service.domain.sweeps``)."""
+        check of a sweep's trials, ``service.domain.sweeps.manage``)."""
         if not self.executor_queues_jobs:
             check_local(spec, self.inventory)
         if spec.is_script:  # refuse what could never launch; resolved again at launch

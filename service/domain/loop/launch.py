@@ -3,7 +3,7 @@
 :func:`launch_config` and :func:`rank_env` are pure: given the settings, the spec, the job's
 token and its placement they build the launch configuration (``torchyard_contract.launch``) and
 the rank environment (``torchyard_contract.envnames``), so a dry run can print them. They are the
-one place that chooses a rank's device and backend from its placement (``service.domain.placement``).
+one place that chooses a rank's device and backend from its placement (``service.domain.queue.placement``).
 :class:`Launcher` writes the run directory and submits: the only code that starts a job.
 """
 
@@ -17,15 +17,15 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from service.domain import secretstore
-from service.domain.jobtoken import new_token
-from service.domain.loopcontext import LoopContext
-from service.domain.packagestore import PackageMissing, package_store
-from service.domain.placement import Placement
-from service.domain.scriptpath import RankProgram, ScriptRefused, rank_program
-from service.domain.secretstore import SecretRefused
+from service.domain.files.packages import PackageMissing, package_store
+from service.domain.intake import secretstore
+from service.domain.intake.scriptpath import RankProgram, ScriptRefused, rank_program
+from service.domain.intake.secretstore import SecretRefused
+from service.domain.loop.context import LoopContext
+from service.domain.queue.placement import Placement
 from service.executor.base import Submission
 from service.settings import Settings
+from service.settings.tokens import new_token
 from service.store import repository as repo
 from service.store.tables import Job
 from torchyard_contract import envnames as names
@@ -97,7 +97,7 @@ def rank_env(
     env = {
         **flight_recorder_env(run),  # a script's own env may set these otherwise
         **spec.env,  # a script job's own variables; never torchyard's (JobSpec refuses them)
-        **secrets,  # only ever in a process environment (see service.domain.secretstore)
+        **secrets,  # only ever in a process environment (see service.domain.intake.secretstore)
         names.API_URL: api_url,
         names.JOB_ID: str(job_id),
         names.JOB_TOKEN: token,

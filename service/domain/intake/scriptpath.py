@@ -11,7 +11,7 @@ Contract:
   or ``package/module/__main__.py``) and runs with ``PYTHONPATH`` set to the directory that holds
   it and ``PYTHONSAFEPATH=1`` (the working directory is not on ``sys.path``), so the module comes
   from the script directory, not from site-packages.
-* Every candidate goes through :func:`service.domain.pathguard.confine`: ``..`` and symlinks that lead
+* Every candidate goes through :func:`service.domain.intake.pathguard.confine`: ``..`` and symlinks that lead
   outside the script directories are refused even when the target exists.
 * Raises :class:`ScriptsDisabled` when no script directory is configured, :class:`ScriptRefused`
   (a ``ValueError`` naming the field) for an entrypoint that is outside them or missing.
@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.domain.pathguard import PathRefused, confine
+from service.domain.intake.pathguard import PathRefused, confine
 from torchyard_contract.spec import JobSpec
 
 FIELD = "entrypoint"

@@ -12,8 +12,8 @@ it) is adopted from the loop's claim on its run directory, or its launch is give
 import logging
 from dataclasses import dataclass
 
-from service.domain.loopcontext import LoopContext
-from service.domain.reaping import Reaper
+from service.domain.loop.context import LoopContext
+from service.domain.loop.reaping import Reaper
 from service.store import repository as repo
 from torchyard_contract import claim as runclaim
 from torchyard_contract.rundir import RunDir

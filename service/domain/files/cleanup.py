@@ -28,7 +28,7 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.domain.packagestore import package_store
+from service.domain.files.packages import package_store
 from service.settings import Settings
 from service.store import deletion
 from service.store import repository as repo

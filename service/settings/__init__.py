@@ -8,8 +8,8 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from service.domain.jobtoken import hash_token
-from service.settings_groups import PackageSettings, SlurmSettings, WebhookSettings
+from service.settings.groups import PackageSettings, SlurmSettings, WebhookSettings
+from service.settings.tokens import hash_token
 
 API_TOKEN_MIN_CHARS = 16
 

@@ -1,7 +1,7 @@
 """Which records a job may have: ranks ``0 .. world size - 1`` and attempts that exist.
 
 One rule for both ways a record arrives: a rank's POST (``service.api.routes.records``) and the spool
-files re-ingested when the job ends (``service.domain.spool``). A job's token is shared by its ranks, so
+files re-ingested when the job ends (``service.domain.records.spool``). A job's token is shared by its ranks, so
 a forged record can only be refused by what it names: a rank the job does not have, an attempt
 that has not started (it would later shadow the genuine record as a "duplicate"), or a job that
 is over (docs/metrics.md: no record is stored once a job is terminal).

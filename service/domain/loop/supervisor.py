@@ -1,20 +1,20 @@
 """The supervisor owns jobs' lives and every state change after submission.
 
 One background thread runs ``tick()``, each step a part of its own: fail jobs a loss guard asked
-to stop and stop the groups of cancelled and failed jobs (``service.domain.stops``), ask pausing
-jobs' attempt loops to pause (``service.domain.pauses``), reap finished
-ones and mark started ones running (``service.domain.reaping``: resources are freed at once;
-``service.domain.finisher`` re-ingests their spools and makes them terminal on a thread of its
-own), then advance the sweeps (``service.domain.sweepdriver``: new trials, pruning), then run a
-scheduling pass (``service.domain.scheduling``: priority, FIFO, gang allocation, backfill behind a
-reservation; launches through ``service.domain.launch``). The webhook outbox is sent by
-``service.domain.webhooks`` on threads of its own. Submissions go through
-``service.domain.intake``; each lease term starts with ``service.domain.recovery``. Each step,
+to stop and stop the groups of cancelled and failed jobs (``service.domain.loop.stops``), ask pausing
+jobs' attempt loops to pause (``service.domain.loop.pauses``), reap finished
+ones and mark started ones running (``service.domain.loop.reaping``: resources are freed at once;
+``service.domain.loop.finisher`` re-ingests their spools and makes them terminal on a thread of its
+own), then advance the sweeps (``service.domain.sweeps.driver``: new trials, pruning), then run a
+scheduling pass (``service.domain.loop.scheduling``: priority, FIFO, gang allocation, backfill behind a
+reservation; launches through ``service.domain.loop.launch``). The webhook outbox is sent by
+``service.domain.webhooks.delivery`` on threads of its own. Submissions go through
+``service.domain.intake.submission``; each lease term starts with ``service.domain.loop.recovery``. Each step,
 and each job within a step, is isolated: whatever one job left in its run directory cannot stop
 the loop. It is the only code that allocates resources, so two jobs never share one. Routes call
 ``submit``, ``cancel``, ``pause``, ``resume``, ``queue_status`` and ``resources``.
 
-Every server process has a supervisor, but only the holder of the lease (``service.domain.lease``)
+Every server process has a supervisor, but only the holder of the lease (``service.domain.loop.lease``)
 acts: it recovers at the start of each term, ticks while ``held()``, and writes its state
 changes (its finisher's too) under the lease's fence. The others stand by (their routes still
 serve).
@@ -32,23 +32,23 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.domain.cleanup import Cleanup
-from service.domain.finisher import Finisher
-from service.domain.intake import Intake
-from service.domain.launch import Launcher
-from service.domain.lease import Lease
-from service.domain.loopcontext import LoopContext
-from service.domain.pauses import Pauses
+from service.domain.files.cleanup import Cleanup
+from service.domain.intake.submission import Intake
+from service.domain.loop.context import LoopContext
+from service.domain.loop.finisher import Finisher
+from service.domain.loop.launch import Launcher
+from service.domain.loop.lease import Lease
+from service.domain.loop.pauses import Pauses
+from service.domain.loop.reaping import Reaper
+from service.domain.loop.recovery import Recovery
+from service.domain.loop.scheduling import ExecutorQueueing, HostScheduling, Scheduling
+from service.domain.loop.stops import Stops
 from service.domain.queue import scheduler
 from service.domain.queue.inventory import Inventory
 from service.domain.queue.snapshot import PUBLISH_MIN_S, SnapshotReader, encode
-from service.domain.reaping import Reaper
-from service.domain.recovery import Recovery
-from service.domain.scheduling import ExecutorQueueing, HostScheduling, Scheduling
-from service.domain.stops import Stops
-from service.domain.sweepdriver import SweepDriver
-from service.domain.sweeps import Sweeps
-from service.domain.webhooks import Dispatcher
+from service.domain.sweeps.driver import SweepDriver
+from service.domain.sweeps.manage import Sweeps
+from service.domain.webhooks.delivery import Dispatcher
 from service.executor.base import Executor, NodeRow
 from service.settings import Settings
 from service.store import queue as queuerepo
@@ -75,7 +75,7 @@ LOOP_LOCK_TIMEOUT_S = 1.0
 @dataclass
 class Supervisor:
     """The routes' entry to the domain and the loop that runs its parts; see the module
-    docstring. Its parts share one :class:`service.domain.loopcontext.LoopContext`."""
+    docstring. Its parts share one :class:`service.domain.loop.context.LoopContext`."""
 
     settings: Settings
     # Writers for the routes' calls (``submit``, ``cancel``) and the finisher.
@@ -89,7 +89,7 @@ class Supervisor:
     # Writers of the loop and the lease, with a short lock wait (``LOOP_LOCK_TIMEOUT_S``,
     # ``service.store.db.with_lock_timeout``); None = use ``session_factory``.
     loop_session_factory: sessionmaker[Session] | None = None
-    # Who supervises (``service.domain.lease``); built from the settings when not given.
+    # Who supervises (``service.domain.loop.lease``); built from the settings when not given.
     lease: Lease | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _wake: threading.Event = field(default_factory=threading.Event)
@@ -157,7 +157,7 @@ class Supervisor:
 
     # --- called by routes -------------------------------------------------------------------
     def submit(self, spec: JobSpec, idempotency_key: str | None = None) -> tuple[Job, bool]:
-        """See :meth:`service.domain.intake.Intake.submit`."""
+        """See :meth:`service.domain.intake.submission.Intake.submit`."""
         return self.intake.submit(spec, idempotency_key)
 
     def queue_status(self, job_id: int) -> scheduler.Waiting | None:
@@ -191,15 +191,15 @@ class Supervisor:
             job = repo.get_job(session, job_id)
         if won:
             logger.info("job %s: cancelled", job_id)
-            self._queue_changed()  # the loop stops the group (service.domain.stops)
+            self._queue_changed()  # the loop stops the group (service.domain.loop.stops)
         return job
 
     def pause(self, job_id: int) -> Job | None:
-        """See :meth:`service.domain.pauses.Pauses.pause`."""
+        """See :meth:`service.domain.loop.pauses.Pauses.pause`."""
         return self.pauses.pause(job_id)
 
     def resume(self, job_id: int) -> Job | None:
-        """See :meth:`service.domain.pauses.Pauses.resume`."""
+        """See :meth:`service.domain.loop.pauses.Pauses.resume`."""
         return self.pauses.resume(job_id)
 
     # --- the loop ---------------------------------------------------------------------------
@@ -310,12 +310,12 @@ class Supervisor:
             return False
 
     def _clean_up(self) -> None:
-        """Retention, unused packages, orphaned run directories (``service.domain.cleanup``),
+        """Retention, unused packages, orphaned run directories (``service.domain.files.cleanup``),
         at most every ``TORCHYARD_RETENTION_SWEEP_S``; on this thread, so no launch races it."""
         self.cleanup.sweep()
 
     def delete(self, job_id: int) -> None:
-        """See :meth:`service.domain.cleanup.Cleanup.delete`."""
+        """See :meth:`service.domain.files.cleanup.Cleanup.delete`."""
         self.cleanup.delete(job_id)
         self._queue_changed()
 
@@ -324,7 +324,7 @@ class Supervisor:
         self._wake.set()
 
     def _schedule(self) -> None:
-        """One scheduling pass (``service.domain.scheduling``), when the queue or the free
+        """One scheduling pass (``service.domain.loop.scheduling``), when the queue or the free
         resources changed, or every ``REPLAN_S`` so waiting reasons stay fresh."""
         now = time.time()
         if not self._queue_dirty and now - self._last_plan < REPLAN_S:

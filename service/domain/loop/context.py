@@ -1,7 +1,7 @@
 """What the supervisor's parts share: the settings, the stores, the executor and the lease they
 act through, and the jobs this process watches.
 
-The supervisor (``service.domain.supervisor``) builds one :class:`LoopContext` and hands it to its
+The supervisor (``service.domain.loop.supervisor``) builds one :class:`LoopContext` and hands it to its
 parts (intake, launch, scheduling, reaping, stops, recovery); each part reads and changes only
 what its docstring names. Everything here is touched from the supervisor's thread, except
 ``watched.refs`` which the stop threads read.
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.domain.lease import Lease
+from service.domain.loop.lease import Lease
 from service.domain.queue import scheduler
 from service.domain.queue.inventory import Inventory
 from service.executor.base import Executor
@@ -31,7 +31,7 @@ class Watched:
     seen_started: set[int] = field(default_factory=set)
     # Jobs seen ended whose exit.json is not visible yet: job id → first seen (monotonic).
     awaiting_outcome: dict[int, float] = field(default_factory=dict)
-    # Pausing jobs whose attempt loop was asked to pause (service.domain.pauses).
+    # Pausing jobs whose attempt loop was asked to pause (service.domain.loop.pauses).
     told_to_pause: set[int] = field(default_factory=set)
 
     def forget(self, job_id: int) -> None:

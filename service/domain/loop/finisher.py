@@ -4,7 +4,7 @@ When a job's attempt loop has ended, the supervisor frees its resources at once 
 job here (``enqueue``). A thread of its own then, one job at a time:
 
 1. stores the attempt records, read strictly (``torchyard_contract.runfiles``);
-2. re-ingests the ranks' spool files (``service.domain.spool``) from each rank's acknowledged offset, at
+2. re-ingests the ranks' spool files (``service.domain.records.spool``) from each rank's acknowledged offset, at
    most ``spool_ingest_max_records`` per rank, in batches each stored in a transaction of its
    own (the write lock is free between them), stopping as soon as the job is no longer active
    (a user's cancel won);
@@ -31,9 +31,9 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.domain.ingest import accept_records
-from service.domain.recordscope import job_attempts, world_size
-from service.domain.spool import SpoolChunk, SpoolTally, read_rank_spool
+from service.domain.records.ingest import accept_records
+from service.domain.records.scope import job_attempts, world_size
+from service.domain.records.spool import SpoolChunk, SpoolTally, read_rank_spool
 from service.store import repository as repo
 from service.store.db import is_busy
 from service.store.tables import Job
@@ -71,7 +71,7 @@ class Ended:
     # outcome file it ends ``cancelled`` (issue 25, item 5), not ``failed``.
     cancelled: bool = False
     # The executor's reference of what ended; None when unknown. A job that no longer has it
-    # (paused while pending in Slurm, then resumed: service.domain.pauses) has nothing to finish.
+    # (paused while pending in Slurm, then resumed: service.domain.loop.pauses) has nothing to finish.
     ref: str | None = None
 
 
@@ -82,7 +82,7 @@ class Finisher:
     max_records_per_rank: int
     on_finished: Callable[[], None] = lambda: None  # the supervisor re-plans (nothing to free)
     # Checked first in every writing transaction: False = this process no longer supervises
-    # (``service.domain.lease``), so it writes nothing and the next supervisor finishes the job.
+    # (``service.domain.loop.lease``), so it writes nothing and the next supervisor finishes the job.
     fence: Callable[[Session], bool] = lambda _session: True
     # The executor's ``excludes_nodes``: a ``requeue`` outcome queues the job again (Slurm);
     # False: no attempt loop of this executor writes one, so a job's that does fails.

@@ -1,16 +1,16 @@
 """Accepting a job's records: one rule for both ways they arrive.
 
 A rank's POST (``service.api.routes.records``) and the spool files re-ingested when the job ends
-(``service.domain.finisher``) both go through :func:`accept_records`: the records are checked
-against what the job is (``service.domain.recordscope``), stored once (replays of (attempt, rank,
+(``service.domain.loop.finisher``) both go through :func:`accept_records`: the records are checked
+against what the job is (``service.domain.records.scope``), stored once (replays of (attempt, rank,
 epoch, step, name) are ignored), the job's first-metric time is set, and the loss guard
-(``service.domain.lossguard``) looks at what was added.
+(``service.domain.records.lossguard``) looks at what was added.
 """
 
 from sqlalchemy.orm import Session
 
-from service.domain import lossguard as guard
-from service.domain.recordscope import RecordScope, Refusal
+from service.domain.records import lossguard as guard
+from service.domain.records.scope import RecordScope, Refusal
 from service.store import records as recordstore
 from service.store.records import RecordIn
 from service.store.tables import Job

@@ -5,7 +5,7 @@ The search and the early stopping are Optuna's (samplers: ``GridSampler``, ``Ran
 ``TPESampler``; pruners: ``SuccessiveHalvingPruner`` for ASHA, ``MedianPruner``) through its
 ask-and-tell interface, on an in-memory study. The study is never stored: torchyard's own tables
 are the truth (a trial is a job with ``sweep_id`` and ``params``; its objective per epoch is read
-from every rank's records, ``service.domain.sweeps.reduced_epochs``). A supervisor rebuilds each
+from every rank's records, ``service.domain.sweeps.manage.reduced_epochs``). A supervisor rebuilds each
 study at the start of its lease term, and after any step that failed, by replaying the trials in
 the order they were made — each asked with its stored parameters, its objective reported epoch by
 epoch (the pruner's rung bookkeeping follows), then told how it ended — so a restart or a
@@ -37,10 +37,9 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from service.domain import webhookconf
-from service.domain.loopcontext import LoopContext
-from service.domain.sweeps import outcome, reduced_epochs, world_size
-from service.domain.sweepspec import (
+from service.domain.loop.context import LoopContext
+from service.domain.sweeps.manage import outcome, reduced_epochs, world_size
+from service.domain.sweeps.spec import (
     AshaRule,
     ChoiceDim,
     IntDim,
@@ -50,6 +49,7 @@ from service.domain.sweepspec import (
     grid_points,
     grid_values,
 )
+from service.settings import webhookfile as webhookconf
 from service.store import repository as repo
 from service.store import sweeps as store
 from service.store.db import is_busy

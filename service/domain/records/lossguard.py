@@ -5,7 +5,7 @@ per-epoch records named ``loss`` (``step`` null) count, from any rank, built-in 
 script; "in a row" means consecutive epoch numbers of one attempt.
 
 * Non-finite: one rank's loss is NaN or ±Inf for ``nonfinite_patience`` consecutive epochs.
-* Divergence: the cross-rank rule of :mod:`service.domain.metricsummary` (default threshold) flags the
+* Divergence: the cross-rank rule of :mod:`service.domain.records.summary` (default threshold) flags the
   same rank for ``divergence_patience`` consecutive epochs; an epoch counts only once every rank
   reported it, so a verdict never rests on half an epoch.
 
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 from sqlalchemy.orm import Session
 
-from service.domain.metricsummary import DEFAULT_THRESHOLD, diverged_ranks
+from service.domain.records.summary import DEFAULT_THRESHOLD, diverged_ranks
 from service.store import records as recordstore
 from service.store import repository as repo
 from torchyard_contract.records import nonfinite_name

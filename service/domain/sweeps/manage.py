@@ -2,7 +2,7 @@
 (trials with their outcome and objective per epoch, counts, the best trial).
 
 Creating a sweep stores its request and wakes the supervisor; the trials are made by the sweep
-driver (``service.domain.sweepdriver``) in the acting supervisor, never here. The objective of a
+driver (``service.domain.sweeps.driver``) in the acting supervisor, never here. The objective of a
 trial at an epoch is its ranks' values of ``objective.metric`` at that epoch reduced into one
 (``objective.reduce``, mean by default), counted only once every rank reported it: a trial whose
 ranks disagree is judged on what all of them said, never on rank 0 alone.
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.domain.admission import admit
-from service.domain.intake import Intake
-from service.domain.sweepspec import SweepSpec, extremes
+from service.domain.intake.admission import admit
+from service.domain.intake.submission import Intake
+from service.domain.sweeps.spec import SweepSpec, extremes
 from service.store import repository as repo
 from service.store import sweeps as store
 from service.store.tables import Job, Sweep
@@ -126,7 +126,7 @@ def view(session: Session, sweep: Sweep) -> SweepView:
 
 class SweepRejected(Exception):
     """A sweep valid on its own that this server cannot run (``kind``, ``status`` as for
-    ``service.domain.intake.SubmitRejected``)."""
+    ``service.domain.intake.submission.SubmitRejected``)."""
 
     def __init__(self, kind: str, message: str, status: int = 422) -> None:
         super().__init__(message)

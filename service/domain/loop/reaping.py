@@ -3,7 +3,7 @@
 Each pass asks the executor about every watched job at once (``describe``). An executor that
 queues jobs itself reports the pending ones (they stay ``queued`` with its reason) and the ones
 it started (→ ``starting``). A job whose attempt loop ended has its resources freed at once and
-is handed to the finisher (``service.domain.finisher``), which re-ingests its spools and makes it
+is handed to the finisher (``service.domain.loop.finisher``), which re-ingests its spools and makes it
 terminal on its own thread. Attempts are synced from the run directory, and a job becomes
 ``running`` once rank 0 of an attempt is ready.
 """
@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
-from service.domain.finisher import Finisher
-from service.domain.loopcontext import LoopContext
+from service.domain.loop.context import LoopContext
+from service.domain.loop.finisher import Finisher
 from service.domain.queue import scheduler
-from service.domain.recordscope import job_attempts
+from service.domain.records.scope import job_attempts
 from service.executor.base import Phase, Status
 from service.store import repository as repo
 from service.store.db import is_busy

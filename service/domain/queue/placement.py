@@ -1,7 +1,7 @@
 """Where a job runs on this host: the kind of resource it needs, whether it can ever fit, and
 the device and backend that follow from what it was given.
 
-One place for the capacity check: at submit (``service.domain.intake``) and again before each
+One place for the capacity check: at submit (``service.domain.intake.submission``) and again before each
 scheduling pass (a restart with fewer GPUs or slots can leave a queued job that never fits).
 """
 
