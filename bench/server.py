@@ -101,7 +101,7 @@ def wait_job_processes_gone(home: Path, job_id: int, timeout_s: float = 30.0) ->
     (a temp home removed under them fails with ENOTEMPTY). The shim is the job's subreaper and
     stops every process below it before it exits (``service.run.attemptloop``); it is found by the
     pid and start time of the claim it wrote first thing."""
-    from service.executor.local import claim_reference, decode_reference
+    from service.executor.reference import claim_reference, decode_reference
     from service.run.proctree import same_process
     from torchyard_contract.claim import read_claim
     from torchyard_contract.rundir import RunDir
@@ -155,7 +155,7 @@ def insert_running_job(
             if adopt_me:
                 import socket
 
-                from service.executor.local import NAME, encode_reference
+                from service.executor.reference import NAME, encode_reference
                 from service.run.proctree import create_time
 
                 me = os.getpid()
@@ -210,7 +210,7 @@ def _serve_without_supervisor(home: str, port: int) -> None:
 
     import uvicorn
 
-    from service.api.app import create_app
+    from service.app import create_app
     from service.settings import Settings
 
     logging.basicConfig(level=logging.WARNING)

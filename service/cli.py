@@ -60,8 +60,8 @@ def serve(
     # (nearly all of it lives as long as the process) and turns the collector back on. Passes
     # over that growing heap were ~11 % of a start's CPU (docs/benchmarks.md, finding 12).
     gc.disable()
-    from service.api.app import create_app
     from service.api.drain import serve as serve_app
+    from service.app import create_app
     from service.store.db import upgrade
 
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
@@ -89,7 +89,7 @@ def serve(
         return
     # Migrate once here, so the workers' own upgrade at start-up finds nothing to do (several
     # processes migrating at once would race). Each worker builds its app from the environment.
-    from service.api.processes import run_workers
+    from service.serve import run_workers
 
     upgrade(settings.resolved_database_url)
     os.environ.update(TORCHYARD_HOST=settings.host, TORCHYARD_PORT=str(settings.port))

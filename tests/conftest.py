@@ -32,7 +32,7 @@ import psutil
 import pytest
 from fastapi.testclient import TestClient
 
-from service.api.app import create_app
+from service.app import create_app
 from service.executor.warmpool import ask, socket_path
 from service.run import proctree
 from service.run.warm.preload import read_at_start_up

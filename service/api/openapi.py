@@ -208,26 +208,3 @@ def _json_errors(operation: dict) -> None:
             response["content"] = {JSON: content[JSON]}
         elif EVENT_STREAM in content:
             content[EVENT_STREAM] = {"schema": EVENT_STREAM_SCHEMA}
-
-
-def checked_in_document() -> str:
-    """The document as checked in (``docs/openapi.json``): a server with API tokens configured
-    (the deployed shape; without tokens only the ``apiToken`` scheme and requirements drop)."""
-    import json
-    import tempfile
-    from pathlib import Path
-
-    from service.api.app import create_app  # here, not at the top: app imports this module
-    from service.api.routes import records
-    from service.settings import Settings
-
-    with tempfile.TemporaryDirectory() as home:
-        settings = Settings(home=Path(home), gpus="none", cpu_slots=1, api_tokens="openapi-document-token")
-        app = create_app(settings, run_supervisor=False)
-        # Generic: not this (local) app's single-host bounds, which only its served one states.
-        document = build_openapi(app, api_tokens=True, body_models=records.BODY_MODELS)
-    return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
-
-
-if __name__ == "__main__":  # python -m service.api.openapi > docs/openapi.json
-    print(checked_in_document(), end="")

@@ -17,7 +17,7 @@ from pydantic import (
 )
 
 from service.domain.queue.scheduler import Waiting
-from service.executor.local import shim_pid
+from service.executor.reference import attempt_loop_pid
 from service.store.records import EPOCH_STEP, RecordIn
 from service.store.tables import Job, MetricRecord
 from torchyard_contract.bounds import bounded_text
@@ -191,7 +191,7 @@ class JobRead(BaseModel):
             waiting_reason=_waiting_reason(job, waiting) if queued and waiting else None,
             exit_code=job.exit_code,
             reason=bounded_text(job.reason) if job.reason is not None else None,
-            pid=shim_pid(job.executor, job.executor_ref),
+            pid=attempt_loop_pid(job.executor, job.executor_ref),
             devices=job.devices.split(",") if job.devices else [],
             attempts=_attempts(job.attempts),
             sweep_id=job.sweep_id,

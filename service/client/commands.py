@@ -1,101 +1,43 @@
 """Client commands of ``torchyard``, registered on the main typer app by :func:`register`.
 
-Server URL and token: ``--url``/``--token`` or ``TORCHYARD_URL``/``TORCHYARD_TOKEN`` (default
-``http://127.0.0.1:8000``, no token). Exit codes of ``wait`` and ``submit --follow``:
-0 succeeded, 1 failed, 3 cancelled, 4 still not finished at ``--timeout``; any command exits 5
-when the server refuses a request or cannot be reached, and 2 on bad usage.
+The options, exit codes and connection every command shares are in ``service.client.options``
+(``wait`` and ``submit --follow`` exit with the job's outcome: 0 succeeded, 1 failed,
+3 cancelled, 4 still not finished at ``--timeout``).
 """
 
 import json
-import re
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
-from rich.console import Console
 from rich.progress import Progress
 
 from service.client import render
-from service.client.api import TERMINAL, ClientError, TorchyardClient
+from service.client.api import TERMINAL, TorchyardClient
 from service.client.follow import follow
+from service.client.options import (
+    DEFAULT_URL,
+    EXIT_FAILED,
+    EXIT_TIMEOUT,
+    JobArg,
+    TokenOpt,
+    UrlOpt,
+    connect,
+    console,
+    err_console,
+    exit_for,
+    print_job_line,
+)
+from service.client.pausing import pause, resume
+from service.client.specfile import load_spec_file, parse_pairs, yaml_value
+from service.client.sweep import sweep_app
 from service.client.workdir import pack
 
-EXIT_OK, EXIT_FAILED, EXIT_CANCELLED, EXIT_TIMEOUT, EXIT_ERROR = 0, 1, 3, 4, 5
-STATE_EXIT = {"succeeded": EXIT_OK, "failed": EXIT_FAILED, "cancelled": EXIT_CANCELLED}
-DEFAULT_URL = "http://127.0.0.1:8000"
 LOG_POLL_S = 0.5
 PROGRESS_MIN_BYTES = 8 * 1024 * 1024  # a progress bar for uploads this big
-
-UrlOpt = Annotated[str, typer.Option("--url", envvar="TORCHYARD_URL", help="server URL")]
-TokenOpt = Annotated[
-    str | None, typer.Option("--token", envvar="TORCHYARD_TOKEN", help="API token (Bearer)")
-]
-JobArg = Annotated[int, typer.Argument(min=1, help="job id")]
-
-console = Console()
-err_console = Console(stderr=True)
-
-
-@contextmanager
-def _client(url: str, token: str | None) -> Iterator[TorchyardClient]:
-    """A client; a refused request or an unreachable server prints one line and exits 5."""
-    try:
-        with TorchyardClient(url, token) as client:
-            yield client
-    except ClientError as exc:
-        err_console.print(f"[red]error[/] ({exc.status or '-'} {exc.error}): {exc.message}")
-        raise typer.Exit(EXIT_ERROR) from None
-
-
-def _exit_for(job: dict[str, Any]) -> int:
-    return STATE_EXIT.get(job["state"], EXIT_TIMEOUT)
-
-
-def _job_line(job: dict[str, Any]) -> None:
-    console.print(render.job_line(job), highlight=False)
-
-
-def _parse_pairs(pairs: list[str], option: str) -> dict[str, Any]:
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise typer.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint=option)
-        out[key] = value
-    return out
-
-
-class SpecLoader(yaml.SafeLoader):
-    """YAML with YAML 1.2's numbers: ``1e-3`` is a float. PyYAML (YAML 1.1) reads it as the string
-    "1e-3", which the server refuses (spec numbers are never coerced from strings)."""
-
-
-SpecLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
-)
-
-
-def yaml_value(text: str) -> Any:
-    return yaml.load(text, Loader=SpecLoader)  # SpecLoader is a SafeLoader: no objects built
-
-
-def load_spec_file(path: Path) -> dict[str, Any]:
-    """A job spec from a ``.json`` file or a YAML one (``.yaml``/``.yml``); must be a mapping."""
-    text = path.read_text(encoding="utf-8")
-    try:
-        spec = json.loads(text) if path.suffix == ".json" else yaml_value(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise typer.BadParameter(f"{path} is not valid: {exc}", param_hint="SPEC_FILE") from None
-    if not isinstance(spec, dict):
-        raise typer.BadParameter(f"{path} must hold a mapping of spec fields", param_hint="SPEC_FILE")
-    return spec
 
 
 def submit(
@@ -151,16 +93,16 @@ def submit(
     flags = {"name": name, "model": model, "dataset": dataset, "epochs": epochs,
              "batch_size": batch_size, "lr": lr, "nproc_per_node": nproc, "priority": priority}
     spec.update({k: v for k, v in flags.items() if v is not None})
-    spec.update({k: yaml_value(v) for k, v in _parse_pairs(set_, "--set").items()})
+    spec.update({k: yaml_value(v) for k, v in parse_pairs(set_, "--set").items()})
     if label:
-        spec["labels"] = {**spec.get("labels", {}), **_parse_pairs(label, "--label")}
-    with _client(url, token) as client:
+        spec["labels"] = {**spec.get("labels", {}), **parse_pairs(label, "--label")}
+    with connect(url, token) as client:
         if workdir is not None:
             spec.update(entrypoint=target, package=_upload_workdir(client, workdir, exclude))
             if script_args:
                 spec["args"] = list(script_args)
         job = client.submit(spec)
-        _job_line(job)
+        print_job_line(job)
         if not follow_:
             return
         result = follow(client, job, console)
@@ -168,8 +110,8 @@ def submit(
         if result.final_loss:
             console.print(render.final_losses_table(result.final_loss))
         _warn_divergence(client, job["id"])
-    _job_line(final)
-    raise typer.Exit(_exit_for(final))
+    print_job_line(final)
+    raise typer.Exit(exit_for(final))
 
 
 def _upload_workdir(client: TorchyardClient, workdir: Path, exclude: list[str]) -> str:
@@ -206,7 +148,7 @@ def artifacts(
     token: TokenOpt = None,
 ) -> None:
     """List a job's artifacts, or download one (JOB PATH -o FILE)."""
-    with _client(url, token) as client:
+    with connect(url, token) as client:
         if path is None:
             after = None
             while True:
@@ -226,7 +168,7 @@ def artifacts(
 
 def delete(job_id: JobArg, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
     """Delete a finished job with its records, logs, run directory and outputs."""
-    with _client(url, token) as client:
+    with connect(url, token) as client:
         client.delete(job_id)
     console.print(f"job {job_id} deleted")
 
@@ -248,14 +190,14 @@ def jobs(
     token: TokenOpt = None,
 ) -> None:
     """List jobs, newest first."""
-    with _client(url, token) as client:
+    with connect(url, token) as client:
         page = client.jobs(state=state, name=name, label=label, limit=limit)
     console.print(render.jobs_table(page["items"]))
 
 
 def show(job_id: JobArg, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
     """One job: fields, spec, attempts, and the loss summary's last epoch."""
-    with _client(url, token) as client:
+    with connect(url, token) as client:
         job = client.job(job_id)
         summary = client.summary(job_id)
     console.print(render.job_table(job))
@@ -280,7 +222,7 @@ def metrics(
     def wanted(m: dict[str, Any]) -> bool:
         return (name is None or m["name"] == name) and (rank is None or m["rank"] == rank)
 
-    with _client(url, token) as client:
+    with connect(url, token) as client:
         if not follow_:
             items = client.all_metrics(job_id, name=name, rank=rank)
             console.print(render.metrics_table(items))
@@ -289,7 +231,7 @@ def metrics(
             if event.kind == "metric" and wanted(event.data):
                 console.print(render.metric_line(event.data), highlight=False)
             elif event.kind == "state":
-                _job_line(event.data)
+                print_job_line(event.data)
 
 
 def logs(
@@ -308,7 +250,7 @@ def logs(
 ) -> None:
     """Everything a rank printed, stdout and stderr in the order written (or one --stream)."""
     offset = 0
-    with _client(url, token) as client:
+    with connect(url, token) as client:
         while True:
             chunk = client.logs(job_id, rank, offset, attempt, stream)
             attempt = chunk["attempt"]  # stay on one attempt while following
@@ -332,7 +274,7 @@ def stacks(
     token: TokenOpt = None,
 ) -> None:
     """Where every rank is: its Python stacks (all threads), in a collective or elsewhere."""
-    with _client(url, token) as client:
+    with connect(url, token) as client:
         answer = client.stacks(job_id, attempt)
     if json_:
         print(json.dumps(answer, indent=2))
@@ -342,8 +284,8 @@ def stacks(
 
 def cancel(job_id: JobArg, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
     """Cancel a queued or running job (a finished job is left as it is)."""
-    with _client(url, token) as client:
-        _job_line(client.cancel(job_id))
+    with connect(url, token) as client:
+        print_job_line(client.cancel(job_id))
 
 
 def wait(
@@ -355,10 +297,10 @@ def wait(
     token: TokenOpt = None,
 ) -> None:
     """Wait for the job to end. Exit 0 succeeded, 1 failed, 3 cancelled, 4 timeout, 5 error."""
-    with _client(url, token) as client:
+    with connect(url, token) as client:
         job = client.wait(job_id, timeout)
-    _job_line(job)
-    raise typer.Exit(_exit_for(job) if job["state"] in TERMINAL else EXIT_TIMEOUT)
+    print_job_line(job)
+    raise typer.Exit(exit_for(job) if job["state"] in TERMINAL else EXIT_TIMEOUT)
 
 
 def summary(
@@ -374,7 +316,7 @@ def summary(
     token: TokenOpt = None,
 ) -> None:
     """Per epoch across ranks: mean/min/max/std and ranks that diverge from the others."""
-    with _client(url, token) as client:
+    with connect(url, token) as client:
         body = client.summary(job_id, name, threshold)
     console.print(render.summary_table(body))
     if fail_on_divergence and any(i["diverged_ranks"] for i in body["items"]):
@@ -388,9 +330,6 @@ COMMANDS: list[Callable[..., None]] = [
 
 def register(app: typer.Typer) -> None:
     """Add the client commands to the ``torchyard`` app."""
-    from service.client.pausing import pause, resume  # they import this module's helpers
-    from service.client.sweep import sweep_app  # so does it
-
     for command in COMMANDS:
         app.command()(command)
         for after_cancel in (pause, resume) if command is cancel else ():

@@ -10,16 +10,16 @@ import typer
 from rich.live import Live
 from rich.table import Table
 
-from service.client.commands import (
+from service.client.options import (
     DEFAULT_URL,
     EXIT_TIMEOUT,
     STATE_EXIT,
     TokenOpt,
     UrlOpt,
-    _client,
+    connect,
     console,
-    load_spec_file,
 )
+from service.client.specfile import load_spec_file
 
 sweep_app = typer.Typer(help="Sweeps: many trials of one spec (docs/sweeps.md).",
                         no_args_is_help=True)
@@ -65,7 +65,7 @@ def create(
     token: TokenOpt = None,
 ) -> None:
     """Create a sweep; with --follow, show its trials live and exit with its outcome."""
-    with _client(url, token) as client:
+    with connect(url, token) as client:
         sweep = client.create_sweep(load_spec_file(spec_file))
         console.print(f"sweep {sweep['id']} created")
         if not follow:
@@ -84,13 +84,13 @@ def create(
 @sweep_app.command()
 def show(sweep_id: SweepArg, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
     """The sweep: its state, counts, best trial and every trial."""
-    with _client(url, token) as client:
+    with connect(url, token) as client:
         console.print(sweep_table(client.sweep(sweep_id)))
 
 
 @sweep_app.command()
 def cancel(sweep_id: SweepArg, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
     """Cancel the sweep and its queued and running trials."""
-    with _client(url, token) as client:
+    with connect(url, token) as client:
         sweep = client.cancel_sweep(sweep_id)
     console.print(f"sweep {sweep['id']}: {sweep['state']}")

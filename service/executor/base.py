@@ -105,6 +105,9 @@ class Executor(Protocol):
     # ``Submission.exclude_nodes`` (Slurm: ``--exclude``). False: retry_elsewhere retries in place,
     # and a launch whose outcome says ``requeue`` anyway fails.
     excludes_nodes: bool
+    # True: a job may span several nodes (``nnodes`` > 1) and ``nodes`` lists the cluster's;
+    # False: one host, whose own GPUs and CPU slots the supervisor books.
+    spans_nodes: bool
 
     def dry_run(self, sub: Submission) -> DryRun:
         """What ``submit`` would run; pure: starts nothing, touches nothing."""
@@ -156,6 +159,12 @@ class Executor(Protocol):
         not run (on Slurm: nodes that cannot reach ``api_url`` or see ``runs_dir``)."""
         ...
 
+    def nodes(self, partition: str | None) -> list["NodeRow"]:
+        """The cluster's nodes and their state (Slurm: ``sinfo`` of ``partition``) for
+        ``GET /resources``; raises ``ExecutorError``. An executor that does not span nodes
+        returns ``[]``."""
+        ...
+
     def watch(self, wake: Callable[[], None]) -> None:
         """Call ``wake()`` (from any thread) when a job may have changed phase, so the caller
         need not wait for its next poll. Best effort: the caller polls ``describe`` anyway."""
@@ -187,3 +196,30 @@ class NodeRow:
             m = re.match(r"gpu(?::[^:(]+)?:(\d+)", entry.strip())
             total += int(m.group(1)) if m else 0
         return total
+
+
+@dataclass(frozen=True)
+class WarmStatus:
+    """What ``GET /resources`` and Prometheus report. ``state``: ``starting`` (importing torch),
+    ``ready`` (serving), ``broken`` (cannot serve: the socket's directory is unsafe; ``reason``
+    says why)."""
+
+    state: str
+    pool_size: int
+    idle: int = 0
+    active: int = 0
+    served: int = 0
+    refused: int = 0
+    memory_bytes: int = 0
+    memory_limit_bytes: int = 0
+    pid: int | None = None
+    cuda_initialized: bool = False
+    restarts: int = 0
+    reason: str = ""  # why jobs start cold now ("" while ready); not in /resources
+
+
+class WarmReporter(Protocol):
+    """The warm-rank pool as the HTTP side sees it (``GET /resources``, Prometheus): its status,
+    nothing that starts or stops a process."""
+
+    def status(self) -> WarmStatus: ...

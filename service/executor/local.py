@@ -11,7 +11,6 @@ torchrun's per-rank files under
 one file, ``RUN_DIR/logs/attempt-<n>/rank-<rank>.log`` (``service.run.ranktee``).
 """
 
-import json
 import logging
 import os
 import select
@@ -25,10 +24,18 @@ from pathlib import Path
 from service.executor.base import (
     DryRun,
     LogStreamName,
+    NodeRow,
     Phase,
     RankLog,
     Status,
     Submission,
+)
+from service.executor.reference import (
+    NAME,
+    claim_reference,
+    decode_reference,
+    encode_reference,
+    reference_host,
 )
 from service.executor.standby import StandbyShim
 from service.executor.warmpool import WarmPool
@@ -39,67 +46,11 @@ from torchyard_contract.rundir import RunDir
 
 logger = logging.getLogger(__name__)
 
-NAME = "local"
 
 
 def build_shim_command(python: str, run: RunDir) -> list[str]:
     """The argv of a job's attempt loop; pure."""
     return [python, "-m", "service.run.attemptloop", str(run.root)]
-
-
-def encode_reference(
-    pid: int, started: float | None, host: str | None = None, ticks: int | None = None
-) -> str:
-    """``ticks``: the shim's start in clock ticks since boot (``proctree.start_ticks``), what
-    identifies it across a wall-clock step; older references have only ``create_time``."""
-    data: dict[str, object] = {"pid": pid, "create_time": started}
-    if host is not None:
-        data["host"] = host
-    if ticks is not None:
-        data["start_ticks"] = ticks
-    return json.dumps(data)
-
-
-def reference_host(reference: str) -> str | None:
-    """The host a local reference names; None when it names none (older references)."""
-    try:
-        host = json.loads(reference).get("host")
-    except (ValueError, AttributeError):
-        return None
-    return host if isinstance(host, str) else None
-
-
-def decode_reference(reference: str) -> tuple[int, float | None, int | None] | None:
-    """(pid, create time, start ticks or None) of a local reference; None when it is not one."""
-    try:
-        data = json.loads(reference)
-        return (int(data["pid"]),
-                None if data["create_time"] is None else float(data["create_time"]),
-                _ticks(data.get("start_ticks")))
-    except (ValueError, TypeError, KeyError, AttributeError):
-        return None
-
-
-def claim_reference(claim: Mapping[str, object]) -> str | None:
-    """The reference of the shim that wrote ``claim`` (``torchyard_contract.claim``: its pid,
-    start and host), None when the claim names no process."""
-    pid, started, host = claim.get("pid"), claim.get("create_time"), claim.get("host")
-    if not isinstance(pid, int) or not isinstance(started, int | float):
-        return None
-    return encode_reference(pid, float(started), host if isinstance(host, str) else None,
-                            _ticks(claim.get("start_ticks")))
-
-
-def _ticks(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def shim_pid(executor: str | None, reference: str | None) -> int | None:
-    """The shim's pid of a job this executor started (``JobRead.pid``); None for any other."""
-    if executor != NAME or reference is None:
-        return None
-    decoded = decode_reference(reference)
-    return decoded[0] if decoded else None
 
 
 class LocalExecutor:
@@ -109,6 +60,7 @@ class LocalExecutor:
     queues_jobs = False
     outcome_visible_within_s = 0.0
     excludes_nodes = False  # one host: retry_elsewhere retries in place
+    spans_nodes = False
 
     def __init__(
         self, python: str | None = None, warm: WarmPool | None = None, standby: bool = False
@@ -128,6 +80,9 @@ class LocalExecutor:
 
     def watch(self, wake: Callable[[], None]) -> None:
         self._wake = wake
+
+    def nodes(self, partition: str | None) -> list[NodeRow]:
+        return []  # one host: its GPUs and CPU slots are the supervisor's inventory
 
     def dry_run(self, sub: Submission) -> DryRun:
         return DryRun(

@@ -85,6 +85,7 @@ class SlurmExecutor:
     queues_jobs = True
     outcome_visible_within_s = 30.0
     excludes_nodes = True
+    spans_nodes = True
 
     def __init__(
         self, cli: SlurmCli, python: str, server_env: Mapping[str, str], stop_grace_s: float,

@@ -36,11 +36,12 @@ import subprocess
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
 
+from service.executor.base import WarmStatus
 from service.run.warm import BUSY_EXIT, LOCK_NAME, relay
 from service.run.warm.relay import ask  # the one control request, shared with the shim's stacks
 from torchyard_contract.childenv import environ_for_children
@@ -58,26 +59,6 @@ CLAIM_TIMEOUT_S = 30.0  # from spawn to holding the server's lock (before it imp
 SILENCE_PATIENCE_S = 30.0
 # Variables torch reads when the server imports it; the server must not inherit the server's.
 NOT_INHERITED = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
-
-
-@dataclass(frozen=True)
-class WarmStatus:
-    """What ``GET /resources`` and Prometheus report. ``state``: ``starting`` (importing torch),
-    ``ready`` (serving), ``broken`` (cannot serve: the socket's directory is unsafe; ``reason``
-    says why)."""
-
-    state: str
-    pool_size: int
-    idle: int = 0
-    active: int = 0
-    served: int = 0
-    refused: int = 0
-    memory_bytes: int = 0
-    memory_limit_bytes: int = 0
-    pid: int | None = None
-    cuda_initialized: bool = False
-    restarts: int = 0
-    reason: str = ""  # why jobs start cold now ("" while ready); not in /resources
 
 
 def socket_path(home: Path, directory: Path | None = None) -> str:

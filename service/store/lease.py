@@ -1,4 +1,4 @@
-"""SQL of the supervisor lease (``service.domain.loop.lease``): claim or renew, check under a lock, release."""
+"""SQL of the supervisor lease (``service.domain.lease``): claim or renew, check under a lock, release."""
 
 from sqlalchemy import ColumnElement, case, func, literal_column, select, update
 from sqlalchemy.orm import Session

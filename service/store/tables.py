@@ -157,7 +157,7 @@ class MetricRecord(Base):
 
 
 class SupervisorLease(Base):
-    """Who supervises, until when (``service.domain.loop.lease``). One row, ``name='supervisor'``.
+    """Who supervises, until when (``service.domain.lease``). One row, ``name='supervisor'``.
 
     Times are seconds since the epoch on the database's clock, never a server's, so hosts with
     skewed clocks still agree on expiry. ``generation`` grows with every change of owner.

@@ -31,8 +31,8 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.errors import FlakyStrategyDefinition
 
-from service.api.app import create_app
 from service.api.middleware.auth import worker_job_id
+from service.app import create_app
 from service.settings import Settings
 from service.settings.tokens import new_token
 from service.store import repository as repo

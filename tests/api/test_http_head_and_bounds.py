@@ -13,10 +13,10 @@ from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-from service.api.app import create_app
-from service.api.openapi import checked_in_document
+from service.app import create_app
 from service.settings import Settings
 from tests.conftest import LiveServer, hooks
+from tools.openapi import checked_in_document
 from torchyard_contract.spec import SLURM_FIELDS
 
 API_TOKEN = "head-and-bounds-token-0123456789"

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from service.api.routes.logs import LOG_OFFSET_MAX
 from service.api.schemas import RecordBatch, parse_record_batch
-from service.client.commands import load_spec_file, yaml_value
+from service.client.specfile import load_spec_file, yaml_value
 from torchyard_contract.rundir import RunDir
 
 

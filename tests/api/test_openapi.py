@@ -22,15 +22,15 @@ from openapi_spec_validator import validate
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-from service.api.app import create_app
-from service.api.openapi import checked_in_document
+from service.app import create_app
 from service.settings import Settings
 from tests.conftest import REPO_ROOT
+from tools.openapi import checked_in_document
 from torchyard_contract.spec import SLURM_FIELDS, JobSpec
 
 CHECKED_IN = REPO_ROOT / "docs" / "openapi.json"
 CLIENTS = REPO_ROOT / "clients"
-REGENERATE = "python -m service.api.openapi > docs/openapi.json"
+REGENERATE = "python -m tools.openapi > docs/openapi.json"
 API_TOKEN = "openapi-test-token-0123456789"
 README_FIRST_JOB = {"model": "mlp", "dataset": "digits", "epochs": 3, "nproc_per_node": 2}
 

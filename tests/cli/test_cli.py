@@ -4,7 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from service.client.commands import EXIT_CANCELLED, EXIT_ERROR, EXIT_FAILED, EXIT_TIMEOUT
+from service.client.options import EXIT_CANCELLED, EXIT_ERROR, EXIT_FAILED, EXIT_TIMEOUT
 from service.client.render import fmt_value
 from service.store import repository as repo
 from service.store.db import make_engine, make_session_factory

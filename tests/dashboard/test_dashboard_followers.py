@@ -16,7 +16,7 @@ import httpx
 import pytest
 import uvicorn
 
-from service.api.app import create_app
+from service.app import create_app
 from service.settings import Settings
 from service.settings.tokens import new_token
 from service.store import repository as repo

@@ -17,7 +17,7 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from service.api.app import create_app
+from service.app import create_app
 from service.domain.loop.finisher import Finisher
 from service.settings import Settings
 from service.settings.tokens import new_token

@@ -15,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Connection, create_engine, text
 
-from service.api.app import create_app
+from service.app import create_app
 from service.domain.files.cleanup import RECORD_BATCH, Cleanup, JobLive, JobNotFound
 from service.domain.files.packages import PackageStore
 from service.domain.files.unpack import Limits

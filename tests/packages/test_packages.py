@@ -22,7 +22,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from service.api.app import create_app
+from service.app import create_app
 from service.settings import Settings
 from tests.conftest import LiveServer, _start_server, _stop_server
 from tests.warm.warmjobs import wait_warm

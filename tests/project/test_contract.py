@@ -37,7 +37,7 @@ def test_worker_never_imports_the_server(module: str) -> None:
 def test_a_server_start_imports_neither_torch_nor_the_numeric_stack() -> None:
     # What ``torchyard serve`` imports before it answers: numpy, tsdownsample (charts) and
     # optuna (sweeps) load on first use, so a start (and every ``--workers`` process) skips them.
-    loaded = _imported("import service.cli, service.api.app, service.api.drain")
+    loaded = _imported("import service.cli, service.app, service.api.drain")
     assert not loaded & {"torch", "numpy", "tsdownsample", "optuna", "sklearn"}
 
 

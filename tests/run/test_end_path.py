@@ -213,7 +213,7 @@ def test_a_warm_job_ends_with_nothing_lost(shared_script_server: LiveServer) -> 
 
 
 def test_warm_ranks_are_on_by_default_and_the_pool_is_sized_from_the_slots(tmp_path: Path) -> None:
-    from service.api.app import warm_pool_size
+    from service.app import warm_pool_size
     from service.settings import Settings
 
     assert Settings.model_fields["warm_ranks"].default is True

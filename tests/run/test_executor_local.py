@@ -8,7 +8,8 @@ from pathlib import Path
 import psutil
 
 from service.executor.base import Phase, Submission
-from service.executor.local import LocalExecutor, decode_reference, encode_reference
+from service.executor.local import LocalExecutor
+from service.executor.reference import decode_reference, encode_reference
 from service.run.proctree import create_time, start_ticks
 from torchyard_contract.rundir import RunDir
 

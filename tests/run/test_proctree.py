@@ -13,7 +13,8 @@ from pathlib import Path
 
 import psutil
 
-from service.executor.local import LocalExecutor, encode_reference
+from service.executor.local import LocalExecutor
+from service.executor.reference import encode_reference
 from service.run import proctree
 from tests.conftest import REPO_ROOT, gone
 

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
-from service.api.app import create_app
+from service.app import create_app
 from service.settings import Settings
 from service.store import queue as queuerepo
 

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.domain.loop.lease import Lease
+from service.domain.lease import Lease
 from service.domain.loop.supervisor import Supervisor
 from service.domain.queue.inventory import make_inventory
 from service.domain.queue.scheduler import Waiting

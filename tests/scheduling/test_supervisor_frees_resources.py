@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from service.api.app import create_app
+from service.app import create_app
 from service.settings import Settings
 from service.store import repository as repo
 from tests.conftest import both_stores

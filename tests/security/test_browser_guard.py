@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 from fastapi.testclient import TestClient
 
-from service.api.app import create_app
+from service.app import create_app
 from service.settings import Settings
 from tests.conftest import LiveServer
 

@@ -26,8 +26,8 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from starlette.routing import Mount, Route
 
-from service.api.app import create_app
 from service.api.middleware.auth import is_public, worker_job_id
+from service.app import create_app
 from service.domain.intake.admission import AdmissionRefused, require_tokens_for_scripts
 from service.settings import Settings
 from service.settings.tokens import new_token

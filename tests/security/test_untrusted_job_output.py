@@ -15,9 +15,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from service.api.app import create_app
+from service.app import create_app
 from service.domain.loop.finisher import Finisher
-from service.executor.local import encode_reference
+from service.executor.reference import encode_reference
 from service.run.exitreason import describe_exit
 from service.settings import Settings
 from service.settings.tokens import new_token
@@ -328,7 +328,7 @@ def test_finishing_runs_off_the_supervisor_loop(api: TestClient) -> None:
     _spool_lines(run.spool_file(0), 60_000)
     run.exit_file.write_text('{"state": "succeeded", "exit_code": 0}')
     supervisor = api.app.state.supervisor
-    assert supervisor.lease.renew()  # it acts only while it holds the lease (service.domain.loop.lease)
+    assert supervisor.lease.renew()  # it acts only while it holds the lease (service.domain.lease)
     supervisor.finisher.start()
     try:
         supervisor.reaper.finish(job_id, 0)  # what the reap does when the shim exits

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.domain.loop.lease import MARGIN_S, Lease
+from service.domain.lease import MARGIN_S, Lease
 from service.store import lease as leaserepo
 from service.store.db import make_engine, make_session_factory, upgrade
 from tests.conftest import both_stores

@@ -1,4 +1,4 @@
-"""``torchyard serve --workers N`` as processes (``service.api.processes``): new connections spread
+"""``torchyard serve --workers N`` as processes (``service.serve``): new connections spread
 over every worker, a worker that dies is replaced, and no worker outlives its parent."""
 
 import asyncio

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from service.api.openapi import checked_in_document
 from service.executor.base import RankLog
 from service.executor.slurm import SlurmExecutor
 from service.executor.slurmcli import (
@@ -35,6 +34,7 @@ from service.executor.slurmscript import (
 )
 from service.run.exitreason import describe_exit
 from service.run.srun import StepRequest, build_srun_command
+from tools.openapi import checked_in_document
 from torchyard_contract.nodes import EXCLUDE_NODES_MAX, global_rank, rank_location
 from torchyard_contract.rundir import RunDir
 

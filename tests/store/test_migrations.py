@@ -11,7 +11,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, inspect, select, text
 from sqlalchemy.orm import Session
 
-from service.executor.local import decode_reference, encode_reference, shim_pid
+from service.executor.reference import attempt_loop_pid, decode_reference, encode_reference
 from service.store.db import alembic_config, head_revision, is_at_head, make_engine, upgrade
 from service.store.tables import Base, Job
 from tests.conftest import both_stores
@@ -200,7 +200,7 @@ def test_0005_turns_a_pid_into_the_local_executors_reference(url: str) -> None:
     assert rows[1] == (2, None, None)
     assert rows[0][1] == "local"
     assert decode_reference(rows[0][2]) == (4242, 1700000000.25, None)
-    assert shim_pid(rows[0][1], rows[0][2]) == 4242
+    assert attempt_loop_pid(rows[0][1], rows[0][2]) == 4242
     assert records == 1
     assert not columns & {"pid", "pid_create_time"}
 

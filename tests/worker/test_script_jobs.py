@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from service.api.app import create_app
+from service.app import create_app
 from service.domain.intake.scriptpath import rank_program
 from service.run.torchrun import LaunchRequest, build_command
 from service.settings import Settings

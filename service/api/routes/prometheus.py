@@ -35,7 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.domain.files.diskspace import free_bytes
 from service.domain.queue.inventory import Inventory
-from service.executor.warmpool import WarmPool, WarmStatus
+from service.executor.base import WarmReporter, WarmStatus
 from service.store import repository as repo
 from torchyard_contract.state import JobState
 
@@ -50,7 +50,7 @@ class StateCollector(Collector):
 
     def __init__(
         self, session_factory: sessionmaker[Session], inventory: Inventory,
-        warm: WarmPool | None = None, home: Path | None = None,
+        warm: WarmReporter | None = None, home: Path | None = None,
     ) -> None:
         self._session_factory = session_factory
         self._inventory = inventory
@@ -125,7 +125,7 @@ class Telemetry:
 
     def __init__(
         self, session_factory: sessionmaker[Session], inventory: Inventory,
-        warm: WarmPool | None = None, multiprocess_dir: Path | None = None,
+        warm: WarmReporter | None = None, multiprocess_dir: Path | None = None,
         home: Path | None = None,
     ) -> None:
         state = StateCollector(session_factory, inventory, warm, home)

@@ -19,7 +19,7 @@ def read_resources(supervisor: SupervisorDep, request: Request) -> ResourcesRead
     warm-rank pool (null when warm ranks are off). On the slurm executor: the partition's nodes
     and their state (``sinfo``); GPU ``allocated`` counts the GPUs of nodes that are not idle
     (Slurm's per-GPU use is not asked for)."""
-    if supervisor.slurm:
+    if supervisor.executor.spans_nodes:
         return _slurm_resources(supervisor)
     kinds, held = supervisor.resources()
     items = [
@@ -42,7 +42,7 @@ def read_resources(supervisor: SupervisorDep, request: Request) -> ResourcesRead
 
 def _slurm_resources(supervisor: Supervisor) -> ResourcesRead:
     try:
-        rows = supervisor.slurm_nodes()
+        rows = supervisor.cluster_nodes()
     except ExecutorError as exc:
         raise ApiError(503, "slurm_unavailable", f"cannot ask Slurm: {exc}") from exc
     nodes = [

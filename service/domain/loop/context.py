@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.domain.loop.lease import Lease
+from service.domain.lease import Lease
 from service.domain.queue import scheduler
 from service.domain.queue.inventory import Inventory
 from service.executor.base import Executor

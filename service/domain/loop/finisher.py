@@ -82,7 +82,7 @@ class Finisher:
     max_records_per_rank: int
     on_finished: Callable[[], None] = lambda: None  # the supervisor re-plans (nothing to free)
     # Checked first in every writing transaction: False = this process no longer supervises
-    # (``service.domain.loop.lease``), so it writes nothing and the next supervisor finishes the job.
+    # (``service.domain.lease``), so it writes nothing and the next supervisor finishes the job.
     fence: Callable[[Session], bool] = lambda _session: True
     # The executor's ``excludes_nodes``: a ``requeue`` outcome queues the job again (Slurm);
     # False: no attempt loop of this executor writes one, so a job's that does fails.

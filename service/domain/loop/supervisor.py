@@ -14,7 +14,7 @@ and each job within a step, is isolated: whatever one job left in its run direct
 the loop. It is the only code that allocates resources, so two jobs never share one. Routes call
 ``submit``, ``cancel``, ``pause``, ``resume``, ``queue_status`` and ``resources``.
 
-Every server process has a supervisor, but only the holder of the lease (``service.domain.loop.lease``)
+Every server process has a supervisor, but only the holder of the lease (``service.domain.lease``)
 acts: it recovers at the start of each term, ticks while ``held()``, and writes its state
 changes (its finisher's too) under the lease's fence. The others stand by (their routes still
 serve).
@@ -34,10 +34,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.domain.files.cleanup import Cleanup
 from service.domain.intake.submission import Intake
+from service.domain.lease import Lease
 from service.domain.loop.context import LoopContext
 from service.domain.loop.finisher import Finisher
 from service.domain.loop.launch import Launcher
-from service.domain.loop.lease import Lease
 from service.domain.loop.pauses import Pauses
 from service.domain.loop.reaping import Reaper
 from service.domain.loop.recovery import Recovery
@@ -89,7 +89,7 @@ class Supervisor:
     # Writers of the loop and the lease, with a short lock wait (``LOOP_LOCK_TIMEOUT_S``,
     # ``service.store.db.with_lock_timeout``); None = use ``session_factory``.
     loop_session_factory: sessionmaker[Session] | None = None
-    # Who supervises (``service.domain.loop.lease``); built from the settings when not given.
+    # Who supervises (``service.domain.lease``); built from the settings when not given.
     lease: Lease | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _wake: threading.Event = field(default_factory=threading.Event)
@@ -146,11 +146,6 @@ class Supervisor:
                                    self.lease)
 
     @property
-    def slurm(self) -> bool:
-        """The executor queues and places jobs itself: no resources of this host are booked."""
-        return self.executor.queues_jobs
-
-    @property
     def acting(self) -> bool:
         """True while this process is the supervisor (it holds the lease)."""
         return self._term is not None and self.ctx.lease.held()
@@ -176,9 +171,9 @@ class Supervisor:
         kinds = {kind: self.inventory.resource_names(kind) for kind in (scheduler.GPU, scheduler.CPU)}
         return kinds, held
 
-    def slurm_nodes(self) -> list[NodeRow]:
-        """The Slurm partition's nodes (``sinfo``); raises ``ExecutorError``."""
-        return self.executor.nodes(self.settings.slurm_partition)  # type: ignore[attr-defined]
+    def cluster_nodes(self) -> list[NodeRow]:
+        """The cluster's nodes (``Executor.nodes``: Slurm's partition); raises ``ExecutorError``."""
+        return self.executor.nodes(self.settings.slurm_partition)
 
     def cancel(self, job_id: int) -> Job | None:
         """Cancel: the database decides (CAS), then the group gets SIGTERM → grace → SIGKILL.

@@ -31,13 +31,14 @@ import logging
 import math
 import statistics
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import ValidationError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
-from service.domain.loop.context import LoopContext
+from service.domain.lease import Lease
 from service.domain.sweeps.manage import outcome, reduced_epochs, world_size
 from service.domain.sweeps.spec import (
     AshaRule,
@@ -49,6 +50,7 @@ from service.domain.sweeps.spec import (
     grid_points,
     grid_values,
 )
+from service.settings import Settings
 from service.settings import webhookfile as webhookconf
 from service.store import repository as repo
 from service.store import sweeps as store
@@ -171,9 +173,20 @@ class _Study:
                 f"median {_fmt(median)} of {len(at)} trials at that epoch")
 
 
+class SweepLoop(Protocol):
+    """What the driver uses of the loop it is a step of (``service.domain.loop.context``
+    provides it; declared here so sweeps do not import the loop that steps them)."""
+
+    settings: Settings
+    loop_sessions: sessionmaker[Session]
+    read_sessions: sessionmaker[Session]
+    lease: Lease
+    queue_changed: Callable[[], None]
+
+
 @dataclass
 class SweepDriver:
-    ctx: LoopContext
+    ctx: SweepLoop
     _studies: dict[int, _Study] = field(default_factory=dict)
 
     def reset(self) -> None:

@@ -35,7 +35,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from standardwebhooks.webhooks import Webhook
 
 from service import __version__
-from service.domain.loop.lease import Lease
+from service.domain.lease import Lease
 from service.settings import Settings
 from service.settings.webhookfile import SETTING, Endpoint, WebhookConfigError, read_endpoints
 from service.store import outbox

@@ -83,8 +83,8 @@ def _worker(sock: socket.socket, parent: int) -> None:
     if not proctree.die_with_parent(signal.SIGTERM, parent):
         return  # the parent died before the death signal was armed
     gc.disable()  # until the app has started, as in ``torchyard serve`` (service.cli)
-    from service.api.app import create_app_from_environment
     from service.api.drain import serve
+    from service.app import create_app_from_environment
 
     app = create_app_from_environment()
     serve(app, sockets=[sock])
