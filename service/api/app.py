@@ -48,6 +48,7 @@ from service.api.routes import (
 )
 from service.api.routes.prometheus import PROMETHEUS_DIR_VARIABLE, RequestTimer, Telemetry
 from service.api.routes.prometheus import router as prometheus_router
+from service.api.stacksgate import StacksGate
 from service.domain.files.diskspace import free_bytes
 from service.domain.loop.supervisor import LOOP_LOCK_TIMEOUT_S, Supervisor
 from service.domain.queue.inventory import make_inventory
@@ -157,6 +158,7 @@ def create_app(
     app.state.session_factory = session_factory
     app.state.changes = changes
     app.state.hot_reads = HotReads()  # metrics polls and event streams (bounded, shared)
+    app.state.stacks_gate = StacksGate(settings.stacks_per_job, settings.stacks_in_flight)
     app.state.write_gate = WriteGate(lock_timeout_s)  # writes on the thread pool (bounded)
     app.state.read_session_factory = read_session_factory
     app.state.read_engine = read_engine  # hot reads take a plain connection (service.api.deps)
