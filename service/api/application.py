@@ -48,6 +48,7 @@ from service.api.routes import (
 )
 from service.api.routes.prometheus import RequestTimer, Telemetry
 from service.api.routes.prometheus import router as prometheus_router
+from service.api.stacksgate import StacksGate
 from service.domain.files.diskspace import free_bytes
 from service.domain.loop.supervisor import Supervisor
 from service.executor.base import Executor, WarmReporter
@@ -90,6 +91,7 @@ def build_api(
     app.state.session_factory = parts.session_factory
     app.state.changes = parts.changes
     app.state.hot_reads = HotReads()  # metrics polls and event streams (bounded, shared)
+    app.state.stacks_gate = StacksGate(settings.stacks_per_job, settings.stacks_in_flight)
     app.state.write_gate = WriteGate(settings.db_lock_timeout_s)  # writes on the thread pool (bounded)
     app.state.read_session_factory = parts.read_session_factory
     app.state.read_engine = parts.read_engine  # hot reads take a plain connection (service.api.deps)

@@ -5,7 +5,9 @@ job in a session of its own (so the job outlives the server); a batch script can
 loop inside an allocation. The shim runs attempts (torchrun with ``--max-restarts=0``), restarts the group after a rank
 failure up to ``max_restarts`` (never after a start-up failure: a failure before every rank wrote
 its ready marker), runs every rank under ``service.run.ranktee`` (both streams in one file per rank),
-enforces ``max_runtime_s`` and ``heartbeat_timeout_s``, and writes:
+enforces ``max_runtime_s`` and ``heartbeat_timeout_s`` (``max_runtime_s`` between attempts too:
+the retry rules' matching is bounded by what is left of it, the backoff ends at it, and no attempt
+starts after it), and writes:
 
 * ``attempts/<n>.json`` — number, started_at, ended_at, exit_code, rank_exit_codes (per rank,
   as torchrun's failure summary gives them; all 0 on success), reason, startup_failure;
@@ -237,11 +239,16 @@ class Shim:
         nodes = sorted(logs.glob("node-*.log"), key=lambda p: p.name)
         return [*nodes, logs / "srun.log"] if nodes else [logs / "srun.log"]
 
+    def _past_deadline(self) -> bool:
+        """The job has run longer than its ``max_runtime_s``."""
+        limit = self.config.max_runtime_s
+        return limit is not None and time.time() - self.started > limit
+
     def _why_stop(self, number: int) -> str | None:
         if self.cancelled:
             return "cancelled"
         cfg = self.config
-        if cfg.max_runtime_s is not None and time.time() - self.started > cfg.max_runtime_s:
+        if self._past_deadline():
             return DEADLINE_REASON
         if cfg.heartbeat_timeout_s is not None:
             now = time.time()
@@ -283,12 +290,16 @@ class Shim:
                 # to import), and most shims — every standby one among them — never need it.
                 from service.run import retrydecision
 
-                decided = retrydecision.decide_attempt(self.run, self.config, number, reason,
-                                                       failures, self.launcher == "slurm")
+                decided = retrydecision.decide_attempt(
+                    self.run, self.config, number, reason, failures, self.launcher == "slurm",
+                    budget_s=retrydecision.budget_s(self.started, self.config.max_runtime_s))
                 last, reason = not decided.retry, decided.reason
                 if not last:
                     retrydecision.wait_backoff(
-                        decided.backoff_s, lambda: self.cancelled or self.pause.requested)
+                        decided.backoff_s,
+                        lambda: self.cancelled or self.pause.requested or self._past_deadline())
+                if not last and self._past_deadline():  # no restart after the deadline
+                    last, reason = True, DEADLINE_REASON
                 if not last and decided.excluded_node is not None:
                     # retry_elsewhere (Slurm): end this allocation; the server submits the job
                     # again without the node (service.run.elsewhere). A failure all the same.

@@ -5,7 +5,11 @@ failed on its own (not a start-up failure, not the deadline, not a stop the shim
 each failing rank's exit code (torchrun's failure summary, in the attempt record) and last lines
 of output (``RunDir.rank_output``), lets the job's ``on_failure`` rules and the defaults decide,
 and writes the decision into the attempt record (``decision``, ``torchyard_contract.runfiles``).
-The patterns run here, in the job's own shim: a slow pattern slows only its own job.
+The patterns run here, in the job's own shim, on RE2 (linear time, see
+``torchyard_contract.retryrules``) and within a time budget (``RULES_BUDGET_S``, or what is left
+of the job's ``max_runtime_s`` if less): rules that have not decided by then are not applied
+(the attempt is retried while ``max_restarts`` allows), so no output a job prints can hold its
+attempt loop past its deadline.
 
 ``retry_elsewhere`` where the launcher can leave a node out (``elsewhere``: Slurm) names the
 failing rank's node (``service.run.elsewhere``) in the decision (``excluded_node``); the attempt
@@ -24,13 +28,14 @@ from pathlib import Path
 from service.run.elsewhere import failing_node
 from torchyard_contract.bounds import bounded_text
 from torchyard_contract.launch import LaunchConfig
-from torchyard_contract.retryrules import FailureRule, RankFailure, decide
+from torchyard_contract.retryrules import FailureRule, RankFailure, RulesOutOfTime, decide
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.safefile import read_tail
 
 TAIL_BYTES = 64 * 1024  # of each failing rank's output, for the rules' patterns
 BACKOFF_GROWTH_MAX = 10.0  # the pause before a restart doubles up to this many times the first
 BACKOFF_POLL_S = 0.2
+RULES_BUDGET_S = 5.0  # matching every rule against every failing rank's last lines, at most
 
 
 @dataclass(frozen=True)
@@ -63,29 +68,31 @@ def _failures(
 
 def decide_attempt(
     run: RunDir, config: LaunchConfig, number: int, reason: str | None,
-    failures: int | None = None, elsewhere: bool = False,
+    failures: int | None = None, elsewhere: bool = False, budget_s: float = RULES_BUDGET_S,
 ) -> AttemptDecision:
     """Decide after failed attempt ``number``; records the decision in ``attempts/<n>.json``.
     ``failures``: the job's failed attempts so far, this one included (``number`` less the
     attempts a pause ended; default ``number``); ``elsewhere``: the launcher can restart the
-    job without a node (Slurm), so ``retry_elsewhere`` names the failing rank's."""
+    job without a node (Slurm), so ``retry_elsewhere`` names the failing rank's; ``budget_s``:
+    the time the rules' patterns may take (past it they are not applied)."""
     failures = number if failures is None else failures
     try:
-        return _decide(run, config, number, reason, failures, elsewhere)
-    except (OSError, ValueError) as exc:  # never worse than before rules: retry while allowed
+        return _decide(run, config, number, reason, failures, elsewhere, budget_s)
+    # Never worse than before rules existed: retried while max_restarts allows.
+    except (OSError, ValueError, RulesOutOfTime) as exc:
         print(f"attempt {number}: retry rules not applied: {exc}", flush=True)
         return AttemptDecision(failures <= config.max_restarts, reason or "failed", 0.0)
 
 
 def _decide(
     run: RunDir, config: LaunchConfig, number: int, reason: str | None, failures: int,
-    elsewhere: bool,
+    elsewhere: bool, budget_s: float,
 ) -> AttemptDecision:
     path = run.attempt_file(number)
     record = json.loads(path.read_text())
     rules = [FailureRule.model_validate(r) for r in config.on_failure or []]
     failed, named = _failures(run, number, record, config.world_size)
-    decision = decide(rules, failed, ranks_known=named)
+    decision = decide(rules, failed, ranks_known=named, budget_s=max(0.0, budget_s))
     label = decision.label()
     used_up = failures > config.max_restarts
     if decision.action == "fail":
@@ -126,6 +133,14 @@ def _decide(
         job_reason = reason or summary  # used up: the last attempt's reason, as always
     return AttemptDecision(retry, bounded_text(job_reason), backoff, excluded,
                            bounded_text(summary, 700))
+
+
+def budget_s(started: float, max_runtime_s: float | None) -> float:
+    """How long the rules may take: ``RULES_BUDGET_S``, or what is left of the job's
+    ``max_runtime_s`` (``started``: when this launch began, Unix seconds) if less."""
+    if max_runtime_s is None:
+        return RULES_BUDGET_S
+    return max(0.0, min(RULES_BUDGET_S, started + max_runtime_s - time.time()))
 
 
 def wait_backoff(seconds: float, stop: Callable[[], bool]) -> None:

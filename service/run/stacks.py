@@ -9,7 +9,8 @@ read through ptrace; the shim is the ranks' ancestor, so it has the rights where
   ``RUN_DIR/stacks/attempt-<n>.json`` and names the ranks that are not inside a collective,
   with their innermost frame of user code;
 * on request: the server writes ``RUN_DIR/stacks/requests/<nonce>``; the shim's poll
-  (:func:`answer_requests`) answers with ``RUN_DIR/stacks/<nonce>.json``.
+  (:func:`answer_requests`) answers with ``RUN_DIR/stacks/<nonce>.json`` (the requests waiting
+  at one poll share one snapshot).
 
 After the attempt, :func:`keep_with_attempt` adds the hang's per-rank summary to the attempt
 record and moves the NCCL Flight Recorder's dumps (``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``, set by the
@@ -45,7 +46,7 @@ DUMP_TIMEOUT_S = 10.0
 SRUN_EXTRA_S = 10.0  # Slurm: starting the step on every node, on top of the dumps
 FRAMES_MAX = 200  # per thread
 THREADS_MAX = 64  # per rank
-REQUESTS_MAX = 4  # answered per poll
+REQUESTS_MAX = 16  # answered per poll, all by one snapshot
 _COLLECTIVE_FILES = re.compile(
     r"torch/distributed/(?!elastic/)|torch/nn/parallel/distributed\.py"
 )
@@ -252,16 +253,23 @@ def answer_requests(
     run: RunDir, config: LaunchConfig, number: int, launcher: str = "local",
     warm_socket: str | None = None,
 ) -> None:
-    """Answer the server's requests for stacks (``stacks/requests/<nonce>``), a few per poll."""
+    """Answer the server's requests for stacks (``stacks/requests/<nonce>``): those waiting at
+    this poll (up to ``REQUESTS_MAX``) all get one snapshot, so however many are asked at once
+    the attempt loop's next look at its deadline and heartbeats waits for one ``take`` at most
+    (``DUMP_TIMEOUT_S``)."""
     requests = stacks_dir(run) / "requests"
     try:
         names = [p.name for p in requests.iterdir() if re.fullmatch(r"[0-9a-f]{16,64}", p.name)]
     except OSError:
         return
-    for name in names[:REQUESTS_MAX]:
+    names = names[:REQUESTS_MAX]
+    if not names:
+        return
+    for name in names:
         (requests / name).unlink(missing_ok=True)
-        _write_json(stacks_dir(run) / f"{name}.json",
-                    take(run, config, number, "request", launcher, warm_socket))
+    snapshot = take(run, config, number, "request", launcher, warm_socket)
+    for name in names:
+        _write_json(stacks_dir(run) / f"{name}.json", snapshot)
 
 
 def keep_with_attempt(run: RunDir, number: int) -> None:

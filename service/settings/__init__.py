@@ -100,6 +100,16 @@ class Settings(SlurmSettings, PackageSettings, WebhookSettings, BaseSettings):
         "and for GET /jobs/{id}/stacks: 'auto' = py-spy next to the server's Python, else on "
         "PATH; 'off' = never; else a path or command name (docs/lifecycle.md)",
     )
+    stacks_per_job: int = Field(
+        default=2, ge=1, le=64,
+        description="GET /jobs/{id}/stacks calls (taken now) waiting at once for one job, per "
+        "server process; more are 429 with Retry-After (docs/security.md)",
+    )
+    stacks_in_flight: int = Field(
+        default=4, ge=1, le=256,
+        description="GET /jobs/{id}/stacks calls (taken now) waiting at once for all jobs, per "
+        "server process; more are 429 with Retry-After (docs/security.md)",
+    )
     executor: Literal["local", "slurm"] = Field(
         default="local",
         description="what runs jobs: 'local' = a torchrun process group per job on this host; "

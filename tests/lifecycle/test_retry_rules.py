@@ -2,12 +2,14 @@
 defaults, on real 2-rank torchrun script jobs; the decision is in the attempt record and a job
 that is not restarted says which rule stopped it (docs/lifecycle.md, "Retry rules")."""
 
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import LiveServer, add_script
+from tests.conftest import REPO_ROOT, LiveServer, add_script
 from tests.slurmcluster import SlurmCluster
 from torchyard_contract.retryrules import DEFAULT_RULES, FailureRule, RankFailure, decide
 from torchyard_contract.spec import JobSpec
@@ -41,6 +43,9 @@ if rank == 1 and attempt == 1:
         sys.exit(1)
     if mode == "corrupt":
         print("FATAL: shard 17 of the dataset is corrupt", flush=True)
+        sys.exit(1)
+    if mode == "catastrophic":  # what (a+)+$ backtracks on for ever in Python's re
+        print("a" * 5000 + "!", file=sys.stderr, flush=True)
         sys.exit(1)
     sys.exit(1)  # plain
 print(f"rank {rank} attempt {attempt} done", flush=True)
@@ -152,6 +157,64 @@ def test_bad_rules_are_422_naming_the_field(server: LiveServer, rule: dict, fiel
     assert f"on_failure.0.{field}" in r.text or field in r.text, r.text
 
 
+@pytest.mark.parametrize("pattern", [
+    r"(a)\1", r"(?P<x>a)(?P=x)", r"error(?= in rank)", r"(?<!no )error", r"(?>a+)b", r"a++",
+])
+def test_a_pattern_re2_cannot_run_is_422_naming_the_field(server: LiveServer, pattern: str) -> None:
+    """Backreferences and lookarounds need backtracking: refused at submit (issue 44, item 8)."""
+    with server.client() as c:
+        r = c.post("/jobs", json={"entrypoint": "retry_failing.py", "on_failure": [
+            {"exit_codes": [3], "action": "fail"}, {"log_pattern": pattern, "action": "fail"}]})
+    assert r.status_code == 422, r.text
+    [detail] = r.json()["details"]
+    assert detail["field"] == "on_failure.1.log_pattern", detail
+    assert "not a regular expression RE2 can run" in detail["message"], detail
+
+
+def test_a_catastrophic_pattern_decides_at_once() -> None:
+    """``(a+)+$`` against long lines: Python's re backtracks for ever (the decision never came,
+    the job stayed running past its deadline); RE2 decides in linear time. In a process of its
+    own, so a match that never ends fails this test instead of hanging the worker."""
+    probe = (
+        "from torchyard_contract.retryrules import FailureRule, RankFailure, decide\n"
+        "rules = [FailureRule(log_pattern='(a+)+$', action='fail')]\n"
+        "ranks = [RankFailure(r, 1, ('a' * 5000 + '!\\n') * 60) for r in range(8)]\n"
+        "print(decide(rules, ranks).rule)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True,
+                         text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["None"], out  # no rule matched: retried while allowed
+    # A pattern that matches is found (lines are cut to 300 characters before matching).
+    assert decide([FailureRule(log_pattern="(a+)+!$", action="fail")],
+                  [RankFailure(0, 1, "a" * 250 + "!")]).rule == "1"
+
+
+def test_matching_stops_at_its_budget() -> None:
+    """However many ranks and lines, the patterns stop at ``budget_s``; rules without a pattern
+    still decide."""
+    from torchyard_contract.retryrules import RulesOutOfTime
+
+    ranks = [RankFailure(r, 1, "x\n" * 50) for r in range(64)]
+    with pytest.raises(RulesOutOfTime):
+        decide([FailureRule(log_pattern="y", action="fail")], ranks, budget_s=0)
+    assert decide([FailureRule(exit_codes=[1], action="fail")], ranks, budget_s=0).rule == "1"
+
+
+def test_catastrophic_pattern_and_long_backoff_end_by_the_deadline(server: LiveServer) -> None:
+    """A job whose rule is ``(a+)+$`` prints a long line and fails: the rules decide (retry),
+    and the backoff (an hour) ends at ``max_runtime_s``: the job fails with 'deadline exceeded'
+    rather than staying running (issue 44, item 8)."""
+    job = _run(server, "catastrophic", max_restarts=1, restart_backoff_s=3600,
+               max_runtime_s=20, on_failure=[{"log_pattern": "(a+)+$", "action": "retry"}])
+    assert job["state"] == "failed", job
+    assert job["reason"] == "deadline exceeded", job
+    [attempt] = job["attempts"]  # no attempt started after the deadline
+    assert attempt["rank_exit_codes"]["1"] == 1, attempt
+    decision = attempt["decision"]
+    assert decision["action"] == "retry" and decision["rule"] is None, decision
+    assert decision["backoff_s"] == 3600, decision
+
+
 def test_rules_are_ordered_and_first_match_wins() -> None:
     """The pure decision: the spec's rules before the defaults; the first failing rank first."""
     oom = RankFailure(1, 1, "x\ntorch.OutOfMemoryError: CUDA out of memory.\n")
@@ -171,6 +234,8 @@ def test_rules_are_ordered_and_first_match_wins() -> None:
     catch_all = [FailureRule(action="fail")]
     assert decide(catch_all, [oom]).action == "fail"
     assert {name for name, _ in DEFAULT_RULES} == {"cuda-oom", "killed", "collective-timeout"}
+    for _, rule in DEFAULT_RULES:  # built unvalidated (no RE2 import with the module): valid
+        FailureRule.model_validate(rule.model_dump(exclude_none=True))
     spec = JobSpec.model_validate({"on_failure": [{"signal": "9", "action": "retry"}]})
     assert spec.on_failure[0].signal == "SIGKILL"
 

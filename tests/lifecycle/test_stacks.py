@@ -1,17 +1,30 @@
 """Hangs that name the stuck rank, and stacks on demand (issue 25, item 4): real 2-rank torchrun
 script jobs on gloo; py-spy from the venv (docs/lifecycle.md, "Hang diagnosis")."""
 
+import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
+import httpx
 import pytest
 
+from service.api.stacksgate import StacksBusy, StacksGate
 from service.run.stacks import classify, describe_hang
-from tests.conftest import REPO_ROOT, LiveServer, _start_server, _stop_server, add_script
+from service.settings import Settings
+from tests.conftest import (
+    LOOPBACK_TLS,
+    REPO_ROOT,
+    LiveServer,
+    _start_server,
+    _stop_server,
+    add_script,
+)
 from tests.slurmcluster import SlurmCluster
 
 API_TOKEN = "stacks-api-token-0123456789abcdef0123"
@@ -167,6 +180,83 @@ def test_stacks_on_demand_for_a_running_job(ranks: str, request: pytest.FixtureR
         with server.client() as c:
             c.post(f"/jobs/{job_id}/cancel")
         server.wait_for(job_id, {"cancelled"}, timeout_s=60)
+
+
+def test_stacks_calls_for_a_stopped_shim_are_bounded_and_hold_no_thread(server: LiveServer) -> None:
+    """A job can stop its own shim (SIGSTOP: its pid is in the claim file); then every stacks
+    call waits its whole deadline. 50 such calls held all 40 threads of the pool for 15 s each
+    and the API stalled (issue 44, item 6). Now the calls beyond the per-job bound are 429 with
+    Retry-After at once, the ones waiting hold no thread (a route on the pool answers while they
+    wait), and once the shim goes on they are answered."""
+    calls = 50
+    per_job = Settings.model_fields["stacks_per_job"].default  # the shared server's
+    job_id = _submit(server, "forever", heartbeat_timeout_s=None)
+    shim: int | None = None
+    try:
+        _wait_ready(server, job_id)
+        claim = json.loads((server.home / "runs" / str(job_id) / "claim.json").read_text())
+        shim = int(claim["pid"])
+        os.kill(shim, signal.SIGSTOP)
+        headers = {"Authorization": f"Bearer {server.token}"} if server.token else {}
+        with httpx.Client(base_url=server.url, timeout=60, headers=headers, verify=LOOPBACK_TLS,
+                          limits=httpx.Limits(max_connections=calls + 4)) as c, \
+                ThreadPoolExecutor(calls) as pool:
+            stacks = [pool.submit(c.get, f"/jobs/{job_id}/stacks") for _ in range(calls)]
+            refused = _await_done(stacks, calls - per_job)
+            for answer in refused:
+                assert answer.status_code == 429, answer.text
+                assert answer.json()["error"] == "too_many_requests", answer.text
+                assert 1 <= int(answer.headers["Retry-After"]) <= 15, answer.headers
+            # A route on the thread pool answers while the per-job bound's calls still wait.
+            unrelated = c.get(f"/jobs/{job_id}")
+            assert unrelated.status_code == 200 and unrelated.json()["state"] == "running"
+            waiting = [f for f in stacks if not f.done()]
+            assert len(waiting) == per_job, [f.result().status_code for f in stacks if f.done()]
+            os.kill(shim, signal.SIGCONT)
+            shim = None
+            for f in waiting:  # the shim answers them (one snapshot for both)
+                answer = f.result()
+                assert answer.status_code == 200, answer.text
+                assert [rank["rank"] for rank in answer.json()["ranks"]] == [0, 1]
+            # Their slots are free again.
+            assert c.get(f"/jobs/{job_id}/stacks").status_code == 200
+    finally:
+        if shim is not None:
+            os.kill(shim, signal.SIGCONT)
+        with server.client() as c:
+            c.post(f"/jobs/{job_id}/cancel")
+        server.wait_for(job_id, {"cancelled"}, timeout_s=60)
+
+
+def _await_done(futures: list[Future], count: int, timeout_s: float = 60) -> list[httpx.Response]:
+    """The answers of the first ``count`` of ``futures`` to end (fails past ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done = [f for f in futures if f.done()]
+        if len(done) >= count:
+            return [f.result() for f in done]
+        left = deadline - time.monotonic()
+        assert left > 0, f"{len(done)} of {len(futures)} calls answered, not {count}"
+        wait([f for f in futures if not f.done()], timeout=left, return_when=FIRST_COMPLETED)
+
+
+def test_stacks_gate_bounds_per_job_and_in_all() -> None:
+    """The bounds themselves: per job, in all, Retry-After from the first call in the way."""
+    gate = StacksGate(per_job=2, in_flight=3)
+    with gate.slot(1, 15), gate.slot(1, 10):
+        with pytest.raises(StacksBusy) as busy:
+            with gate.slot(1, 15):
+                pass
+        assert busy.value.retry_after_s == 10 and "TORCHYARD_STACKS_PER_JOB=2" in str(busy.value)
+        with gate.slot(2, 15):
+            with pytest.raises(StacksBusy) as busy:
+                with gate.slot(3, 15):
+                    pass
+            assert "TORCHYARD_STACKS_IN_FLIGHT=3" in str(busy.value)
+        with gate.slot(3, 15):  # job 2's call ended: a slot is free
+            pass
+    with gate.slot(1, 15), gate.slot(1, 15):  # job 1's calls ended too
+        pass
 
 
 def test_stacks_unavailable_say_why(tmp_path_factory: pytest.TempPathFactory) -> None:

@@ -6,17 +6,27 @@ directory (``stacks/requests/<nonce>``, a random name) and reads the answer
 shares the run directory with the server (the local one; Slurm's on the shared filesystem).
 What is read was written in a directory the job can write too: regular files only, bounded,
 validated by the route's response model.
+
+The shim is a process the job controls (a job can stop it: its pid is in the claim file), so
+:func:`take_now` waits for its answer only until a deadline, and holds no thread meanwhile: it is
+awaited on the event loop, each look at the files a short hop to the thread pool. How many calls
+may wait at once is the API's bound (``service.api.stacksgate``).
 """
 
 import json
 import secrets
 import time
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+import anyio.to_thread
 
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.safefile import read_bytes
 
 STACKS_WAIT_S = 15.0  # the shim polls every 0.2 s; py-spy takes tens of ms per rank
-STACKS_POLL_S = 0.05
+STACKS_POLL_S = 0.1
 STACKS_FILE_MAX_BYTES = 8 * 1024 * 1024
 
 
@@ -24,7 +34,7 @@ class StacksTimeout(Exception):
     """The job's shim did not answer in time."""
 
 
-def _read(path) -> dict | None:  # type: ignore[no-untyped-def]
+def _read(path: Path) -> dict | None:
     raw = read_bytes(path, STACKS_FILE_MAX_BYTES)
     if raw is None:
         return None
@@ -35,25 +45,50 @@ def _read(path) -> dict | None:  # type: ignore[no-untyped-def]
     return data if isinstance(data, dict) else None
 
 
-def take_now(run: RunDir, wait_s: float = STACKS_WAIT_S) -> dict:
-    """Ask the job's shim for every rank's stacks and wait for its answer."""
-    nonce = secrets.token_hex(16)
-    requests = run.stacks_dir / "requests"
-    requests.mkdir(parents=True, exist_ok=True)
-    answer = run.stacks_dir / f"{nonce}.json"
-    (requests / nonce).touch()
+class _Request:
+    """One request file (``stacks/requests/<nonce>``) and where its answer will be."""
+
+    def __init__(self, run: RunDir) -> None:
+        nonce = secrets.token_hex(16)
+        self.requests = run.stacks_dir / "requests"
+        self.request = self.requests / nonce
+        self.answer_file = run.stacks_dir / f"{nonce}.json"
+
+    def send(self) -> None:
+        self.requests.mkdir(parents=True, exist_ok=True)
+        self.request.touch()
+
+    def answer(self) -> dict | None:
+        return _read(self.answer_file) if self.answer_file.is_file() else None
+
+    def withdraw(self) -> None:
+        self.request.unlink(missing_ok=True)
+        self.answer_file.unlink(missing_ok=True)
+
+
+async def take_now(
+    run: RunDir, wait_s: float = STACKS_WAIT_S, stop: Callable[[], bool] = lambda: False,
+) -> dict:
+    """Ask the job's shim for every rank's stacks and await its answer: ``StacksTimeout`` when
+    none came within ``wait_s`` (or once ``stop()``: the server is shutting down). Awaited on
+    the event loop; the files are looked at on the thread pool, one short hop each poll."""
+    request = _Request(run)
     deadline = time.monotonic() + wait_s
     try:
-        while time.monotonic() < deadline:
-            if answer.is_file():
-                data = _read(answer)
-                if data is not None:
-                    return data
-            time.sleep(STACKS_POLL_S)
-        raise StacksTimeout(f"the job's shim did not answer within {wait_s:g} s")
+        await anyio.to_thread.run_sync(request.send)
+        while True:
+            data = await anyio.to_thread.run_sync(request.answer)
+            if data is not None:
+                return data
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise StacksTimeout(f"the job's shim did not answer within {wait_s:g} s")
+            if stop():
+                raise StacksTimeout("the server is shutting down")
+            await anyio.sleep(min(STACKS_POLL_S, left))
     finally:
-        (requests / nonce).unlink(missing_ok=True)
-        answer.unlink(missing_ok=True)
+        with anyio.CancelScope(shield=True):  # a cancelled call withdraws its request too
+            await anyio.to_thread.run_sync(request.withdraw)
 
 
 def at_hang(run: RunDir, attempt: int) -> dict | None:
