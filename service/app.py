@@ -145,7 +145,7 @@ def warm_pool_size(settings: Settings) -> int:
 
 def create_app_from_environment() -> FastAPI:
     """The app of one ``torchyard serve --workers N`` worker process, from ``TORCHYARD_*`` and
-    the parent's ``PROMETHEUS_MULTIPROC_DIR`` (``service.api.processes``)."""
+    the parent's ``PROMETHEUS_MULTIPROC_DIR`` (``service.serve``)."""
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -29,7 +29,7 @@ from service.api.middleware.bodylimit import BodyLimitMiddleware
 from service.api.middleware.browserguard import BrowserGuardMiddleware, JsonBodyMiddleware
 from service.api.middleware.head import HeadAsGetMiddleware
 from service.api.middleware.writegate import WriteGate
-from service.api.openapi import build_openapi
+from service.api.openapi import ServedDocument
 from service.api.routes import (
     apidocs,
     artifacts,
@@ -156,17 +156,9 @@ def build_api(
     app.add_middleware(HeadAsGetMiddleware)
     # Outermost: the latency histogram sees every answer, auth's 401s and the 413s included.
     app.add_middleware(RequestTimer, telemetry=app.state.telemetry)
-    app.openapi = lambda: _openapi(  # type: ignore[method-assign]
-        app, tokens.enabled, single_host=not parts.executor.spans_nodes
+    # This server's bounds: the local executor's (single host) and its webhook endpoints.
+    app.openapi = ServedDocument(  # type: ignore[method-assign]
+        app, api_tokens=tokens.enabled, single_host=not parts.executor.spans_nodes,
+        webhooks_file=settings.webhooks_file, body_models=records.BODY_MODELS,
     )
     return app
-
-
-def _openapi(app: FastAPI, api_tokens: bool, single_host: bool) -> dict:
-    """Built once per app (the routes do not change after ``create_app``); it states this
-    server's bounds (``single_host``: the local executor's)."""
-    if app.openapi_schema is None:
-        app.openapi_schema = build_openapi(
-            app, api_tokens=api_tokens, body_models=records.BODY_MODELS, single_host=single_host
-        )
-    return app.openapi_schema

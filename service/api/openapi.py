@@ -12,13 +12,19 @@ the server enforces is the one the document states. This module only finishes it
   clients and stateful fuzzers know that ``id`` feeds ``{job_id}``;
 * a server that runs each job on its own host (the local executor) states that bound too: a
   submission's ``nnodes`` is at most 1 and the Slurm fields can only be null, as it refuses
-  anything else with a 422. The checked-in ``docs/openapi.json`` is the generic document.
+  anything else with a 422;
+* every server states the webhook endpoints a submission's ``notify`` may name
+  (``notify_bounds``), as they are when the document is asked for (:class:`ServedDocument`).
 
-Contract: :func:`build_openapi` is pure given the app's routes, ``api_tokens`` and
-``single_host``.
+The checked-in ``docs/openapi.json`` is the generic document. Contract: :func:`build_openapi`
+is pure given the app's routes, ``api_tokens`` and ``single_host``; :func:`notify_bounds` given
+its document and names.
 """
 
+import copy
+import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
@@ -26,6 +32,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from service.api.middleware.auth import is_public, worker_job_id
+from service.settings.webhookfile import endpoint_names
 from torchyard_contract.spec import SLURM_FIELDS
 
 COMPONENT_REF = "#/components/schemas/{model}"
@@ -90,6 +97,55 @@ def build_openapi(
             elif api_tokens and not is_public(path):
                 operation["security"] = [{"apiToken": []}]
     return schema
+
+
+class ServedDocument:
+    """``app.openapi`` of a server: the document built once from the routes
+    (:func:`build_openapi`, kept as ``app.openapi_schema``), finished at each call with the
+    webhook endpoints ``webhooks_file`` names then. The file is read at every submit, so an
+    edited file changes what a submission may name without a restart; it is read at every
+    request of the document too (a small JSON file), and the finished copy is rebuilt only
+    when the names changed."""
+
+    def __init__(
+        self, app: FastAPI, *, api_tokens: bool, single_host: bool,
+        webhooks_file: Path | None, body_models: Sequence[type[BaseModel]] = (),
+    ) -> None:
+        self.app, self.api_tokens, self.single_host = app, api_tokens, single_host
+        self.webhooks_file, self.body_models = webhooks_file, body_models
+        self._lock = threading.Lock()
+        self._finished: tuple[tuple[str, ...], dict] | None = None
+
+    def __call__(self) -> dict:
+        names = endpoint_names(self.webhooks_file)
+        with self._lock:
+            if self.app.openapi_schema is None:
+                self.app.openapi_schema = build_openapi(
+                    self.app, api_tokens=self.api_tokens, body_models=self.body_models,
+                    single_host=self.single_host,
+                )
+            if self._finished is None or self._finished[0] != names:
+                self._finished = (names, notify_bounds(self.app.openapi_schema, names))
+            return self._finished[1]
+
+
+def notify_bounds(document: dict, names: Sequence[str]) -> dict:
+    """A copy of ``document`` whose submission's ``notify`` names only ``names``, as
+    ``webhookfile.subscriptions`` refuses any other name (422): each item is one of them
+    (``enum``), or the list is empty (``maxItems: 0``) when there are none. A sweep's
+    ``spec.notify`` keeps the generic schema: a sweep does not check its names yet (issue 44,
+    item 10)."""
+    bounded = copy.deepcopy(document)
+    body = bounded.get("paths", {}).get("/jobs", {}).get("post", {}).get("requestBody", {})
+    properties = body.get("content", {}).get(JSON, {}).get("schema", {}).get("properties", {})
+    notify = properties.get("notify")
+    if notify is None:
+        return bounded
+    if names:
+        notify["items"] = {**notify.get("items", {}), "enum": sorted(names)}
+    else:
+        notify["maxItems"] = 0
+    return bounded
 
 
 def _link_submit_to_job_operations(paths: dict) -> None:

@@ -106,12 +106,17 @@ class WebhookSettings(BaseModel):
     )
     webhook_timeout_s: float = Field(
         default=10.0, gt=0, le=300, allow_inf_nan=False,
-        description="a receiver that has not answered a delivery after this long is timed out "
-        "(the delivery is retried)",
+        description="one deadline per delivery try: connecting, sending and the receiver's "
+        "whole answer (status and headers) together; past it the try fails and is retried",
     )
     webhook_concurrency: int = Field(
         default=8, ge=1, le=256,
         description="deliveries the supervisor sends at once (its own threads; never the loop's)",
+    )
+    webhook_endpoint_concurrency: int = Field(
+        default=2, ge=1, le=256,
+        description="deliveries to one endpoint in flight at once: a slow endpoint holds at most "
+        "this many of the webhook_concurrency senders, each until the try's deadline",
     )
     webhook_retry_first_s: float = Field(
         default=5.0, gt=0, le=3600, allow_inf_nan=False,

@@ -114,6 +114,15 @@ def _endpoint(name: object, value: object) -> Endpoint:
     return Endpoint(name, url, secret, tuple(dict.fromkeys(events)), all_jobs, fmt)
 
 
+def endpoint_names(path: Path | None) -> tuple[str, ...]:
+    """The names a job may put in ``notify`` now, sorted: none when the setting is unset or the
+    file cannot be used (:func:`subscriptions` then refuses every name)."""
+    try:
+        return tuple(sorted(read_endpoints(path)))
+    except WebhookConfigError:
+        return ()
+
+
 def subscriptions(notify: list[str], path: Path | None) -> dict[str, list[str]]:
     """Endpoint name → events, for a job naming ``notify``: the endpoints it names plus every
     ``all_jobs`` one. Raises :class:`NotifyRefused` naming unknown endpoints and the known ones."""

@@ -6,12 +6,15 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from service.store.changefeed import note_change
+from service.store.outbox import delete_finished_deliveries
 from service.store.repository import job_state
-from service.store.tables import Allocation, Job, JobLabel, MetricRecord, WebhookDelivery
+from service.store.tables import Allocation, Job, JobLabel, MetricRecord
 from torchyard_contract.state import TERMINAL_STATES, JobState
 
-# Every table that holds rows of a job besides ``jobs``; deleting a job empties each of them.
-JOB_OWNED_TABLES: tuple[type, ...] = (MetricRecord, JobLabel, Allocation, WebhookDelivery)
+# Every table that holds rows of a job besides ``jobs`` and the webhook outbox; deleting a job
+# empties each of them. Of the outbox only the finished deliveries go: pending ones are still
+# sent, then removed (``service.store.outbox``).
+JOB_OWNED_TABLES: tuple[type, ...] = (MetricRecord, JobLabel, Allocation)
 
 
 def delete_record_batch(session: Session, job_id: int, limit: int) -> int:
@@ -24,13 +27,15 @@ def delete_record_batch(session: Session, job_id: int, limit: int) -> int:
 
 
 def delete_job_rows(session: Session, job_id: int) -> bool:
-    """Delete a terminal job and every row it owns (``JOB_OWNED_TABLES``); False when it is gone
-    or not terminal (compare-and-delete: a job that was re-queued or is running stays)."""
+    """Delete a terminal job and every row it owns (``JOB_OWNED_TABLES``, its finished webhook
+    deliveries); False when it is gone or not terminal (compare-and-delete: a job that was
+    re-queued or is running stays). Its pending deliveries stay, to be sent."""
     state = job_state(session, job_id)
     if state is None or JobState(state) not in TERMINAL_STATES:  # terminal stays terminal
         return False
     for table in JOB_OWNED_TABLES:  # children first: no foreign key is ever left dangling
         session.execute(delete(table).where(table.job_id == job_id))  # type: ignore[attr-defined]
+    delete_finished_deliveries(session, job_id)
     session.execute(delete(Job).where(Job.id == job_id))
     note_change(session, job_id)
     return True

@@ -1,6 +1,11 @@
 """The webhook outbox in SQL: a delivery row per subscribed endpoint, written in the same
 transaction as the state change it tells of (``repository.transition``), sent and retried by
 ``service.domain.webhooks.delivery``.
+
+A job's pending deliveries outlive the job (``DELETE /jobs/{id}``, retention): deleting it
+removes only its finished ones (:func:`delete_finished_deliveries`), and a pending one is
+removed when its last try ends (:func:`record_delivery_try`). ``job_id`` is no foreign key for
+that reason; job ids are never reused, so it never names a later job.
 """
 
 import json
@@ -8,11 +13,11 @@ import uuid
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, exists, func, select, update
 from sqlalchemy.orm import Session
 
 from service.store.clock import utcnow
-from service.store.tables import WebhookDelivery
+from service.store.tables import Job, WebhookDelivery
 from torchyard_contract.bounds import bounded_text
 
 DELIVERY_PENDING, DELIVERY_DELIVERED, DELIVERY_FAILED = "pending", "delivered", "failed"
@@ -47,16 +52,21 @@ def queue_webhook(
 
 
 def due_deliveries(
-    session: Session, now: datetime, limit: int, skip: Iterable[int] = ()
+    session: Session, now: datetime, limit: int, skip: Iterable[int] = (),
+    skip_endpoints: Iterable[str] = (),
 ) -> Sequence[WebhookDelivery]:
     """Pending deliveries whose next try is due, oldest due first, at most ``limit``, leaving
-    out ``skip`` (those being sent); an index range scan (state, next_attempt_at)."""
+    out ``skip`` (those being sent) and those of ``skip_endpoints``; an index range scan
+    (state, next_attempt_at)."""
     q = select(WebhookDelivery).where(
         WebhookDelivery.state == DELIVERY_PENDING, WebhookDelivery.next_attempt_at <= now
     )
     skip = list(skip)
     if skip:
         q = q.where(WebhookDelivery.id.not_in(skip))
+    skip_endpoints = list(skip_endpoints)
+    if skip_endpoints:
+        q = q.where(WebhookDelivery.endpoint.not_in(skip_endpoints))
     return session.scalars(q.order_by(WebhookDelivery.next_attempt_at).limit(limit)).all()
 
 
@@ -74,7 +84,9 @@ def record_delivery_try(
 ) -> None:
     """One try of a pending delivery: delivered (``error`` None), retried at ``next_at``, or
     given up (``next_at`` None). A delivery no longer pending (another supervisor's try) keeps
-    its outcome."""
+    its outcome. One that ended for a job deleted meanwhile is removed: it was kept only to be
+    sent. (A job deleted in the same instant on PostgreSQL may leave such a row behind: it names
+    a job id that never comes back, and nothing reads it.)"""
     values: dict[str, object] = {
         "attempts": WebhookDelivery.attempts + 1, "last_attempt_at": at,
         "last_status_code": status_code,
@@ -91,6 +103,14 @@ def record_delivery_try(
         .where(WebhookDelivery.id == delivery_id, WebhookDelivery.state == DELIVERY_PENDING)
         .values(**values)
     )
+    if error is None or next_at is None:
+        session.execute(
+            delete(WebhookDelivery).where(
+                WebhookDelivery.id == delivery_id,
+                WebhookDelivery.state != DELIVERY_PENDING,
+                ~exists().where(Job.id == WebhookDelivery.job_id),
+            )
+        )
 
 
 def job_deliveries(session: Session, job_id: int) -> Sequence[WebhookDelivery]:
@@ -99,7 +119,9 @@ def job_deliveries(session: Session, job_id: int) -> Sequence[WebhookDelivery]:
     return session.scalars(q.order_by(WebhookDelivery.id)).all()
 
 
-def delete_deliveries(session: Session, job_id: int) -> int:
-    """Remove a job's webhook deliveries (sent or not); for deleting the job. Rows removed."""
-    result = session.execute(delete(WebhookDelivery).where(WebhookDelivery.job_id == job_id))
-    return result.rowcount
+def delete_finished_deliveries(session: Session, job_id: int) -> int:
+    """Remove a job's delivered and failed deliveries, for deleting the job; its pending ones
+    stay, to be sent (module docstring). Rows removed."""
+    result = session.execute(delete(WebhookDelivery).where(
+        WebhookDelivery.job_id == job_id, WebhookDelivery.state != DELIVERY_PENDING))
+    return int(result.rowcount or 0)  # type: ignore[attr-defined]

@@ -33,6 +33,8 @@ class Base(DeclarativeBase):
 
 class Job(Base):
     __tablename__ = "jobs"
+    # An id is never handed out twice, even after its job is deleted (0020_ids_never_reused).
+    __table_args__ = {"sqlite_autoincrement": True}
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(100))
@@ -95,6 +97,7 @@ class Sweep(Base):
     (``Job.sweep_id``)."""
 
     __tablename__ = "sweeps"
+    __table_args__ = {"sqlite_autoincrement": True}  # ids never reused, as the jobs'
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(100))
@@ -204,7 +207,9 @@ class WebhookDelivery(Base):
     )
 
     id: Mapped[int] = mapped_column(Int64, primary_key=True, autoincrement=True)
-    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    # No foreign key: a pending delivery outlives its deleted job and is still sent
+    # (0020_ids_never_reused); job ids are never reused, so it names no other job.
+    job_id: Mapped[int] = mapped_column(Integer, index=True)
     endpoint: Mapped[str] = mapped_column(String(64))
     event: Mapped[str] = mapped_column(String(16))
     webhook_id: Mapped[str] = mapped_column(String(64), unique=True)

@@ -61,7 +61,8 @@ JOB_STATE_DEPENDENT = {"nproc_per_node", "dataset_root", "entrypoint", "resume_f
                        "secret_env", "nnodes", "partition", "account", "qos", "constraint",
                        "package", "notify", "on_failure.*.log_pattern"}
 STATE_DEPENDENT = {
-    "POST /jobs": JOB_STATE_DEPENDENT,
+    # The served document names this server's webhook endpoints (none: notify is empty).
+    "POST /jobs": JOB_STATE_DEPENDENT - {"notify"},
     "POST /sweeps": JOB_STATE_DEPENDENT | {f"spec.{field}" for field in JOB_STATE_DEPENDENT}
     | {"space", "space.*", "spec.args.*", "max_trials"},
 }

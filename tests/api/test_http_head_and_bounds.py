@@ -1,6 +1,7 @@
 """Carried over from issue 23: ``HEAD`` answers on every ``GET`` route like ``GET`` without the
 body, and the served ``/openapi.json`` states this server's own bounds on a submission (the
-local executor: ``nnodes`` at most 1, no Slurm fields) while the checked-in one stays generic."""
+local executor: ``nnodes`` at most 1, no Slurm fields; the webhook endpoints ``notify`` may
+name, as the file names them now: issue 44, item 11) while the checked-in one stays generic."""
 
 import json
 import time
@@ -108,10 +109,71 @@ def test_the_served_document_states_the_local_executors_bounds(api: TestClient) 
     assert "anyOf" in generic_props["partition"]
 
 
+def _notify(document: dict) -> dict:
+    return document["paths"]["/jobs"]["post"]["requestBody"]["content"]["application/json"][
+        "schema"]["properties"]["notify"]
+
+
+SECRET = "whsec_aGVhZC1hbmQtYm91bmRzLXdlYmhvb2tz"
+
+
+def test_the_served_document_names_the_webhook_endpoints_as_the_file_does_now(
+    tmp_path: Path,
+) -> None:
+    """What schemathesis found: with no endpoints a schema-valid ``"notify": ["EUE"]`` was a 422.
+    The served document admits exactly the names the server takes, following an edited file
+    without a restart; the checked-in one keeps the generic list."""
+    def valid(document: dict, body: dict) -> bool:
+        return not list(_validator(document).iter_errors(body))
+
+    without = create_app(Settings(home=tmp_path / "a", gpus="none", cpu_slots=1),
+                         run_supervisor=False)
+    with TestClient(without) as client:
+        served = client.get("/openapi.json").json()
+        assert _notify(served)["maxItems"] == 0
+        assert not valid(served, {"notify": ["EUE"]})
+        assert client.post("/jobs", json={"notify": ["EUE"]}).status_code == 422
+        assert valid(served, {"notify": []})
+        assert client.post("/jobs", json={"notify": []}).status_code == 201
+
+    hooks_file = tmp_path / "webhooks.json"
+    hooks_file.write_text(json.dumps({n: {"url": "http://127.0.0.1:9/h", "secret": SECRET}
+                                      for n in ("ci", "chat")}))
+    configured = create_app(Settings(home=tmp_path / "b", gpus="none", cpu_slots=1,
+                                     webhooks_file=hooks_file), run_supervisor=False)
+    with TestClient(configured) as client:
+        served = client.get("/openapi.json").json()
+        assert _notify(served)["items"]["enum"] == ["chat", "ci"]
+        assert _notify(served)["maxItems"] == _notify(json.loads(checked_in_document()))["maxItems"]
+        for names, status in ((["EUE"], 422), (["ci", "chat"], 201)):
+            assert valid(served, {"notify": names}) == (status == 201), names
+            assert client.post("/jobs", json={"notify": names}).status_code == status, names
+        # Edited while the server runs: the next submission and the next document agree.
+        hooks_file.write_text(json.dumps({"ops": {"url": "http://127.0.0.1:9/h", "secret": SECRET}}))
+        served = client.get("/openapi.json").json()
+        assert _notify(served)["items"]["enum"] == ["ops"]
+        for names, status in ((["ci"], 422), (["ops"], 201)):
+            assert valid(served, {"notify": names}) == (status == 201), names
+            assert client.post("/jobs", json={"notify": names}).status_code == status, names
+        hooks_file.write_text("{not json")  # unusable: every name is refused, none admitted
+        served = client.get("/openapi.json").json()
+        assert _notify(served)["maxItems"] == 0 and "enum" not in _notify(served)["items"]
+        assert client.post("/jobs", json={"notify": ["ops"]}).status_code == 422
+        assert client.get("/openapi.json").json() == configured.openapi()
+
+    generic = _notify(json.loads(checked_in_document()))
+    assert "enum" not in generic["items"] and generic["maxItems"] > 0
+
+
 @pytest.mark.parametrize("executor", ["slurm"])
 def test_a_slurm_server_serves_the_generic_document(tmp_path: Path, executor: str) -> None:
+    """But for the webhook endpoints, which every server states (none here)."""
     settings = Settings(home=tmp_path / "home", gpus="none", cpu_slots=1, executor=executor,
                         api_tokens=API_TOKEN)
     app = create_app(settings, run_supervisor=False)
     with TestClient(app, headers={"Authorization": f"Bearer {API_TOKEN}"}) as client:
-        assert client.get("/openapi.json").json() == json.loads(checked_in_document())
+        served = client.get("/openapi.json").json()
+    generic = json.loads(checked_in_document())
+    assert _notify(served) == {**_notify(generic), "maxItems": 0}
+    _notify(served)["maxItems"] = _notify(generic)["maxItems"]
+    assert served == generic

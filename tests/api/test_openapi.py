@@ -140,7 +140,8 @@ def test_the_event_stream_is_described_per_event(document: dict) -> None:
 
 def test_the_checked_in_document_is_the_served_one(document: dict) -> None:
     # The checked-in document is generic; a local-executor server's own also states its bounds
-    # on a submission (nnodes ≤ 1, no Slurm fields: tests/api/test_http_head_and_bounds.py).
+    # on a submission (nnodes ≤ 1, no Slurm fields, and as every server the webhook endpoints
+    # notify may name, none here: tests/api/test_http_head_and_bounds.py).
     generic = json.loads(checked_in_document())
     own = json.loads(json.dumps(document))
     where = ("paths", "/jobs", "post", "requestBody", "content", "application/json", "schema",
@@ -148,8 +149,8 @@ def test_the_checked_in_document_is_the_served_one(document: dict) -> None:
     own_props, generic_props = own, generic
     for key in where:
         own_props, generic_props = own_props[key], generic_props[key]
-    assert own_props["nnodes"]["maximum"] == 1
-    for name in ("nnodes", *SLURM_FIELDS):
+    assert own_props["nnodes"]["maximum"] == 1 and own_props["notify"]["maxItems"] == 0
+    for name in ("nnodes", "notify", *SLURM_FIELDS):
         own_props[name] = generic_props[name]
     assert own == generic
     served = checked_in_document()

@@ -285,9 +285,9 @@ def test_the_outbox_row_commits_or_rolls_back_with_the_state_change(
         assert restarted["attempt"] == 2 and restarted["previous_attempt_reason"] == "rank 0 died"
         assert json.loads(rows[2].body)["data"]["reason"] == "boom"
         assert rows[2].body == rows[3].body and rows[2].webhook_id != rows[3].webhook_id
-        assert outbox.delete_deliveries(s, job_id) == 4
+        assert outbox.delete_finished_deliveries(s, job_id) == 0  # pending: kept to be sent
         s.commit()
-        assert s.scalar(select(func.count()).select_from(WebhookDelivery)) == 0
+        assert s.scalar(select(func.count()).select_from(WebhookDelivery)) == 4
 
 
 def test_slack_format_is_one_signed_line() -> None:

@@ -7,12 +7,21 @@ the state change they tell of (the outbox). The :class:`Dispatcher` sends them:
   of a try is written under the lease's fence: a server that lost the lease writes nothing, and
   the next holder sends the row again (the same ``webhook-id``: receivers drop duplicates).
 * **Never in the loop's way.** A thread of its own picks due rows every ``POLL_S`` and hands
-  each to a pool of ``webhook_concurrency`` threads; a receiver that hangs holds one of them
-  for at most ``webhook_timeout_s``. The supervisor's tick never waits for a delivery.
+  each to a pool of ``webhook_concurrency`` threads. The supervisor's tick never waits for a
+  delivery.
+* **No receiver holds a sender long.** A try has one deadline, ``webhook_timeout_s``, for
+  connecting, sending and the whole answer (``service.domain.webhooks.sender``), not one per
+  read: a receiver that trickles bytes fails at the deadline like one that hangs.
+* **Fair between endpoints.** At most ``webhook_endpoint_concurrency`` tries of one endpoint
+  are in flight at once (``_pick``): a slow or hanging endpoint holds at most that many senders,
+  each until its deadline, and the others' deliveries go out meanwhile.
 * **Retries** wait ``webhook_retry_first_s``, doubling each time up to
   ``webhook_retry_max_interval_s`` (plus up to 10 % jitter), until ``webhook_retry_for_s`` after
   the event: then the delivery is ``failed``. Any answer but a 2xx is a failure (redirects are
   not followed); so are a timeout and a refused connection.
+* **Deleting a job does not drop its deliveries.** Pending ones are still sent; a delivery that
+  ends (delivered or given up) after its job was deleted is removed then
+  (``outbox.record_delivery_try``).
 * **Standard Webhooks.** The body is the stored JSON, byte for byte; the headers are
   ``webhook-id`` (the row's, stable across tries), ``webhook-timestamp`` (this try's) and
   ``webhook-signature`` (``v1,`` HMAC-SHA256 by the ``standardwebhooks`` package). An endpoint
@@ -26,16 +35,17 @@ import json
 import logging
 import random
 import threading
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-import httpx
 from sqlalchemy.orm import Session, sessionmaker
 from standardwebhooks.webhooks import Webhook
 
 from service import __version__
 from service.domain.lease import Lease
+from service.domain.webhooks.sender import Outbound, Sender, SenderStopped
 from service.settings import Settings
 from service.settings.webhookfile import SETTING, Endpoint, WebhookConfigError, read_endpoints
 from service.store import outbox
@@ -62,15 +72,6 @@ class Outgoing:
     body: str
     created_at: datetime
     attempts: int
-
-
-@dataclass(frozen=True)
-class Outbound:
-    """What goes on the wire for one try: the body and the Standard Webhooks headers."""
-
-    url: str
-    body: bytes
-    headers: dict[str, str]
 
 
 def build_request(item: Outgoing, endpoint: Endpoint, now: datetime) -> Outbound:
@@ -119,31 +120,31 @@ class Dispatcher:
     lease: Lease
     _stop: threading.Event = field(default_factory=threading.Event)
     _wake: threading.Event = field(default_factory=threading.Event)
-    _inflight: set[int] = field(default_factory=set)
+    # Deliveries being tried: id → endpoint.
+    _inflight: dict[int, str] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _thread: threading.Thread | None = None
     _pool: ThreadPoolExecutor | None = None
-    _client: httpx.Client | None = None
+    _sender: Sender | None = None
 
     def start(self) -> None:
         n = self.settings.webhook_concurrency
+        self._sender = Sender(self.settings.webhook_timeout_s, max_connections=n)
         self._pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="torchyard-webhook")
         self._thread = threading.Thread(target=self._run, name="torchyard-webhooks", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop picking rows; tries in flight end within ``webhook_timeout_s`` and their rows
-        stay pending until written (the next start sends them again)."""
+        """Stop picking rows; tries in flight end at once with no outcome stored: their rows
+        stay as they were, sent again by the next start or supervisor."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
-        with self._lock:
-            client, self._client = self._client, None
-        if client is not None:
-            client.close()
+        if self._sender is not None:
+            self._sender.close()
 
     def wake(self) -> None:
         self._wake.set()
@@ -170,13 +171,11 @@ class Dispatcher:
             return 0
         with self._lock:
             room = self.settings.webhook_concurrency - len(self._inflight)
-            busy = set(self._inflight)
+            busy = dict(self._inflight)
         if room <= 0:
             return 0
         with self.read_sessions() as session:
-            rows = outbox.due_deliveries(session, utcnow(), room, busy)
-            due = [Outgoing(r.id, r.job_id, r.endpoint, r.event, r.webhook_id, r.body,
-                            r.created_at, r.attempts) for r in rows]
+            due = self._pick(session, room, busy)
         if not due:
             return 0
         try:
@@ -186,20 +185,51 @@ class Dispatcher:
             return 0
         for item in due:
             with self._lock:
-                self._inflight.add(item.id)
+                self._inflight[item.id] = item.endpoint
             self._pool.submit(self._try, item, endpoints.get(item.endpoint))
         return len(due)
+
+    def _pick(self, session: Session, room: int, busy: dict[int, str]) -> list[Outgoing]:
+        """Up to ``room`` due deliveries, oldest due first, leaving out those in flight
+        (``busy``: id → endpoint) and any that would put more than
+        ``webhook_endpoint_concurrency`` tries of one endpoint in flight. A query skips the
+        endpoints already at their cap, so a backlog of one endpoint never hides another's
+        due rows; each further query follows an endpoint reaching its cap (at most one per
+        endpoint)."""
+        cap = self.settings.webhook_endpoint_concurrency
+        in_flight = Counter(busy.values())
+        skip = set(busy)
+        picked: list[Outgoing] = []
+        now = utcnow()
+        while room > 0:
+            full = {e for e, n in in_flight.items() if n >= cap}
+            capped = False
+            for r in outbox.due_deliveries(session, now, room, skip, skip_endpoints=full):
+                if in_flight[r.endpoint] >= cap:
+                    capped = True
+                    continue
+                in_flight[r.endpoint] += 1
+                skip.add(r.id)
+                room -= 1
+                picked.append(Outgoing(r.id, r.job_id, r.endpoint, r.event, r.webhook_id,
+                                       r.body, r.created_at, r.attempts))
+            if not capped:
+                break
+        return picked
 
     def _try(self, item: Outgoing, endpoint: Endpoint | None) -> None:
         try:
             self._send_and_record(item, endpoint)
+        except SenderStopped:
+            logger.info("job %s: webhook %s to %s: stopping, sent again later",
+                        item.job_id, item.event, item.endpoint)
         except Exception as exc:
             level = logging.WARNING if is_busy(exc) else logging.ERROR
             logger.log(level, "job %s: webhook %s to %s: outcome not stored (sent again): %r",
                        item.job_id, item.event, item.endpoint, exc)
         finally:
             with self._lock:
-                self._inflight.discard(item.id)
+                self._inflight.pop(item.id, None)
             self._wake.set()
 
     def _send_and_record(self, item: Outgoing, endpoint: Endpoint | None) -> None:
@@ -207,8 +237,10 @@ class Dispatcher:
         status, error, give_up = None, None, False
         if endpoint is None:
             error, give_up = f"endpoint {item.endpoint!r} is no longer in {SETTING}", True
+        elif self._sender is None:
+            raise SenderStopped
         else:
-            status, error = self._post(build_request(item, endpoint, now))
+            status, error = self._sender.post(build_request(item, endpoint, now))
         at = now.replace(tzinfo=None)
         next_at = None
         if error is not None and not give_up:
@@ -228,34 +260,3 @@ class Dispatcher:
                 return  # deposed: the next supervisor sends it again
             outbox.record_delivery_try(session, item.id, at, status, error, next_at)
             session.commit()
-
-    def _http_client(self) -> httpx.Client | None:
-        """The senders' client, built for the first delivery: most servers send none, and its
-        TLS context (certifi's CA bundle) cost ~40 ms of CPU at every start. None once stopped."""
-        with self._lock:
-            if self._client is None and not self._stop.is_set():
-                n = self.settings.webhook_concurrency
-                self._client = httpx.Client(
-                    timeout=httpx.Timeout(self.settings.webhook_timeout_s),
-                    limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
-                    follow_redirects=False,
-                )
-            return self._client
-
-    def _post(self, request: Outbound) -> tuple[int | None, str | None]:
-        """(status code, error): error None for a 2xx. The response body is never read."""
-        client = self._http_client()
-        if client is None:
-            return None, "the sender is stopped"
-        try:
-            with client.stream("POST", request.url, content=request.body,
-                                     headers=request.headers) as response:
-                code = response.status_code
-        except httpx.TimeoutException:
-            return None, f"no answer within {self.settings.webhook_timeout_s:g}s"
-        except httpx.HTTPError as exc:
-            # The exception's class only: its text may quote the URL (a token in its path).
-            return None, f"could not reach the endpoint ({type(exc).__name__})"
-        if 200 <= code < 300:
-            return code, None
-        return code, f"answered HTTP {code}"
