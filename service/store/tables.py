@@ -106,6 +106,26 @@ class Sweep(Base):
     reason: Mapped[str | None] = mapped_column(Text)
 
 
+class SweepTrial(Base):
+    """A sweep's own record of one trial (``service.store.sweeps``): made with its job, in the
+    same transaction; its ``number`` counts the sweep's trials from 1. ``outcome`` (completed,
+    pruned, failed, cancelled), ``value``, ``state`` and ``reason`` are copied from the job
+    before the job is deleted (``DELETE /jobs/{id}``, retention), so deleting a trial's job never
+    changes how many trials the sweep made, its counts or its best (0020_sweep_record). No
+    foreign key to ``jobs``: the record outlives its job."""
+
+    __tablename__ = "sweep_trials"
+
+    sweep_id: Mapped[int] = mapped_column(ForeignKey("sweeps.id"), primary_key=True)
+    number: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(Integer)
+    params: Mapped[dict] = mapped_column(JSON)
+    outcome: Mapped[str | None] = mapped_column(String(16))
+    value: Mapped[float | None] = mapped_column(Float)
+    state: Mapped[str | None] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(Text)
+
+
 class JobLabel(Base):
     """One row per user label, so ``?label=key=value`` is an indexed lookup."""
 
