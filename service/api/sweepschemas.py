@@ -25,14 +25,17 @@ class EpochValue(BaseModel):
 class TrialRead(BaseModel):
     job_id: int
     params: dict[str, bool | int | float | str]
-    state: JobState
+    state: JobState = Field(description="the job's state (a deleted job's when it was deleted)")
     outcome: Literal["completed", "pruned", "failed", "cancelled"] | None = Field(
         description="null while queued or running; a pruned trial's job is 'cancelled'")
     value: float | None = Field(description="completed trials: the objective at the last epoch")
     reason: str | None = Field(description="why it ended (a pruned one: the rule, the epoch, "
                                "the comparison)")
     epochs: list[EpochValue] = Field(description="the objective per epoch, reduced across "
-                                     "ranks; only epochs every rank reported")
+                                     "ranks; only epochs every rank reported (none once its "
+                                     "job was deleted)")
+    deleted: bool = Field(description="its job was deleted: state, outcome, value and reason "
+                          "are the sweep's record of it, and it still counts in counts and best")
 
     @classmethod
     def from_view(cls, t: TrialView) -> "TrialRead":
@@ -41,6 +44,7 @@ class TrialRead(BaseModel):
             outcome=t.outcome,  # type: ignore[arg-type]
             value=_finite(t.value), reason=bounded_text(t.reason) if t.reason else None,
             epochs=[EpochValue(epoch=e, value=_finite(v)) for e, v in t.epochs.items()],
+            deleted=t.deleted,
         )
 
 

@@ -1,5 +1,6 @@
-"""SQL of sweeps and their trials (a trial is a job with ``sweep_id``). State changes are
-compare-and-set, as for jobs (``service.store.repository``)."""
+"""SQL of sweeps and their trials (a trial is a job with ``sweep_id``, and a row of the sweep's own
+record, ``sweep_trials``). State changes are compare-and-set, as for jobs
+(``service.store.repository``)."""
 
 from collections.abc import Sequence
 
@@ -9,7 +10,7 @@ from sqlalchemy.orm import Session
 from service.store.changefeed import note_change
 from service.store.records import EPOCH_STEP
 from service.store.repository import utcnow
-from service.store.tables import Job, MetricRecord, Sweep
+from service.store.tables import Job, MetricRecord, Sweep, SweepTrial
 from torchyard_contract.bounds import bounded_text
 from torchyard_contract.records import decode_value
 from torchyard_contract.state import ACTIVE_STATES, JobState
@@ -71,8 +72,43 @@ def trials(session: Session, sweep_id: int) -> Sequence[Job]:
     return session.scalars(select(Job).where(Job.sweep_id == sweep_id).order_by(Job.id)).all()
 
 
-def mark_trial(session: Session, job_id: int, sweep_id: int, params: dict) -> None:
+def mark_trial(session: Session, job_id: int, sweep_id: int, number: int, params: dict) -> None:
+    """Make job ``job_id`` the sweep's trial ``number``: the job carries its sweep and
+    parameters, and the sweep's record gains the trial (in the caller's transaction, the one that
+    made the job: the primary key refuses a second trial ``number``)."""
     session.execute(update(Job).where(Job.id == job_id).values(sweep_id=sweep_id, params=params))
+    session.add(SweepTrial(sweep_id=sweep_id, number=number, job_id=job_id, params=params))
+    session.flush()
+
+
+def trial_records(session: Session, sweep_id: int) -> Sequence[SweepTrial]:
+    """The sweep's record of every trial it made, by number (the study's order); a trial whose
+    job was deleted keeps its row."""
+    q = select(SweepTrial).where(SweepTrial.sweep_id == sweep_id).order_by(SweepTrial.number)
+    return session.scalars(q).all()
+
+
+def trial_record(session: Session, sweep_id: int, job_id: int) -> SweepTrial | None:
+    """The sweep's record of the trial that job ``job_id`` is (the latest, should an id be
+    reused after its job was deleted)."""
+    q = select(SweepTrial).where(SweepTrial.sweep_id == sweep_id, SweepTrial.job_id == job_id)
+    return session.scalars(q.order_by(SweepTrial.number.desc()).limit(1)).first()
+
+
+def settle_trial(
+    session: Session, sweep_id: int, number: int, *, outcome: str, value: float | None,
+    state: str, reason: str | None,
+) -> bool:
+    """Copy how a trial ended into the sweep's record before its job is deleted (compare-and-set:
+    a record settled once stays as it was). ``state`` set marks the job as deleted."""
+    result = session.execute(
+        update(SweepTrial).where(
+            SweepTrial.sweep_id == sweep_id, SweepTrial.number == number,
+            SweepTrial.state.is_(None),
+        ).values(outcome=outcome, value=value, state=state,
+                 reason=bounded_text(reason) if reason else None)
+    )
+    return result.rowcount == 1
 
 
 def prune_trial(session: Session, job_id: int, epoch: int, reason: str) -> bool:

@@ -33,7 +33,7 @@ class Base(DeclarativeBase):
 
 class Job(Base):
     __tablename__ = "jobs"
-    # An id is never handed out twice, even after its job is deleted (0020_ids_never_reused).
+    # An id is never handed out twice, even after its job is deleted (0014_ids_never_reused).
     __table_args__ = {"sqlite_autoincrement": True}
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -106,6 +106,26 @@ class Sweep(Base):
     spec: Mapped[dict] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime)
     ended_at: Mapped[datetime | None] = mapped_column(DateTime)
+    reason: Mapped[str | None] = mapped_column(Text)
+
+
+class SweepTrial(Base):
+    """A sweep's own record of one trial (``service.store.sweeps``): made with its job, in the
+    same transaction; its ``number`` counts the sweep's trials from 1. ``outcome`` (completed,
+    pruned, failed, cancelled), ``value``, ``state`` and ``reason`` are copied from the job
+    before the job is deleted (``DELETE /jobs/{id}``, retention), so deleting a trial's job never
+    changes how many trials the sweep made, its counts or its best (0015_sweep_record). No
+    foreign key to ``jobs``: the record outlives its job."""
+
+    __tablename__ = "sweep_trials"
+
+    sweep_id: Mapped[int] = mapped_column(ForeignKey("sweeps.id"), primary_key=True)
+    number: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(Integer)
+    params: Mapped[dict] = mapped_column(JSON)
+    outcome: Mapped[str | None] = mapped_column(String(16))
+    value: Mapped[float | None] = mapped_column(Float)
+    state: Mapped[str | None] = mapped_column(String(16))
     reason: Mapped[str | None] = mapped_column(Text)
 
 
@@ -208,7 +228,7 @@ class WebhookDelivery(Base):
 
     id: Mapped[int] = mapped_column(Int64, primary_key=True, autoincrement=True)
     # No foreign key: a pending delivery outlives its deleted job and is still sent
-    # (0020_ids_never_reused); job ids are never reused, so it names no other job.
+    # (0014_ids_never_reused); job ids are never reused, so it names no other job.
     job_id: Mapped[int] = mapped_column(Integer, index=True)
     endpoint: Mapped[str] = mapped_column(String(64))
     event: Mapped[str] = mapped_column(String(16))

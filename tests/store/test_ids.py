@@ -23,7 +23,7 @@ from torchyard_contract.state import JobState
 pytestmark = both_stores
 
 SPEC = {"dataset": "synthetic", "epochs": 1, "nproc_per_node": 1}
-REVISION = "0020_ids_never_reused"
+REVISION = "0014_ids_never_reused"
 
 
 def _submit(api: TestClient, name: str) -> int:
@@ -97,7 +97,7 @@ def test_a_fresh_database_never_reuses_job_or_sweep_ids(url: str) -> None:
     _assert_ids_not_reused(url)
 
 
-def test_a_database_upgraded_to_0020_never_reuses_ids(url: str) -> None:
+def test_a_database_upgraded_to_0014_never_reuses_ids(url: str) -> None:
     """Rows written before the upgrade keep their ids, later ones come after the largest."""
     previous = ScriptDirectory.from_config(alembic_config(url)).get_revision(REVISION).down_revision
     assert isinstance(previous, str)

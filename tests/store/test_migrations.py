@@ -133,6 +133,41 @@ def test_0013_keeps_a_jobs_excluded_nodes_and_downgrades(url: str) -> None:
 
 
 @both_stores
+def test_0015_records_each_existing_trial_of_its_sweep(url: str) -> None:
+    """Each sweep's trials (jobs with its ``sweep_id``), numbered in the order they were made,
+    with their parameters; a job that is no trial gets no row; the downgrade drops the table."""
+    upgrade(url, "0013_exclude_nodes")
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        for sweep_id in (1, 2):
+            conn.execute(text(
+                "INSERT INTO sweeps (id, name, state, priority, spec, created_at)"
+                f" VALUES ({sweep_id}, 's', 'running', 0, '{{}}', '2026-01-01 00:00:00')"))
+        for job_id, sweep_id, params in ((3, 2, '{"x": 1}'), (5, 1, '{"x": 2}'),
+                                         (6, None, None), (7, 2, '{"x": 3}')):
+            conn.execute(text(
+                "INSERT INTO jobs (id, name, state, priority, spec, created_at, sweep_id, params)"
+                " VALUES (:id, 't', 'succeeded', 0, '{}', '2026-01-01 00:00:00', :sweep, :params)"
+            ), {"id": job_id, "sweep": sweep_id, "params": params})
+    engine.dispose()
+    upgrade(url)
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        rows = conn.execute(text(
+            "SELECT sweep_id, number, job_id, params, outcome, state FROM sweep_trials"
+            " ORDER BY sweep_id, number")).all()
+    engine.dispose()
+    loaded = [(*r[:3], r[3] if isinstance(r[3], dict) else json.loads(r[3]), *r[4:])
+              for r in rows]
+    assert loaded == [(1, 1, 5, {"x": 2}, None, None), (2, 1, 3, {"x": 1}, None, None),
+                      (2, 2, 7, {"x": 3}, None, None)]
+    command.downgrade(alembic_config(url), "0013_exclude_nodes")
+    engine = make_engine(url)
+    assert "sweep_trials" not in inspect(engine).get_table_names()
+    engine.dispose()
+
+
+@both_stores
 def test_models_match_migration_head(url: str) -> None:
     upgrade(url)
     engine = make_engine(url)

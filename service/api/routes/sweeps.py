@@ -10,8 +10,8 @@ from service.api.deps import SessionDep, SupervisorDep
 from service.api.errors import ERROR_RESPONSES, ApiError
 from service.api.middleware.writegate import WriteSlotDep
 from service.api.sweepschemas import SweepList, SweepRead
-from service.domain.intake.submission import SubmitRejected
 from service.domain.sweeps import manage as domain
+from service.domain.sweeps.grid import GRID_POINTS_MAX
 from service.domain.sweeps.spec import SweepSpec
 from service.store import sweeps as store
 
@@ -29,7 +29,11 @@ SweepId = Annotated[int, Path(ge=1, le=SWEEP_ID_MAX)]
               "tokens or without TORCHYARD_SCRIPT_DIRS"},
         422: {**ERROR_RESPONSES[422], "description": "an invalid sweep (empty space, a field the "
               "job spec does not have, a value of the space the spec refuses, a placeholder "
-              "the space does not define, parallel 0…) or trials this server cannot run"},
+              f"the space does not define, parallel 0, a grid over {GRID_POINTS_MAX:,} points…) "
+              "or trials this server cannot run: whatever POST /jobs refuses of the base spec, "
+              "named 'spec.<field>'"},
+        507: {**ERROR_RESPONSES[422], "description": "free space under TORCHYARD_HOME is below "
+              "TORCHYARD_DISK_FREE_FLOOR_BYTES (as for POST /jobs)"},
     },
 )
 def create_sweep(
@@ -38,8 +42,10 @@ def create_sweep(
 ) -> SweepRead:
     try:
         sweep = supervisor.sweeps.create(spec)
-    except SubmitRejected as exc:
-        raise ApiError(exc.status, exc.kind, str(exc)) from exc
+    except domain.SweepRejected as exc:
+        message = str(exc)
+        raise ApiError(exc.status, exc.kind, message, details=[
+            {"field": exc.field, "message": message.removeprefix(f"{exc.field}: ")}]) from exc
     response.headers["Location"] = f"/sweeps/{sweep.id}"
     return SweepRead.from_view(domain.view(session, sweep))
 

@@ -22,6 +22,7 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -55,6 +56,9 @@ class JobLive(RuntimeError):
 class Cleanup:
     settings: Settings
     sessions: sessionmaker[Session]
+    # Called in a transaction of its own before a terminal job's rows go (while its records are
+    # still there): a sweep copies how its trial ended into its own record (Sweeps.settle).
+    before_delete: Callable[[Session, int], None] | None = None
     _last_sweep: float = field(default=0.0)
 
     def delete(self, job_id: int) -> None:
@@ -74,6 +78,10 @@ class Cleanup:
         aside = run.root.with_name(f"{ASIDE_PREFIX}{job_id}-{uuid.uuid4().hex}")
         moved = _rename(run.root, aside)
         try:
+            if self.before_delete is not None:
+                with self.sessions() as session:
+                    self.before_delete(session, job_id)
+                    session.commit()
             while True:  # a long history goes in short transactions
                 with self.sessions() as session:
                     n = deletion.delete_record_batch(session, job_id, RECORD_BATCH)

@@ -5,10 +5,17 @@ Contract: :meth:`Intake.submit` stores a queued job and returns ``(job, created)
 :class:`SubmitRejected` (its ``kind`` and ``status`` say why), ``AdmissionRefused`` (403) or
 ``PathRefused`` (422) from ``service.domain.intake.admission``. It never starts anything: the
 supervisor's loop does, on its next pass.
+
+There is one way a job is made: every job, a sweep's trials too, is checked by :meth:`Intake.vet`
+(admission, the disk floor, what this server can run, the script, its package and its secrets'
+names, the ``notify`` endpoints, ``resume_from``) and stored by :meth:`Intake.make`
+(``submit`` adds the idempotency key and its own transaction). A sweep's base spec is vetted when
+the sweep is created, each trial's spec when the trial is made (``service.domain.sweeps``).
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
@@ -62,6 +69,14 @@ def check_local(spec: JobSpec, inventory: Inventory) -> None:
         raise SubmitRejected("unschedulable", shortfall)
 
 
+class Vetted(NamedTuple):
+    """A spec every check accepted (as admitted: resolved paths) and the webhook endpoints its
+    ``notify`` names subscribe (endpoint name → events; None = none)."""
+
+    spec: JobSpec
+    webhooks: dict[str, list[str]] | None
+
+
 @dataclass
 class Intake:
     settings: Settings
@@ -81,24 +96,15 @@ class Intake:
         can never fit this host or names a job that does not exist.
         """
         spec = admit(spec, self.settings)  # 403 script jobs without tokens; 422 paths outside roots
-        try:
-            check_floor(self.settings)
-        except DiskFull as exc:
-            raise SubmitRejected("insufficient_storage", str(exc), status=507) from exc
+        self.check_floor()
         if idempotency_key is not None:
             existing = self._job_for_key(idempotency_key, spec)
             if existing is not None:
                 return existing, False
-        self.check_runnable(spec)
-        try:  # names only; URLs and secrets are read when each delivery is sent
-            webhooks = webhookconf.subscriptions(spec.notify, self.settings.webhooks_file)
-        except webhookconf.NotifyRefused as exc:
-            raise SubmitRejected("invalid_request", str(exc)) from exc
         with self.sessions() as session:
-            if spec.resume_from is not None and repo.get_job(session, spec.resume_from) is None:
-                raise SubmitRejected("invalid_request", f"resume_from: job {spec.resume_from} not found")
+            vetted = self._vet_admitted(session, spec)
             try:
-                job = repo.create_job(session, spec, idempotency_key, webhooks)
+                job = self._store(session, vetted, idempotency_key)
                 session.commit()
             except IntegrityError:
                 # Another request with the same key won the race between lookup and insert.
@@ -109,6 +115,39 @@ class Intake:
                 return existing, False
         self.queued()
         return job, True
+
+    def vet(self, session: Session, spec: JobSpec) -> Vetted:
+        """Every check a submitted spec gets (the module docstring), nothing stored; raises as
+        :meth:`submit` does. ``session`` reads the job ``resume_from`` names."""
+        spec = admit(spec, self.settings)
+        self.check_floor()
+        return self._vet_admitted(session, spec)
+
+    def make(self, session: Session, spec: JobSpec) -> Job:
+        """A queued job of ``spec`` in the caller's transaction (which commits it), after every
+        check of :meth:`vet`: how a sweep's driver makes each trial."""
+        return self._store(session, self.vet(session, spec), None)
+
+    def check_floor(self) -> None:
+        """Raise ``SubmitRejected`` (507, ``insufficient_storage``) below the disk floor."""
+        try:
+            check_floor(self.settings)
+        except DiskFull as exc:
+            raise SubmitRejected("insufficient_storage", str(exc), status=507) from exc
+
+    def _vet_admitted(self, session: Session, spec: JobSpec) -> Vetted:
+        self.check_runnable(spec)
+        try:  # names only; URLs and secrets are read when each delivery is sent
+            webhooks = webhookconf.subscriptions(spec.notify, self.settings.webhooks_file)
+        except webhookconf.NotifyRefused as exc:
+            raise SubmitRejected("invalid_request", f"notify: {exc}") from exc
+        if spec.resume_from is not None and repo.get_job(session, spec.resume_from) is None:
+            raise SubmitRejected("invalid_request", f"resume_from: job {spec.resume_from} not found")
+        return Vetted(spec, webhooks)
+
+    def _store(self, session: Session, vetted: Vetted, idempotency_key: str | None) -> Job:
+        """The one insert of a job (``repository.create_job``), after :meth:`_vet_admitted`."""
+        return repo.create_job(session, vetted.spec, idempotency_key, vetted.webhooks)
 
     def check_runnable(self, spec: JobSpec) -> None:
         """Raise ``SubmitRejected`` for an admitted spec this server could never run (also the

@@ -138,8 +138,9 @@ class Supervisor:
         self.stops = Stops(self.ctx, self._wake.set)
         self.recovery = Recovery(self.ctx, self.reaper)
         self.sweeps = Sweeps(self.session_factory, self.intake, self._queue_changed)
-        self.sweep_driver = SweepDriver(self.ctx)
-        self.cleanup = Cleanup(self.settings, self.session_factory)
+        self.sweep_driver = SweepDriver(self.ctx, self.intake)
+        self.cleanup = Cleanup(self.settings, self.session_factory,
+                               before_delete=self.sweeps.settle)
         self._snapshot = SnapshotReader(self.ctx.read_sessions)
         # The webhook outbox is sent from threads of its own, only while this process acts.
         self.webhooks = Dispatcher(self.settings, loop_sessions, self.ctx.read_sessions,

@@ -1,16 +1,17 @@
 """The sweep driver: makes each running sweep's trials, reports their objective to the search,
 prunes them, and ends the sweep. A step of the acting supervisor's loop, under the lease's fence.
 
-The search and the early stopping are Optuna's (samplers: ``GridSampler``, ``RandomSampler``,
-``TPESampler``; pruners: ``SuccessiveHalvingPruner`` for ASHA, ``MedianPruner``) through its
-ask-and-tell interface, on an in-memory study. The study is never stored: torchyard's own tables
-are the truth (a trial is a job with ``sweep_id`` and ``params``; its objective per epoch is read
-from every rank's records, ``service.domain.sweeps.manage.reduced_epochs``). A supervisor rebuilds each
-study at the start of its lease term, and after any step that failed, by replaying the trials in
-the order they were made — each asked with its stored parameters, its objective reported epoch by
-epoch (the pruner's rung bookkeeping follows), then told how it ended — so a restart or a
-failover loses no trial, runs none twice, and pruning goes on. A rebuilt sampler is seeded with
-``seed + trials made so far``, so it does not draw again what the first term drew.
+The search is an in-memory Optuna study (``service.domain.sweeps.study``) and is never stored:
+torchyard's tables are the truth — the sweep's own record of its trials (``sweep_trials``: each
+trial's number, parameters and job, and how a trial whose job was deleted ended), the trials' jobs
+and their records (each trial's objective per epoch, ``service.domain.sweeps.outcome``). A
+supervisor rebuilds each study at the start of its lease term, and after any step that failed, by
+replaying the trials in the order they were made — each asked with its recorded parameters, its
+objective reported epoch by epoch (the pruner's rung bookkeeping follows), then told how it
+ended — so a restart or a failover loses no trial, runs none twice, and pruning goes on. A study
+that cannot be rebuilt (a request stored by an older server that this one refuses, a grid over
+the bound) fails its sweep with the reason, once: the supervisor goes on, and a failed sweep is
+never rebuilt again.
 
 Each step, per running sweep, in one transaction:
 
@@ -21,16 +22,18 @@ Each step, per running sweep, in one transaction:
    failed or cancelled as failed);
 3. fail the sweep once ``max_failures`` trials failed (its live trials are cancelled); end it
    once ``max_trials`` trials were made and none is live (succeeded when one completed);
-4. make new trials (jobs with the sweep's priority) while fewer than ``parallel`` are live.
+4. make new trials while fewer than ``parallel`` are live. Each trial's job goes through the
+   front door of ``POST /jobs`` (``Intake.make``: every check, then the insert). Below the disk
+   floor no trial is made until space is freed (the sweep waits); any other refusal fails the
+   sweep with the trial's number and the reason (its live trials are cancelled).
 
-Creating trials and changing states happen in the transaction that checked the fence; a step
-that fails forgets the study, which the next step rebuilds from what was committed.
+The number of trials made is the count of the sweep's record, so deleting trials' jobs never makes
+the sweep make more. Creating trials and changing states happen in the transaction that checked
+the fence; a step that fails forgets the study, which the next step rebuilds from what was
+committed.
 """
 
 import logging
-import math
-import statistics
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -38,146 +41,39 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.domain.intake.admission import AdmissionRefused
+from service.domain.intake.pathguard import PathRefused
+from service.domain.intake.submission import Intake, SubmitRejected
 from service.domain.lease import Lease
-from service.domain.sweeps.manage import outcome, reduced_epochs, world_size
-from service.domain.sweeps.spec import (
-    AshaRule,
-    ChoiceDim,
-    IntDim,
-    LogUniformDim,
-    MedianRule,
-    SweepSpec,
-    grid_points,
-    grid_values,
-)
-from service.settings import Settings
-from service.settings import webhookfile as webhookconf
+from service.domain.sweeps.outcome import outcome, trial_epochs
+from service.domain.sweeps.spec import SweepSpec
+from service.domain.sweeps.study import Study
 from service.store import repository as repo
 from service.store import sweeps as store
 from service.store.db import is_busy
-from service.store.tables import Job, Sweep
+from service.store.tables import Job, Sweep, SweepTrial
+from torchyard_contract.bounds import bounded_text
 from torchyard_contract.state import TERMINAL_STATES, JobState
 
 logger = logging.getLogger(__name__)
+_REFUSED = (SubmitRejected, AdmissionRefused, PathRefused)
 
 
-def _optuna() -> Any:
-    """Optuna, imported on first use (a server with no sweep never pays for it)."""
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    return optuna
+class Unbuildable(Exception):
+    """A sweep's study cannot be built from its stored request (the message says why)."""
 
 
-def distributions(spec: SweepSpec) -> dict[str, Any]:
-    d = _optuna().distributions
-    out: dict[str, Any] = {}
-    for name, dim in spec.space.items():
-        if isinstance(dim, ChoiceDim):
-            out[name] = d.CategoricalDistribution(dim.values)
-        elif isinstance(dim, IntDim):
-            out[name] = d.IntDistribution(dim.low, dim.high, step=dim.step, log=dim.log)
-        else:
-            out[name] = d.FloatDistribution(dim.low, dim.high, log=isinstance(dim, LogUniformDim))
-    return out
-
-
-def grid_space(spec: SweepSpec) -> dict[str, list]:
-    return {k: grid_values(spec.space[k]) for k in sorted(spec.space)}  # type: ignore[arg-type]
-
-
-def make_sampler(spec: SweepSpec, made: int) -> Any:
-    samplers = _optuna().samplers
-    seed = spec.seed + made
-    if spec.method == "grid":
-
-        class _Grid(samplers.GridSampler):
-            # Optuna's GridSampler calls study.stop() once the grid is covered, which only an
-            # optimize() loop allows; the driver stops at max_trials (at most the grid's size).
-            def after_trial(self, *args: Any, **kwargs: Any) -> None:
-                return None
-
-        return _Grid(grid_space(spec), seed=seed)
-    if spec.method == "tpe":
-        return samplers.TPESampler(seed=seed)
-    return samplers.RandomSampler(seed=seed)
-
-
-def make_pruner(spec: SweepSpec) -> Any:
-    pruners = _optuna().pruners
-    rule = spec.prune
-    if isinstance(rule, AshaRule):
-        return pruners.SuccessiveHalvingPruner(
-            min_resource=rule.min_epochs, reduction_factor=rule.reduction_factor,
-            min_early_stopping_rate=0)
-    if isinstance(rule, MedianRule):
-        return pruners.MedianPruner(
-            n_startup_trials=rule.startup_trials, n_warmup_steps=rule.warmup_epochs)
-    return pruners.NopPruner()
-
-
-def _fmt(value: float) -> str:
-    return f"{value:.4g}"
-
-
-@dataclass
-class _Study:
-    """One sweep's search in this term: the Optuna study and which trials it knows."""
-
-    spec: SweepSpec
-    study: Any
-    dists: dict[str, Any]
-    trials: dict[int, Any] = field(default_factory=dict)  # job id → live Optuna trial
-    reported: dict[int, int] = field(default_factory=dict)  # job id → last epoch reported
-    told: set[int] = field(default_factory=set)  # job ids whose end the study was told
-
-    def adopt(self, job: Job) -> None:
-        """Ask the study for a trial with the job's stored parameters (a rebuild)."""
-        self.study.enqueue_trial(dict(job.params or {}))
-        trial = self.study.ask(self.dists)
-        if self.spec.method == "grid":  # GridSampler knows a point as visited by its grid id
-            names = sorted(self.spec.space)
-            point = tuple((job.params or {}).get(n) for n in names)
-            points = grid_points(self.spec.space)
-            if point in points:
-                storage = self.study._storage  # Optuna has no public setter of system attrs
-                storage.set_trial_system_attr(trial._trial_id, "search_space",
-                                              grid_space(self.spec))
-                storage.set_trial_system_attr(trial._trial_id, "grid_id", points.index(point))
-        self.trials[job.id] = trial
-
-    def why_pruned(self, trial: Any, epoch: int, value: float) -> str:
-        """The rule, the epoch and the comparison that pruned ``trial``."""
-        metric, mode = self.spec.objective.metric, self.spec.objective.mode
-        worse = ">" if mode == "min" else "<"
-        if not math.isfinite(value):
-            return f"pruned at epoch {epoch}: {metric} is {value}"
-        others = self.study.get_trials(deepcopy=False)
-        rule = self.spec.prune
-        if isinstance(rule, AshaRule):
-            attrs = trial.storage.get_trial_system_attrs(trial._trial_id)
-            rungs = [int(k.rsplit("_", 1)[1]) for k in attrs if k.startswith("completed_rung_")]
-            rung = max(rungs, default=0)
-            key = f"completed_rung_{rung}"
-            values = sorted(t.system_attrs[key] for t in others if key in t.system_attrs
-                            and t.number != trial.number) + [value]
-            values.sort(reverse=mode == "max")
-            cutoff = values[max(len(values) // rule.reduction_factor - 1, 0)]
-            return (f"pruned by ASHA at epoch {epoch}: {metric} {_fmt(value)} {worse} rung "
-                    f"{rung} cutoff {_fmt(cutoff)} (the best 1/{rule.reduction_factor} of "
-                    f"{len(values)} trials go on)")
-        at = [t.intermediate_values[epoch] for t in others if t.number != trial.number
-              and t.state.is_finished() and epoch in t.intermediate_values]
-        median = statistics.median(at) if at else float("nan")
-        return (f"pruned by the median rule at epoch {epoch}: {metric} {_fmt(value)} {worse} "
-                f"median {_fmt(median)} of {len(at)} trials at that epoch")
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err.get("loc", ()))
+    msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+    return f"{where}: {msg}" if where else msg
 
 
 class SweepLoop(Protocol):
     """What the driver uses of the loop it is a step of (``service.domain.loop.context``
     provides it; declared here so sweeps do not import the loop that steps them)."""
 
-    settings: Settings
     loop_sessions: sessionmaker[Session]
     read_sessions: sessionmaker[Session]
     lease: Lease
@@ -187,7 +83,8 @@ class SweepLoop(Protocol):
 @dataclass
 class SweepDriver:
     ctx: SweepLoop
-    _studies: dict[int, _Study] = field(default_factory=dict)
+    intake: Intake  # the front door of POST /jobs, which every trial goes through
+    _studies: dict[int, Study] = field(default_factory=dict)
 
     def reset(self) -> None:
         """Forget every study (a new lease term rebuilds them from the database)."""
@@ -226,20 +123,21 @@ class SweepDriver:
             session.commit()
         return bool(won)
 
-    def _study(self, sweep: Sweep, jobs: list[Job]) -> _Study:
-        st = self._studies.get(sweep.id)
-        if st is not None:
-            return st
-        spec = SweepSpec.model_validate(sweep.spec)
-        optuna = _optuna()
-        study = optuna.create_study(
-            direction="minimize" if spec.objective.mode == "min" else "maximize",
-            sampler=make_sampler(spec, len(jobs)), pruner=make_pruner(spec),
-        )
-        st = _Study(spec=spec, study=study, dists=distributions(spec))
-        self._studies[sweep.id] = st
-        if jobs:
-            logger.info("sweep %s: rebuilding its study from %d trials", sweep.id, len(jobs))
+    def _rebuild(self, sweep: Sweep, records: list[SweepTrial]) -> Study:
+        """The sweep's study, every recorded trial asked again with its parameters (in memory
+        only). Raises :class:`Unbuildable` or whatever Optuna raised."""
+        try:
+            spec = SweepSpec.model_validate(sweep.spec)
+        except ValidationError as exc:
+            raise Unbuildable(f"its request is refused by this server: {_first_error(exc)}") \
+                from None
+        if (why := spec.grid_refused()) is not None:
+            raise Unbuildable(why)
+        st = Study.build(spec, len(records))
+        for record in records:
+            st.ask(record.number, dict(record.params))
+        if records:
+            logger.info("sweep %s: rebuilt its study from %d trials", sweep.id, len(records))
         return st
 
     def _advance(self, sweep_id: int) -> bool:
@@ -250,109 +148,130 @@ class SweepDriver:
             sweep = store.get_sweep(session, sweep_id)
             if sweep is None or sweep.state != store.RUNNING:
                 return False
-            jobs = list(store.trials(session, sweep_id))
-            st = self._study(sweep, jobs)
-            for job in jobs:
-                if job.id not in st.trials and job.id not in st.told:
-                    st.adopt(job)
-            changed = self._observe(session, st, [j for j in jobs if j.id not in st.told])
-            changed |= self._end_or_grow(session, sweep, st, jobs)
+            records = list(store.trial_records(session, sweep_id))
+            jobs = {j.id: j for j in store.trials(session, sweep_id)}
+            st = self._studies.get(sweep_id)
+            if st is None:
+                try:
+                    st = self._studies[sweep_id] = self._rebuild(sweep, records)
+                except Exception as exc:
+                    if is_busy(exc):
+                        raise
+                    why = f"its study could not be rebuilt: {exc}"
+                    self._fail(session, sweep, list(jobs.values()), why)
+                    session.commit()
+                    return True
+            # A trial's job, unless it was deleted (its record holds how it ended).
+            trial_jobs = {r.number: jobs.get(r.job_id) if r.state is None else None
+                          for r in records}
+            changed = self._observe(session, st, records, trial_jobs)
+            changed |= self._end_or_grow(session, sweep, st, records, trial_jobs)
             session.commit()
         return changed
 
-    def _observe(self, session: Session, st: _Study, jobs: list[Job]) -> bool:
-        if not jobs:
+    def _observe(self, session: Session, st: Study, records: list[SweepTrial],
+                 trial_jobs: dict[int, Job | None]) -> bool:
+        pending = [r for r in records if r.number not in st.told]
+        for record in pending:
+            if trial_jobs[record.number] is None:  # deleted: told from the record
+                st.tell(record.number, record.outcome, record.value)
+        observed = [(r.number, job) for r in pending if (job := trial_jobs[r.number]) is not None]
+        if not observed:
             return False
-        objective = st.spec.objective
-        after = min(st.reported.get(j.id, 0) for j in jobs)
-        rows: dict[int, list] = defaultdict(list)
-        for job_id, attempt, rank, epoch, value in store.epoch_values(
-            session, [j.id for j in jobs], objective.metric, after
-        ):
-            rows[job_id].append((attempt, rank, epoch, value))
+        after = min(st.last_epoch(number) for number, _ in observed)
+        epochs = trial_epochs(session, st.spec.objective, [job for _, job in observed], after)
         changed = False
-        for job in jobs:
-            epochs = reduced_epochs(rows[job.id], world_size(job.spec), objective.reduce)
-            changed |= self._observe_one(session, st, job, epochs)
+        for number, job in observed:
+            changed |= self._observe_one(session, st, number, job, epochs[job.id])
         return changed
 
-    def _observe_one(self, session: Session, st: _Study, job: Job, epochs: dict) -> bool:
-        trial = st.trials[job.id]
+    def _observe_one(self, session: Session, st: Study, number: int, job: Job,
+                     epochs: dict[int, float]) -> bool:
         state = JobState(job.state)
-        last = st.reported.get(job.id, 0)
         for epoch, value in epochs.items():
-            if epoch <= last:
+            if epoch <= st.last_epoch(number):
                 continue
-            if job.pruned_epoch is not None and epoch > job.pruned_epoch:
-                break
-            trial.report(value, epoch)
-            st.reported[job.id] = last = epoch
-            if st.spec.prune is None or not trial.should_prune():
+            if not st.report(number, epoch, value):
                 continue
             if job.pruned_epoch is None and state not in TERMINAL_STATES:
-                reason = st.why_pruned(trial, epoch, value)
+                reason = st.why_pruned(number, epoch, value)
                 if store.prune_trial(session, job.id, epoch, reason):
                     logger.info("sweep %s: job %s %s", job.sweep_id, job.id, reason)
-                    self._tell(st, job.id, "pruned")
+                    st.tell(number, "pruned")
                     return True
         if state in TERMINAL_STATES:
             end = outcome(job)
-            value = epochs.get(last) if end == "completed" and last else None
-            self._tell(st, job.id, end if value is None or end != "completed" else "completed",
-                       value)
+            value = st.reported[number][1] if end == "completed" and number in st.reported \
+                else None
+            st.tell(number, end, value)
         return False
 
-    def _tell(self, st: _Study, job_id: int, end: str | None, value: float | None = None) -> None:
-        states = _optuna().trial.TrialState
-        trial = st.trials.pop(job_id)
-        if end == "completed" and value is not None and math.isfinite(value):
-            st.study.tell(trial, value)
-        elif end == "pruned":
-            st.study.tell(trial, state=states.PRUNED)
-        else:
-            st.study.tell(trial, state=states.FAIL)
-        st.told.add(job_id)
+    def _fail(self, session: Session, sweep: Sweep, live: list[Job], why: str) -> None:
+        """End the sweep ``failed`` with ``why``; its live trials are cancelled."""
+        store.end_sweep(session, sweep.id, "failed", why)
+        for job in live:
+            if JobState(job.state) not in TERMINAL_STATES:
+                repo.transition(session, job.id, JobState.cancelled,
+                                reason=bounded_text(f"sweep failed: {why}"))
+        logger.warning("sweep %s: failed: %s", sweep.id, why)
 
-    def _end_or_grow(self, session: Session, sweep: Sweep, st: _Study, jobs: list[Job]) -> bool:
+    def _end_or_grow(self, session: Session, sweep: Sweep, st: Study, records: list[SweepTrial],
+                     trial_jobs: dict[int, Job | None]) -> bool:
         spec = st.spec
         # (a prune in this transaction updated the jobs in the session: synchronize_session)
-        live = [j for j in jobs if JobState(j.state) not in TERMINAL_STATES]
-        failed = sum(1 for j in jobs if outcome(j) == "failed")
+        live = [j for j in trial_jobs.values()
+                if j is not None and JobState(j.state) not in TERMINAL_STATES]
+        ends = [r.outcome if (j := trial_jobs[r.number]) is None else outcome(j) for r in records]
+        failed = ends.count("failed")
         if spec.max_failures is not None and failed >= spec.max_failures:
-            why = f"{failed} trials failed (max_failures {spec.max_failures})"
-            store.end_sweep(session, sweep.id, "failed", why)
-            for job in live:
-                repo.transition(session, job.id, JobState.cancelled, reason=f"sweep failed: {why}")
-            logger.info("sweep %s: failed: %s", sweep.id, why)
+            self._fail(session, sweep, live,
+                       f"{failed} trials failed (max_failures {spec.max_failures})")
             return True
-        made = len(jobs)
+        made = len(records)
         if made >= spec.trials_total and not live:
-            completed = [j for j in jobs if outcome(j) == "completed"]
-            state, why = ("succeeded", None) if completed else ("failed", "no trial completed")
+            state, why = ("succeeded", None) if "completed" in ends else ("failed",
+                                                                        "no trial completed")
             store.end_sweep(session, sweep.id, state, why)
             logger.info("sweep %s: %s after %d trials", sweep.id, state, made)
             return True
+        if made >= spec.trials_total or len(live) >= spec.parallel or self._held(sweep, st):
+            return False
         changed = False
         while made < spec.trials_total and len(live) < spec.parallel:
-            trial = st.study.ask(st.dists)
+            number = made + 1
+            trial = st.ask(number, spec.grid_params(made) if spec.method == "grid" else None)
             params = dict(trial.params)
             try:
-                job_spec = spec.trial_spec(sweep.id, made + 1, params)
+                job = self.intake.make(session, spec.trial_spec(sweep.id, number, params))
             except ValidationError as exc:
-                st.study.tell(trial, state=_optuna().trial.TrialState.FAIL)
-                store.end_sweep(session, sweep.id, "failed",
-                                f"trial {made + 1}'s spec is refused: {exc.errors()[0]['msg']}")
-                return True
-            # A trial is told of like any job (the base spec's ``notify``, every all-jobs endpoint).
-            try:
-                webhooks = webhookconf.subscriptions(job_spec.notify, self.ctx.settings.webhooks_file)
-            except webhookconf.NotifyRefused:
-                webhooks = None  # an endpoint since removed from the file: the trial runs untold
-            job = repo.create_job(session, job_spec, webhooks=webhooks)
-            store.mark_trial(session, job.id, sweep.id, params)
-            st.trials[job.id] = trial
-            live.append(job)
-            made += 1
-            changed = True
-            logger.info("sweep %s: trial %d is job %s with %s", sweep.id, made, job.id, params)
+                why = f"trial {number}'s spec is refused: {_first_error(exc)}"
+            except _REFUSED as exc:
+                if isinstance(exc, SubmitRejected) and exc.status == 507:  # filled meanwhile
+                    st.tell(number, "failed")  # (an ask that made no trial: the next asks anew)
+                    st.holding = False  # said by the next step's _held
+                    return changed
+                why = f"trial {number} is refused as a job: {exc}"
+            else:
+                store.mark_trial(session, job.id, sweep.id, number, params)
+                live.append(job)
+                made, changed = number, True
+                logger.info("sweep %s: trial %d is job %s with %s", sweep.id, number, job.id,
+                            params)
+                continue
+            st.tell(number, "failed")
+            self._fail(session, sweep, live, why)
+            return True
         return changed
+
+    def _held(self, sweep: Sweep, st: Study) -> bool:
+        """True while the disk floor refuses new jobs: the sweep waits (said once) rather than
+        fail for space that a clean-up may free."""
+        try:
+            self.intake.check_floor()
+        except SubmitRejected as exc:
+            if not st.holding:
+                logger.warning("sweep %s: no new trial until space is freed: %s", sweep.id, exc)
+            st.holding = True
+            return True
+        st.holding = False
+        return False

@@ -1,75 +1,45 @@
-"""Sweeps as the routes see them: create (checked like a job submission), cancel, and read
-(trials with their outcome and objective per epoch, counts, the best trial).
+"""Sweeps as the routes see them: create (checked like a job submission), cancel, read (trials
+with their outcome and objective per epoch, counts, the best trial), and the sweep's record of a
+trial whose job is about to be deleted.
 
 Creating a sweep stores its request and wakes the supervisor; the trials are made by the sweep
-driver (``service.domain.sweeps.driver``) in the acting supervisor, never here. The objective of a
-trial at an epoch is its ranks' values of ``objective.metric`` at that epoch reduced into one
-(``objective.reduce``, mean by default), counted only once every rank reported it: a trial whose
-ranks disagree is judged on what all of them said, never on rank 0 alone.
+driver (``service.domain.sweeps.driver``) in the acting supervisor, never here. A sweep's trials,
+counts and best are read from its own record (``sweep_trials``) joined with the trials' jobs: a
+trial whose job was deleted keeps its number, parameters, outcome, value and reason (copied by
+:meth:`Sweeps.settle` before the job's rows go), so deleting trials' jobs changes neither how many
+trials the sweep made nor its counts nor its best; only the per-epoch values go with the job's
+records.
 """
 
 import math
-from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from pydantic import ValidationError
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.domain.intake.admission import admit
-from service.domain.intake.submission import Intake
+from service.domain.intake.admission import AdmissionRefused
+from service.domain.intake.pathguard import PathRefused
+from service.domain.intake.submission import Intake, SubmitRejected
+from service.domain.sweeps.outcome import final_value, outcome, trial_epochs
 from service.domain.sweeps.spec import SweepSpec, extremes
 from service.store import repository as repo
 from service.store import sweeps as store
-from service.store.tables import Job, Sweep
+from service.store.tables import Sweep, SweepTrial
 from torchyard_contract.spec import JobSpec
 from torchyard_contract.state import TERMINAL_STATES, JobState
-
-REDUCE: dict[str, Callable[[list[float]], float]] = {
-    "mean": lambda values: math.fsum(values) / len(values),
-    "min": min,
-    "max": max,
-}
-
-
-def world_size(spec: dict) -> int:
-    return int(spec.get("nproc_per_node", 1)) * int(spec.get("nnodes", 1))
-
-
-def reduced_epochs(
-    rows: Iterable[tuple[int, int, int, float]], ranks: int, reduce: str
-) -> dict[int, float]:
-    """epoch → the reduced value, from ``(attempt, rank, epoch, value)`` rows of one trial: per
-    epoch, the latest attempt in which every one of ``ranks`` reported it; incomplete epochs
-    are left out."""
-    by: dict[tuple[int, int], dict[int, float]] = defaultdict(dict)
-    for attempt, rank, epoch, value in rows:
-        by[(epoch, attempt)][rank] = value
-    out: dict[int, float] = {}
-    for (epoch, _attempt), values in sorted(by.items()):  # later attempts overwrite
-        if len(values) >= ranks:
-            out[epoch] = REDUCE[reduce](list(values.values()))
-    return dict(sorted(out.items()))
-
-
-def outcome(job: Job) -> str | None:
-    """``completed``, ``pruned``, ``failed`` or ``cancelled``; None while queued or running."""
-    state = JobState(job.state)
-    if state not in TERMINAL_STATES:
-        return None
-    if job.pruned_epoch is not None:
-        return "pruned"
-    return {JobState.succeeded: "completed", JobState.failed: "failed"}.get(state, "cancelled")
 
 
 @dataclass(frozen=True)
 class TrialView:
     job_id: int
     params: dict
-    state: str
+    state: str  # the job's; a deleted one's when it was deleted
     outcome: str | None
     value: float | None
     epochs: dict[int, float]
     reason: str | None
+    deleted: bool = False
 
 
 @dataclass(frozen=True)
@@ -97,40 +67,50 @@ class SweepView:
         return pick(done, key=lambda t: t.value)  # type: ignore[arg-type,return-value]
 
 
-def final_value(job: Job, epochs: dict[int, float]) -> float | None:
-    """A completed trial's value: its objective at its last complete epoch."""
-    if not epochs or outcome(job) != "completed":
-        return None
-    return epochs[max(epochs)]
-
-
 def view(session: Session, sweep: Sweep) -> SweepView:
+    """The sweep with every trial it made, from its record and the trials' jobs that remain."""
     spec = SweepSpec.model_validate(sweep.spec)
-    jobs = store.trials(session, sweep.id)
-    rows: dict[int, list[tuple[int, int, int, float]]] = defaultdict(list)
-    for job_id, attempt, rank, epoch, value in store.epoch_values(
-        session, [j.id for j in jobs], spec.objective.metric
-    ):
-        rows[job_id].append((attempt, rank, epoch, value))
+    records = store.trial_records(session, sweep.id)
+    jobs = {j.id: j for j in store.trials(session, sweep.id)}
+    epochs = trial_epochs(session, spec.objective, list(jobs.values()))
     trials = []
-    for job in jobs:
-        epochs = reduced_epochs(rows[job.id], world_size(job.spec), spec.objective.reduce)
-        if job.pruned_epoch is not None:
-            epochs = {e: v for e, v in epochs.items() if e <= job.pruned_epoch}
+    for record in records:
+        job = None if record.state is not None else jobs.get(record.job_id)
+        if job is None:
+            trials.append(_deleted(record))
+            continue
         trials.append(TrialView(
-            job_id=job.id, params=dict(job.params or {}), state=job.state, outcome=outcome(job),
-            value=final_value(job, epochs), epochs=epochs, reason=job.reason,
+            job_id=job.id, params=dict(record.params), state=job.state, outcome=outcome(job),
+            value=final_value(job, epochs[job.id]), epochs=epochs[job.id], reason=job.reason,
         ))
     return SweepView(sweep, trials)
 
 
+def _deleted(record: SweepTrial) -> TrialView:
+    """A trial whose job was deleted, as the sweep recorded it then."""
+    return TrialView(
+        job_id=record.job_id, params=dict(record.params),
+        state=record.state or JobState.cancelled.value, outcome=record.outcome or "cancelled",
+        value=record.value, epochs={}, reason=record.reason, deleted=True,
+    )
+
+
 class SweepRejected(Exception):
     """A sweep valid on its own that this server cannot run (``kind``, ``status`` as for
-    ``service.domain.intake.submission.SubmitRejected``)."""
+    ``service.domain.intake.submission.SubmitRejected``); ``field`` names what was refused
+    (``spec.<field>`` for a check of the base job spec)."""
 
-    def __init__(self, kind: str, message: str, status: int = 422) -> None:
+    def __init__(self, kind: str, message: str, status: int = 422, field: str = "spec") -> None:
         super().__init__(message)
-        self.kind, self.status = kind, status
+        self.kind, self.status, self.field = kind, status, field
+
+    @classmethod
+    def of_spec(cls, kind: str, message: str, status: int) -> "SweepRejected":
+        """A refusal of the base job spec: its ``field: why`` as ``spec.field: why``."""
+        field, sep, why = message.partition(": ")
+        if not sep or not field.replace("_", "").replace(".", "").isalnum():
+            return cls(kind, f"spec: {message}", status)
+        return cls(kind, f"spec.{field}: {why}", status, f"spec.{field}")
 
 
 @dataclass
@@ -140,17 +120,26 @@ class Sweeps:
     changed: Callable[[], None]  # wakes the supervisor's loop
 
     def create(self, spec: SweepSpec) -> Sweep:
-        """Store a running sweep; raises what a job submission of its trials would
-        (``SubmitRejected``, ``AdmissionRefused``, ``PathRefused``)."""
-        base = admit(spec.spec, self.intake.settings)
-        spec = spec.model_copy(update={"spec": base})
-        self.intake.check_runnable(base)
-        for key, dim in spec.space.items():  # every spec field the space sets, at its bounds
-            if spec.sets_field(key):
-                for value in extremes(dim):
-                    self.intake.check_runnable(
-                        JobSpec.model_validate({**base.model_dump(mode="json"), key: value}))
+        """Store a running sweep. Raises :class:`SweepRejected` for a grid over the bound
+        (``space``) and for whatever ``POST /jobs`` would refuse of the base spec or of the spec
+        at each end of the space's dimensions (``spec.<field>``, the status a job would get)."""
+        if (why := spec.grid_refused()) is not None:
+            raise SweepRejected("invalid_request", why, field="space")
         with self.sessions() as session:
+            try:
+                base = self.intake.vet(session, spec.spec).spec  # every check of POST /jobs
+                for key, dim in spec.space.items():  # every spec field set, at its bounds
+                    if spec.sets_field(key):
+                        for value in extremes(dim):
+                            self.intake.check_runnable(JobSpec.model_validate(
+                                {**base.model_dump(mode="json"), key: value}))
+            except SubmitRejected as exc:
+                raise SweepRejected.of_spec(exc.kind, str(exc), exc.status) from exc
+            except PathRefused as exc:
+                raise SweepRejected.of_spec("invalid_request", str(exc), 422) from exc
+            except AdmissionRefused as exc:
+                raise SweepRejected.of_spec("forbidden", str(exc), 403) from exc
+            spec = spec.model_copy(update={"spec": base})
             sweep = store.create_sweep(
                 session, spec.name, spec.spec.priority, spec.model_dump(mode="json"))
             session.commit()
@@ -172,3 +161,26 @@ class Sweeps:
             sweep = store.get_sweep(session, sweep_id)
         self.changed()
         return sweep
+
+    def settle(self, session: Session, job_id: int) -> None:
+        """Before a terminal job is deleted: if it is a sweep's trial, copy how it ended (outcome,
+        value, state, reason) into the sweep's record, in the caller's transaction, which must
+        commit before the job's records go (``service.domain.files.cleanup``)."""
+        job = repo.get_job(session, job_id)
+        if job is None or job.sweep_id is None or JobState(job.state) not in TERMINAL_STATES:
+            return
+        record = store.trial_record(session, job.sweep_id, job_id)
+        sweep = store.get_sweep(session, job.sweep_id)
+        if record is None or record.state is not None or sweep is None:
+            return
+        try:
+            spec = SweepSpec.model_validate(sweep.spec)
+        except ValidationError:  # a request stored by an older server: its outcome still counts
+            value = None
+        else:
+            value = final_value(job, trial_epochs(session, spec.objective, [job])[job.id])
+        store.settle_trial(
+            session, job.sweep_id, record.number, outcome=outcome(job) or "cancelled",
+            value=value if value is not None and math.isfinite(value) else None,
+            state=job.state, reason=job.reason,
+        )

@@ -10,11 +10,11 @@ mapping the SDK reads (``worker.params()``). Every refusal names its field
 
 import re
 from collections.abc import Mapping
-from itertools import product
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from service.domain.sweeps.grid import GRID_POINTS_MAX, grid_size, too_big, trial_point
 from torchyard_contract.spec import BUILTIN_ONLY_FIELDS, JobSpec
 from torchyard_contract.spec_types import LABELS_MAX, JobName, keys_by_name_pattern
 
@@ -42,6 +42,12 @@ class ChoiceDim(_Dim):
     type: Literal["choice"]
     values: list[Choice] = Field(min_length=1, max_length=CHOICES_MAX)
 
+    def grid_count(self) -> int:
+        return len(self.values)
+
+    def grid_value(self, digit: int) -> Choice:
+        return self.values[digit]
+
 
 class UniformDim(_Dim):
     type: Literal["uniform"]
@@ -53,6 +59,12 @@ class UniformDim(_Dim):
         if not self.low < self.high:
             raise ValueError(f"low ({self.low}) must be below high ({self.high})")
         return self
+
+    def grid_count(self) -> int:
+        return 0  # continuous: not a grid dimension
+
+    def grid_value(self, digit: int) -> float:
+        raise ValueError(f"a {self.type} dimension has no grid values")
 
 
 class LogUniformDim(UniformDim):
@@ -74,6 +86,12 @@ class IntDim(_Dim):
         if self.log and (self.low < 1 or self.step != 1):
             raise ValueError("log: needs low >= 1 and step 1")
         return self
+
+    def grid_count(self) -> int:
+        return (self.high - self.low) // self.step + 1  # never expanded: ±2^31 is one division
+
+    def grid_value(self, digit: int) -> int:
+        return self.low + digit * self.step
 
 
 Dimension = Annotated[ChoiceDim | UniformDim | LogUniformDim | IntDim, Field(discriminator="type")]
@@ -124,7 +142,8 @@ class SweepSpec(BaseModel):
         min_length=1, max_length=SPACE_MAX, json_schema_extra=keys_by_name_pattern,
         description="parameter name → dimension. A name is a searchable field of the built-in "
         "trainer's spec (a script job's names are its own parameters, {name} in args); low is "
-        "below high; grid takes choice and int dimensions only")
+        f"below high; grid takes choice and int dimensions only, {GRID_POINTS_MAX:,} points at "
+        "most (422 when the sweep is created)")
     method: Literal["grid", "random", "tpe"] = "random"
     prune: PruneRule | None = None
     objective: Objective = Field(default_factory=Objective)
@@ -168,6 +187,16 @@ class SweepSpec(BaseModel):
                                  f"{size} points")
         return self
 
+    def grid_refused(self) -> str | None:
+        """Why this server refuses the sweep's grid (over ``GRID_POINTS_MAX`` points), or None.
+        Checked when a sweep is created and when its study is built, not by the model, so a
+        sweep stored before the bound still reads (``service.domain.sweeps.grid``)."""
+        return too_big(self.space) if self.method == "grid" else None
+
+    def grid_params(self, k: int) -> dict[str, Choice]:
+        """Grid trial ``k``'s parameters (0-based, in the order the seed shuffles the grid)."""
+        return trial_point(self.space, self.seed, k)
+
     def sets_field(self, key: str) -> bool:
         """True when space key ``key`` sets a field of the job spec; False for a script
         parameter (a script's spec has none of the built-in trainer's fields: ``lr`` of a
@@ -208,24 +237,6 @@ def _text(value: Choice) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
-
-
-def grid_values(dim: ChoiceDim | IntDim) -> list[Choice]:
-    if isinstance(dim, ChoiceDim):
-        return list(dim.values)
-    return list(range(dim.low, dim.high + 1, dim.step))
-
-
-def grid_size(space: Mapping[str, Any]) -> int:
-    size = 1
-    for dim in space.values():
-        size *= len(grid_values(dim)) if isinstance(dim, ChoiceDim | IntDim) else 0
-    return size
-
-
-def grid_points(space: Mapping[str, Any]) -> list[tuple]:
-    """Every point in the order Optuna's ``GridSampler`` numbers them (names sorted)."""
-    return list(product(*(grid_values(space[k]) for k in sorted(space))))
 
 
 def extremes(dim: Any) -> list[Choice]:

@@ -1,6 +1,6 @@
 """ids never reused: SQLite AUTOINCREMENT on jobs and sweeps; deliveries outlive their job
 
-Revision ID: 0020_ids_never_reused
+Revision ID: 0014_ids_never_reused
 Revises: 0013_exclude_nodes
 Create Date: 2026-12-12 09:00:00
 
@@ -24,7 +24,7 @@ reused no later job can be mistaken for it.
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0020_ids_never_reused"
+revision = "0014_ids_never_reused"
 down_revision = "0013_exclude_nodes"
 branch_labels = None
 depends_on = None
