@@ -130,22 +130,28 @@ class ServedDocument:
 
 
 def notify_bounds(document: dict, names: Sequence[str]) -> dict:
-    """A copy of ``document`` whose submission's ``notify`` names only ``names``, as
+    """A copy of ``document`` whose submissions' ``notify`` names only ``names``, as
     ``webhookfile.subscriptions`` refuses any other name (422): each item is one of them
-    (``enum``), or the list is empty (``maxItems: 0``) when there are none. A sweep's
-    ``spec.notify`` keeps the generic schema: a sweep does not check its names yet (issue 44,
-    item 10)."""
+    (``enum``), or the list is empty (``maxItems: 0``) when there are none. Both front doors:
+    ``POST /jobs`` and a sweep's base ``spec`` (its trials take the same intake)."""
     bounded = copy.deepcopy(document)
-    body = bounded.get("paths", {}).get("/jobs", {}).get("post", {}).get("requestBody", {})
-    properties = body.get("content", {}).get(JSON, {}).get("schema", {}).get("properties", {})
-    notify = properties.get("notify")
-    if notify is None:
-        return bounded
-    if names:
-        notify["items"] = {**notify.get("items", {}), "enum": sorted(names)}
-    else:
-        notify["maxItems"] = 0
+    paths = bounded.get("paths", {})
+    jobs = _body_properties(paths.get("/jobs", {}).get("post", {}))
+    sweep_spec = _body_properties(paths.get("/sweeps", {}).get("post", {})).get("spec", {})
+    for properties in (jobs, sweep_spec.get("properties", {})):
+        notify = properties.get("notify")
+        if notify is None:
+            continue
+        if names:
+            notify["items"] = {**notify.get("items", {}), "enum": sorted(names)}
+        else:
+            notify["maxItems"] = 0
     return bounded
+
+
+def _body_properties(operation: dict) -> dict:
+    body = operation.get("requestBody", {})
+    return body.get("content", {}).get(JSON, {}).get("schema", {}).get("properties", {})
 
 
 def _link_submit_to_job_operations(paths: dict) -> None:

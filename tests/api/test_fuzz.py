@@ -63,7 +63,8 @@ JOB_STATE_DEPENDENT = {"nproc_per_node", "dataset_root", "entrypoint", "resume_f
 STATE_DEPENDENT = {
     # The served document names this server's webhook endpoints (none: notify is empty).
     "POST /jobs": JOB_STATE_DEPENDENT - {"notify"},
-    "POST /sweeps": JOB_STATE_DEPENDENT | {f"spec.{field}" for field in JOB_STATE_DEPENDENT}
+    "POST /sweeps": (JOB_STATE_DEPENDENT - {"notify"})
+    | {f"spec.{field}" for field in JOB_STATE_DEPENDENT - {"notify"}}
     | {"space", "space.*", "spec.args.*", "max_trials"},
 }
 # Statuses an operation documents for a body the schema admits but cannot describe: a package

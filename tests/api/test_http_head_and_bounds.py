@@ -109,9 +109,11 @@ def test_the_served_document_states_the_local_executors_bounds(api: TestClient) 
     assert "anyOf" in generic_props["partition"]
 
 
-def _notify(document: dict) -> dict:
-    return document["paths"]["/jobs"]["post"]["requestBody"]["content"]["application/json"][
-        "schema"]["properties"]["notify"]
+def _notify(document: dict, path: str = "/jobs") -> dict:
+    """``notify`` of a submission: ``POST /jobs``'s, or (``/sweeps``) a sweep's base spec's."""
+    properties = document["paths"][path]["post"]["requestBody"]["content"]["application/json"][
+        "schema"]["properties"]
+    return properties["notify"] if path == "/jobs" else properties["spec"]["properties"]["notify"]
 
 
 SECRET = "whsec_aGVhZC1hbmQtYm91bmRzLXdlYmhvb2tz"
@@ -135,6 +137,10 @@ def test_the_served_document_names_the_webhook_endpoints_as_the_file_does_now(
         assert client.post("/jobs", json={"notify": ["EUE"]}).status_code == 422
         assert valid(served, {"notify": []})
         assert client.post("/jobs", json={"notify": []}).status_code == 201
+        # A sweep's base spec takes the same front door (issue 44, item 10).
+        assert _notify(served, "/sweeps")["maxItems"] == 0
+        sweep = {"spec": {"notify": ["EUE"]}, "space": {"lr": {"type": "choice", "values": [0.1]}}}
+        assert client.post("/sweeps", json=sweep).status_code == 422
 
     hooks_file = tmp_path / "webhooks.json"
     hooks_file.write_text(json.dumps({n: {"url": "http://127.0.0.1:9/h", "secret": SECRET}
@@ -174,6 +180,7 @@ def test_a_slurm_server_serves_the_generic_document(tmp_path: Path, executor: st
     with TestClient(app, headers={"Authorization": f"Bearer {API_TOKEN}"}) as client:
         served = client.get("/openapi.json").json()
     generic = json.loads(checked_in_document())
-    assert _notify(served) == {**_notify(generic), "maxItems": 0}
-    _notify(served)["maxItems"] = _notify(generic)["maxItems"]
+    for path in ("/jobs", "/sweeps"):
+        assert _notify(served, path) == {**_notify(generic, path), "maxItems": 0}
+        _notify(served, path)["maxItems"] = _notify(generic, path)["maxItems"]
     assert served == generic
