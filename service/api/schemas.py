@@ -386,7 +386,8 @@ class PackageRead(BaseModel):
 
 class ArtifactRead(BaseModel):
     path: str = Field(description="relative to the job's output directory; checkpoints under "
-                      "'checkpoints/'")
+                      "'checkpoints/'. Bytes of a name that are not UTF-8 are written %XX, and "
+                      "'%' as %25 (docs/packages.md); download by this path, URL-quoted")
     size: int = Field(description="bytes")
     modified: float = Field(description="last modification, Unix seconds")
 
@@ -394,4 +395,11 @@ class ArtifactRead(BaseModel):
 class ArtifactList(BaseModel):
     job_id: int
     items: list[ArtifactRead]
-    next_after: str | None = Field(description="pass as ?after= for the next page; null = last")
+    next_after: str | None = Field(description="pass as ?after= for the next page; null = last. "
+                                   "Set with fewer than `limit` items where the page stopped at "
+                                   "its bound on entries examined")
+    skipped: int = Field(description="entries this page passed over that are not served "
+                         "(symlinks, FIFOs, hard links, files of another user, paths over 4096 "
+                         "characters, directories over 1,000,000 entries)")
+    examined: int = Field(description="directory entries this page read (the page's cost; "
+                          "bounded, docs/security.md)")

@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Self
+from urllib.parse import quote
 
 import httpx
 from httpx_sse import connect_sse
@@ -97,10 +98,11 @@ class TorchyardClient:
         return self._call("GET", f"/jobs/{job_id}/artifacts", params=params)
 
     def download(self, job_id: int, path: str, out: Any) -> int:
-        """Stream one artifact into the binary file ``out``; bytes written."""
+        """Stream one artifact (by its listed path, quoted here) into the binary file ``out``;
+        bytes written."""
         written = 0
         try:
-            with self._http.stream("GET", f"/jobs/{job_id}/artifacts/{path}",
+            with self._http.stream("GET", f"/jobs/{job_id}/artifacts/{quote(path, safe='/')}",
                                    timeout=None) as response:
                 if response.status_code >= 400:
                     response.read()

@@ -1,7 +1,8 @@
 """Artifact routes: list what a job kept (``TORCHYARD_OUTPUT_DIR``, its checkpoints) and
 download one, streamed, with ``ETag``, ``Range`` (206) and ``Content-Disposition``.
 
-What may be served and how it is opened safely is ``service.domain.files.artifacts``.
+What may be served and how it is opened safely is ``service.domain.files.artifacts``; how a
+page is listed at the cost of the page, ``service.domain.files.artifactlisting``.
 """
 
 import os
@@ -16,12 +17,14 @@ from fastapi.responses import Response, StreamingResponse
 from service.api.deps import JobDep, SettingsDep
 from service.api.errors import ERROR_RESPONSES, ApiError
 from service.api.schemas import ArtifactList, ArtifactRead
-from service.domain.files.artifacts import ArtifactNotFound, list_artifacts, open_artifact
+from service.domain.files.artifactlisting import MAX_PATH_CHARS, list_artifacts
+from service.domain.files.artifacts import ArtifactNotFound, job_uid, open_artifact
 from torchyard_contract.rundir import RunDir
 
 router = APIRouter(prefix="/jobs", tags=["artifacts"])
 CHUNK_BYTES = 1024 * 1024
 RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+MULTIPLE_RANGES = re.compile(r"^bytes=[^,]*,")
 
 
 @router.get("/{job_id}/artifacts", response_model=ArtifactList)
@@ -30,17 +33,22 @@ def get_artifacts(
     settings: SettingsDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     after: Annotated[
-        str | None, Query(max_length=4096, description="cursor: paths sorting after this one")
+        str | None,
+        Query(max_length=MAX_PATH_CHARS, description="cursor: paths sorting after this one"),
     ] = None,
 ) -> ArtifactList:
     """Files the job kept, sorted by path: its output directory, and its checkpoints under
-    ``checkpoints/``. Pass ``next_after`` as ``?after=`` for the next page."""
+    ``checkpoints/``; only regular files with one link, of the job's own user. Pass
+    ``next_after`` as ``?after=`` for the next page: a page examines a bounded number of
+    entries, so it may hold fewer than ``limit`` items before the listing ends."""
     run = RunDir.for_job(settings.runs_dir, job.id)
-    items = list_artifacts(run, after, limit)
+    page = list_artifacts(run, after, limit, job_uid())
     return ArtifactList(
         job_id=job.id,
-        items=[ArtifactRead(path=a.path, size=a.size, modified=a.modified) for a in items],
-        next_after=items[-1].path if len(items) == limit else None,
+        items=[ArtifactRead(path=a.path, size=a.size, modified=a.modified) for a in page.items],
+        next_after=page.next_after,
+        skipped=page.skipped,
+        examined=page.examined,
     )
 
 
@@ -50,7 +58,7 @@ def get_artifacts(
     responses={
         200: {"content": {"application/octet-stream": {"schema": {"type": "string",
                                                                   "format": "binary"}}},
-              "description": "the file"},
+              "description": "the file (also for a Range of several ranges: the whole file)"},
         206: {"content": {"application/octet-stream": {"schema": {"type": "string",
                                                                   "format": "binary"}}},
               "description": "the requested range (Range: bytes=START-END)"},
@@ -68,11 +76,12 @@ def download_artifact(
     if_none_match: Annotated[str | None, Header(max_length=1000)] = None,
     if_range: Annotated[str | None, Header(max_length=1000)] = None,
 ) -> Response:
-    """Download one artifact, streamed. ``Range: bytes=START-END`` (one range) answers 206
-    with ``Content-Range``; ``If-Range`` with a stale ETag answers the whole file."""
+    """Download one artifact, streamed, by its listed path. ``Range: bytes=START-END`` (one
+    range) answers 206 with ``Content-Range``; several ranges, or ``If-Range`` with a stale
+    ETag, answer the whole file (RFC 9110 lets a server ignore ``Range``)."""
     run = RunDir.for_job(settings.runs_dir, job.id)
     try:
-        fd, st = open_artifact(run, path)
+        fd, st = open_artifact(run, path, job_uid())
     except ArtifactNotFound as exc:
         raise ApiError(404, "not_found", f"job {job.id}: {exc}") from exc
     os.close(fd)  # opened again, the same way, when the body is sent (a HEAD sends none)
@@ -87,7 +96,8 @@ def download_artifact(
         return Response(status_code=304, headers={"ETag": etag})
     size = st.st_size
     start, end, status = 0, size - 1, 200
-    if range_ is not None and (if_range is None or if_range.strip() == etag):
+    if (range_ is not None and (if_range is None or if_range.strip() == etag)
+            and not MULTIPLE_RANGES.match(range_.strip())):
         parsed = _range(range_, size)
         if parsed is None:
             raise ApiError(416, "range_not_satisfiable",
@@ -121,7 +131,10 @@ def _read(run: RunDir, path: str, checked: os.stat_result, offset: int,
           length: int) -> Iterator[bytes]:
     """The bytes (on the thread pool), from the file opened safely again: the same file that
     was checked (device and inode), or nothing."""
-    fd, st = open_artifact(run, path)
+    try:
+        fd, st = open_artifact(run, path, job_uid())
+    except ArtifactNotFound:  # gone or replaced since the headers: the body ends short
+        return
     if (st.st_dev, st.st_ino) != (checked.st_dev, checked.st_ino):
         os.close(fd)
         return

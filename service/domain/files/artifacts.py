@@ -1,22 +1,26 @@
-"""A job's artifacts: the files it left in ``TORCHYARD_OUTPUT_DIR`` and its checkpoints.
+"""A job's artifacts: which of the files it left may be served, and opening one safely.
 
 What a job wrote is hostile. Contract:
 
-* :func:`list_artifacts` walks the output directory (and ``RUN_DIR/checkpoints`` as
-  ``checkpoints/...``) without following any symlink and lists regular files only: a symlink,
-  a FIFO, a socket or a device is never listed. Sorted by path; ``after`` is the cursor.
-* :func:`open_artifact` opens one by its listed path, one component at a time relative to the
-  directory's descriptor with ``O_NOFOLLOW`` (a symlink anywhere on the way is refused, even one
-  swapped in after listing), non-blocking (a FIFO never blocks the server), and answers only a
-  regular file; ``..``, absolute paths, NUL and empty components are refused. It returns an
-  open descriptor and its ``stat``: what is served is what was checked.
+* :func:`served` says what may be served: a regular file with one link, owned by the uid the
+  job runs as (:func:`job_uid`): only what the job's own user could have written, never a hard
+  link to a file of the server or of another job (whoever made the link). A symlink, a FIFO, a
+  socket or a device is never served. The listing (``service.domain.files.artifactlisting``)
+  lists only what this serves.
+* :func:`open_artifact` opens one by its listed path (names as
+  ``service.domain.files.artifactnames`` writes them), one component at a time relative to the
+  directory's descriptor with ``O_NOFOLLOW`` (a symlink anywhere on the way is refused, even
+  one swapped in after listing), non-blocking (a FIFO never blocks the server), and answers
+  only what :func:`served` allows, checked before it is opened (opening a device can do
+  things) and again on the open descriptor; ``..``, absolute paths, NUL and empty components
+  are refused. It returns an open descriptor and its ``stat``: what is served is what was
+  checked.
 """
 
 import os
 import stat
-from dataclasses import dataclass
-from pathlib import Path
 
+from service.domain.files.artifactnames import name_bytes
 from torchyard_contract.rundir import RunDir
 
 CHECKPOINTS_PREFIX = "checkpoints"  # a top-level name of the listing reserved for them
@@ -26,65 +30,31 @@ class ArtifactNotFound(LookupError):
     pass
 
 
-@dataclass(frozen=True)
-class Artifact:
-    path: str
-    size: int
-    modified: float
+def job_uid() -> int:
+    """The uid a job's processes run as: today every job runs as the server's user. (Teams with
+    their own Unix users will name theirs here.)"""
+    return os.geteuid()
 
 
-def _roots(run: RunDir) -> list[tuple[str, Path]]:
-    return [("", run.output_dir), (f"{CHECKPOINTS_PREFIX}/", run.checkpoints_dir)]
+def served(st: os.stat_result, owner_uid: int) -> bool:
+    """Whether a file with this ``lstat`` may be served for a job that runs as ``owner_uid``."""
+    return stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid == owner_uid
 
 
-def _walk(root: Path, prefix: str) -> list[Artifact]:
-    found: list[Artifact] = []
-    stack = [(root, prefix)]
-    while stack:
-        directory, rel = stack.pop()
-        try:
-            entries = list(os.scandir(directory))
-        except (FileNotFoundError, NotADirectoryError, PermissionError):
-            continue
-        for entry in entries:
-            name = f"{rel}{entry.name}"
-            if not prefix and rel == "" and entry.name == CHECKPOINTS_PREFIX:
-                continue  # reserved for RUN_DIR/checkpoints
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if stat.S_ISDIR(st.st_mode):
-                stack.append((Path(entry.path), f"{name}/"))
-            elif stat.S_ISREG(st.st_mode) and not entry.name.startswith("."):  # not temp files
-                found.append(Artifact(name, st.st_size, st.st_mtime))
-    return found
-
-
-def list_artifacts(run: RunDir, after: str | None, limit: int) -> list[Artifact]:
-    items: list[Artifact] = []
-    for prefix, root in _roots(run):
-        items += _walk(root, prefix)
-    items.sort(key=lambda a: a.path)
-    if after is not None:
-        items = [a for a in items if a.path > after]
-    return items[:limit]
-
-
-def _parts(path: str) -> list[str]:
-    if not path or "\x00" in path or path.startswith("/"):
+def _parts(path: str) -> list[bytes]:
+    if not path or path.startswith("/"):
         raise ArtifactNotFound(f"no artifact {path[:200]!r}")
-    parts = path.split("/")
-    if any(p in ("", ".", "..") for p in parts):
+    parts = [name_bytes(p) for p in path.split("/")]
+    if any(p is None for p in parts):
         raise ArtifactNotFound(f"no artifact {path[:200]!r}")
-    return parts
+    return parts  # type: ignore[return-value]
 
 
-def open_artifact(run: RunDir, path: str) -> tuple[int, os.stat_result]:
+def open_artifact(run: RunDir, path: str, owner_uid: int) -> tuple[int, os.stat_result]:
     """An open read-only descriptor of the artifact and its stat (the caller closes it)."""
     parts = _parts(path)
     root = run.output_dir
-    if parts[0] == CHECKPOINTS_PREFIX and len(parts) > 1:
+    if parts[0] == CHECKPOINTS_PREFIX.encode() and len(parts) > 1:
         root, parts = run.checkpoints_dir, parts[1:]
     try:
         fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
@@ -95,14 +65,17 @@ def open_artifact(run: RunDir, path: str) -> tuple[int, os.stat_result]:
             nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
             os.close(fd)
             fd = nxt
+        if not served(os.stat(parts[-1], dir_fd=fd, follow_symlinks=False), owner_uid):
+            raise ArtifactNotFound(f"no artifact {path[:200]!r} (only regular files with one "
+                                   "link, owned by the job's user, are served)")
         leaf = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
     except OSError:
         raise ArtifactNotFound(f"no artifact {path[:200]!r}") from None
     finally:
         os.close(fd)
     st = os.fstat(leaf)
-    if not stat.S_ISREG(st.st_mode):
+    if not served(st, owner_uid):
         os.close(leaf)
-        raise ArtifactNotFound(f"no artifact {path[:200]!r} (not a regular file)")
+        raise ArtifactNotFound(f"no artifact {path[:200]!r} (replaced while it was opened)")
     os.set_blocking(leaf, True)
     return leaf, st

@@ -3,23 +3,30 @@
 Contract:
 
 * :meth:`Cleanup.delete` removes a terminal job with everything it left: its rows in every
-  job-owned table (``service.store.deletion.JOB_OWNED_TABLES``: records, labels, allocations,
-  webhook deliveries), its run directory (logs, checkpoints, outputs, its copy of
-  a package). Raises :class:`JobNotFound` or :class:`JobLive` (a job still queued or running:
-  cancel it first). The run directory is first renamed aside, then the rows go in one
-  transaction, then the files: a failure leaves either the whole job or nothing behind (a
-  renamed-aside directory whose rows survived is renamed back).
+  job-owned table (``service.store.deletion.JOB_OWNED_TABLES``: records, labels, allocations;
+  its finished webhook deliveries — pending ones are still sent, ``domain.webhooks``), its run
+  directory (logs, checkpoints, outputs, its copy of a package). Raises :class:`JobNotFound` or :class:`JobLive` (a job still queued or running:
+  cancel it first). The run directory is first renamed aside, then the rows go (the records in
+  batches, then every other row in one transaction), then the files: a failure before the
+  rows are gone renames the directory back and leaves the whole job; once they are gone the
+  job is gone, and the renamed-aside files are removed then, or, where that fails (a file the
+  server's user may not remove), logged and left to the next pass, which removes
+  renamed-aside directories of jobs that no longer exist. The request never fails on files.
 * :meth:`Cleanup.sweep` is one pass of the background work, run by the acting supervisor at most
   every ``TORCHYARD_RETENTION_SWEEP_S``: terminal jobs that ended more than
   ``TORCHYARD_RETENTION_DAYS`` ago are deleted (at most :data:`SWEEP_JOBS` a pass, their records
   in batches of :data:`RECORD_BATCH`, each batch its own short transaction, so writers never
   wait long); packages no queued or running job names are collected after
   ``TORCHYARD_PACKAGE_GRACE_S``; run directories whose job no longer exists are removed.
+  Each job, package and directory is its own try: one that fails is logged and retried on the
+  next pass, and never keeps the pass from the others.
+
+Trees are removed by ``service.domain.files.treeremoval.remove_tree`` (no depth limit: a job's
+1,200 nested folders are removed like any other tree).
 """
 
 import logging
 import os
-import shutil
 import time
 import uuid
 from collections.abc import Callable
@@ -30,6 +37,7 @@ from pathlib import Path
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.domain.files.packages import package_store
+from service.domain.files.treeremoval import remove_tree
 from service.settings import Settings
 from service.store import deletion
 from service.store import repository as repo
@@ -100,7 +108,11 @@ class Cleanup:
                 _rename(aside, run.root)
             raise JobNotFound(f"job {job_id} not found")
         if moved:
-            shutil.rmtree(aside, ignore_errors=True)
+            try:
+                remove_tree(aside)
+            except OSError as exc:  # the rows are gone: the next pass takes what is left
+                logger.warning("job %s: deleted; its files %s are left to the next clean-up "
+                               "pass: %s", job_id, aside, exc)
         logger.info("job %s: deleted", job_id)
         return True
 
@@ -119,6 +131,8 @@ class Cleanup:
                     self._delete_terminal(job_id)
                 except JobNotFound:
                     pass  # deleted meanwhile
+                except Exception:
+                    logger.exception("job %s: retention could not delete it (next pass)", job_id)
         with self.sessions() as session:
             in_use = deletion.packages_in_use(session)
             known = deletion.job_ids(session)
@@ -136,12 +150,15 @@ class Cleanup:
                     continue  # young: never race a launch
             except FileNotFoundError:
                 continue
-            if name.startswith(ASIDE_PREFIX):
-                job = name.removeprefix(ASIDE_PREFIX).split("-", 1)[0]
-                if job.isdigit() and int(job) not in known:
-                    shutil.rmtree(entry, ignore_errors=True)
-            elif name.isdigit() and int(name) not in known:
-                shutil.rmtree(entry, ignore_errors=True)
+            job = name.removeprefix(ASIDE_PREFIX).split("-", 1)[0] if name.startswith(
+                ASIDE_PREFIX) else name
+            if not job.isdigit() or int(job) in known:
+                continue
+            try:
+                remove_tree(entry)
+            except OSError as exc:
+                logger.warning("run directory %s of deleted job %s: not removed (next pass): "
+                               "%s", entry, job, exc)
 
 
 def _rename(src: Path, dst: Path) -> bool:

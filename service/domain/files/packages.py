@@ -30,6 +30,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from service.domain.files.treeremoval import remove_tree
 from service.domain.files.unpack import ArchiveRefused, Limits, unpack
 from service.settings import Settings
 
@@ -94,7 +95,7 @@ class PackageStore:
                     return self.get(digest) or info, False  # a concurrent upload won
                 return info, True
             finally:
-                shutil.rmtree(work, ignore_errors=True)
+                self._remove(work)
         finally:
             upload.unlink(missing_ok=True)
 
@@ -116,8 +117,7 @@ class PackageStore:
         if not tree.is_dir():
             raise PackageMissing(f"package: {digest} is not on this server (upload it again)")
         self.get(digest)
-        if dest.exists():
-            shutil.rmtree(dest)
+        remove_tree(dest)
         shutil.copytree(tree, dest, symlinks=True)
 
     def collect(self, grace_s: float, in_use: set[str], now: float | None = None) -> list[str]:
@@ -127,6 +127,9 @@ class PackageStore:
         removed = []
         base = self.root / "sha256"
         for entry in sorted(base.iterdir()) if base.is_dir() else []:
+            if entry.name.endswith(".gone"):  # collected by a pass that could not remove it
+                self._remove(entry)
+                continue
             digest = f"sha256:{entry.name}"
             if digest in in_use:
                 continue
@@ -141,16 +144,26 @@ class PackageStore:
                 os.rename(entry, gone)  # a job copying it now fails cleanly, never half-way
             except OSError:
                 continue
-            shutil.rmtree(gone, ignore_errors=True)
+            self._remove(gone)
             removed.append(digest)
             logger.info("package %s: collected (unused for %.0f s)", digest, now - last_used)
         for stale in self.staging.iterdir() if self.staging.is_dir() else []:
-            if now - stale.stat().st_mtime >= grace_s:
-                if stale.is_dir():
-                    shutil.rmtree(stale, ignore_errors=True)
-                else:
-                    stale.unlink(missing_ok=True)
+            try:
+                old = now - stale.lstat().st_mtime >= grace_s
+            except FileNotFoundError:
+                continue
+            if old:
+                self._remove(stale)
         return removed
+
+    @staticmethod
+    def _remove(tree: Path) -> None:
+        """Remove a tree (any depth); one that cannot be is logged, and the next pass tries
+        again: it never stops the pass."""
+        try:
+            remove_tree(tree)
+        except OSError as exc:
+            logger.warning("packages: %s not removed (the next pass tries again): %s", tree, exc)
 
 
 def package_store(settings: Settings) -> PackageStore:
