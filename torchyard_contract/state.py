@@ -10,6 +10,7 @@ outcome ``requeue``) so that a new one can leave the failing node out (``--exclu
 """
 
 from enum import Enum
+from typing import Literal
 
 
 class JobState(str, Enum):
@@ -41,3 +42,50 @@ ALLOWED_FROM: dict[JobState, frozenset[JobState]] = {
     JobState.failed: frozenset({JobState.queued}) | ACTIVE_STATES,
     JobState.cancelled: frozenset({JobState.queued, JobState.paused}) | ACTIVE_STATES,
 }
+
+
+class SweepState(str, Enum):
+    """A sweep's state (``sweeps.state``): running until it ends; the ends are terminal."""
+
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+class TrialOutcome(str, Enum):
+    """How a sweep's trial ended (``sweep_trials.outcome``; ``pruned``: its early-stopping rule
+    stopped it, so its job is ``cancelled``)."""
+
+    completed = "completed"
+    pruned = "pruned"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+class WebhookEvent(str, Enum):
+    """What a webhook delivery tells of (``webhook_deliveries.event``): a job's state change,
+    ``restarted`` (a new attempt after a failure) or ``paused``."""
+
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+    restarted = "restarted"
+    paused = "paused"
+
+
+class DeliveryState(str, Enum):
+    """A webhook delivery's state (``webhook_deliveries.state``)."""
+
+    pending = "pending"
+    delivered = "delivered"
+    failed = "failed"
+
+
+# The API's schemas spell these as Literals (an inline ``enum`` in the published document, as it
+# always was); tests/project/test_vocabularies.py checks each equals its Enum above.
+SweepStateName = Literal["running", "succeeded", "failed", "cancelled"]
+TrialOutcomeName = Literal["completed", "pruned", "failed", "cancelled"]
+WebhookEventName = Literal["running", "succeeded", "failed", "cancelled", "restarted", "paused"]
+DeliveryStateName = Literal["pending", "delivered", "failed"]

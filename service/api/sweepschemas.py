@@ -1,7 +1,6 @@
 """HTTP shapes of sweeps (``/sweeps``, docs/sweeps.md)."""
 
 import math
-from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -9,7 +8,7 @@ from service.api.schemas import UtcDatetime
 from service.domain.sweeps.manage import SweepView, TrialView
 from service.domain.sweeps.spec import SweepSpec
 from torchyard_contract.bounds import bounded_text
-from torchyard_contract.state import JobState
+from torchyard_contract.state import JobState, SweepStateName, TrialOutcomeName
 
 
 def _finite(value: float | None) -> float | None:
@@ -26,7 +25,7 @@ class TrialRead(BaseModel):
     job_id: int
     params: dict[str, bool | int | float | str]
     state: JobState = Field(description="the job's state (a deleted job's when it was deleted)")
-    outcome: Literal["completed", "pruned", "failed", "cancelled"] | None = Field(
+    outcome: TrialOutcomeName | None = Field(
         description="null while queued or running; a pruned trial's job is 'cancelled'")
     value: float | None = Field(description="completed trials: the objective at the last epoch")
     reason: str | None = Field(description="why it ended (a pruned one: the rule, the epoch, "
@@ -60,7 +59,7 @@ class SweepRead(BaseModel):
 
     id: int
     name: str
-    state: Literal["running", "succeeded", "failed", "cancelled"]
+    state: SweepStateName
     reason: str | None
     created_at: UtcDatetime
     ended_at: UtcDatetime | None

@@ -27,11 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from torchyard_contract.state import WebhookEvent
+
 logger = logging.getLogger(__name__)
 
 SETTING = "TORCHYARD_WEBHOOKS_FILE"
 FIELD = "notify"
-EVENTS = ("running", "succeeded", "failed", "cancelled", "restarted", "paused")
+EVENTS = tuple(e.value for e in WebhookEvent)
 FORMATS = ("standard", "slack")
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 SECRET_PREFIX = "whsec_"

@@ -19,11 +19,13 @@ from sqlalchemy.orm import Session
 from service.store.clock import utcnow
 from service.store.tables import Job, WebhookDelivery
 from torchyard_contract.bounds import bounded_text
+from torchyard_contract.state import DeliveryState, WebhookEvent
 
-DELIVERY_PENDING, DELIVERY_DELIVERED, DELIVERY_FAILED = "pending", "delivered", "failed"
+DELIVERY_PENDING, DELIVERY_DELIVERED, DELIVERY_FAILED = (
+    DeliveryState.pending.value, DeliveryState.delivered.value, DeliveryState.failed.value)
 
 
-WEBHOOK_EVENTS = frozenset({"running", "succeeded", "failed", "cancelled", "restarted", "paused"})
+WEBHOOK_EVENTS = frozenset(e.value for e in WebhookEvent)
 
 
 def queue_webhook(

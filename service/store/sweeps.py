@@ -13,10 +13,10 @@ from service.store.repository import utcnow
 from service.store.tables import Job, MetricRecord, Sweep, SweepTrial
 from torchyard_contract.bounds import bounded_text
 from torchyard_contract.records import decode_value
-from torchyard_contract.state import ACTIVE_STATES, JobState
+from torchyard_contract.state import ACTIVE_STATES, JobState, SweepState, TrialOutcome
 
-RUNNING = "running"
-SWEEP_STATES = ("running", "succeeded", "failed", "cancelled")
+RUNNING = SweepState.running.value
+SWEEP_STATES = tuple(s.value for s in SweepState)
 _LIVE_JOB_STATES = [JobState.queued.value, *(s.value for s in ACTIVE_STATES)]
 
 
@@ -57,11 +57,14 @@ def running_sweeps(session: Session) -> Sequence[Sweep]:
     return session.scalars(select(Sweep).where(Sweep.state == RUNNING).order_by(Sweep.id)).all()
 
 
-def end_sweep(session: Session, sweep_id: int, state: str, reason: str | None) -> bool:
+def end_sweep(
+    session: Session, sweep_id: int, state: SweepState, reason: str | None
+) -> bool:
     """running → ``state`` (succeeded, failed, cancelled); True if this call won."""
     result = session.execute(
         update(Sweep).where(Sweep.id == sweep_id, Sweep.state == RUNNING).values(
-            state=state, reason=bounded_text(reason) if reason else None, ended_at=utcnow(),
+            state=SweepState(state).value, reason=bounded_text(reason) if reason else None,
+            ended_at=utcnow(),
         )
     )
     return result.rowcount == 1
@@ -96,7 +99,7 @@ def trial_record(session: Session, sweep_id: int, job_id: int) -> SweepTrial | N
 
 
 def settle_trial(
-    session: Session, sweep_id: int, number: int, *, outcome: str, value: float | None,
+    session: Session, sweep_id: int, number: int, *, outcome: TrialOutcome, value: float | None,
     state: str, reason: str | None,
 ) -> bool:
     """Copy how a trial ended into the sweep's record before its job is deleted (compare-and-set:
@@ -105,7 +108,7 @@ def settle_trial(
         update(SweepTrial).where(
             SweepTrial.sweep_id == sweep_id, SweepTrial.number == number,
             SweepTrial.state.is_(None),
-        ).values(outcome=outcome, value=value, state=state,
+        ).values(outcome=TrialOutcome(outcome).value, value=value, state=state,
                  reason=bounded_text(reason) if reason else None)
     )
     return result.rowcount == 1

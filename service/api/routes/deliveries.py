@@ -3,7 +3,6 @@
 Names the endpoint, never its URL or secret (both stay in the server's webhooks file).
 """
 
-from typing import Literal
 
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
@@ -11,6 +10,7 @@ from pydantic import BaseModel, Field
 from service.api.deps import JobDep, SessionDep
 from service.api.schemas import UtcDatetime
 from service.store import outbox
+from torchyard_contract.state import DeliveryStateName, WebhookEventName
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -18,10 +18,10 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])
 class DeliveryRead(BaseModel):
     """One event told to one endpoint (service.domain.webhooks.delivery); times are UTC."""
 
-    event: Literal["running", "succeeded", "failed", "cancelled", "restarted", "paused"]
+    event: WebhookEventName
     endpoint: str = Field(description="the endpoint's name in TORCHYARD_WEBHOOKS_FILE")
     webhook_id: str = Field(description="the webhook-id header, the same on every try")
-    state: Literal["pending", "delivered", "failed"] = Field(
+    state: DeliveryStateName = Field(
         description="pending: not yet answered with a 2xx (retried with backoff); delivered; "
         "failed: given up after TORCHYARD_WEBHOOK_RETRY_FOR_S"
     )

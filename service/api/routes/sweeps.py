@@ -2,7 +2,7 @@
 job routes read and control each one; the sweep driver (``service.domain.sweeps.driver``) makes
 them, in the acting supervisor."""
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Response
 
@@ -14,6 +14,7 @@ from service.domain.sweeps import manage as domain
 from service.domain.sweeps.grid import GRID_POINTS_MAX
 from service.domain.sweeps.spec import SweepSpec
 from service.store import sweeps as store
+from torchyard_contract.state import SweepStateName
 
 router = APIRouter(prefix="/sweeps", tags=["sweeps"])
 SWEEP_ID_MAX = 2**63 - 1
@@ -53,7 +54,7 @@ def create_sweep(
 @router.get("", response_model=SweepList)
 def list_sweeps(
     session: SessionDep,
-    state: Literal["running", "succeeded", "failed", "cancelled"] | None = None,
+    state: SweepStateName | None = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     before: Annotated[
         int | None, Query(ge=1, le=SWEEP_ID_MAX, description="cursor: sweeps with id < before")

@@ -53,7 +53,7 @@ from service.store import sweeps as store
 from service.store.db import is_busy
 from service.store.tables import Job, Sweep, SweepTrial
 from torchyard_contract.bounds import bounded_text
-from torchyard_contract.state import TERMINAL_STATES, JobState
+from torchyard_contract.state import TERMINAL_STATES, JobState, SweepState, TrialOutcome
 
 logger = logging.getLogger(__name__)
 _REFUSED = (SubmitRejected, AdmissionRefused, PathRefused)
@@ -197,18 +197,18 @@ class SweepDriver:
                 reason = st.why_pruned(number, epoch, value)
                 if store.prune_trial(session, job.id, epoch, reason):
                     logger.info("sweep %s: job %s %s", job.sweep_id, job.id, reason)
-                    st.tell(number, "pruned")
+                    st.tell(number, TrialOutcome.pruned)
                     return True
         if state in TERMINAL_STATES:
             end = outcome(job)
-            value = st.reported[number][1] if end == "completed" and number in st.reported \
+            value = st.reported[number][1] if end == TrialOutcome.completed and number in st.reported \
                 else None
             st.tell(number, end, value)
         return False
 
     def _fail(self, session: Session, sweep: Sweep, live: list[Job], why: str) -> None:
         """End the sweep ``failed`` with ``why``; its live trials are cancelled."""
-        store.end_sweep(session, sweep.id, "failed", why)
+        store.end_sweep(session, sweep.id, SweepState.failed, why)
         for job in live:
             if JobState(job.state) not in TERMINAL_STATES:
                 repo.transition(session, job.id, JobState.cancelled,
@@ -222,15 +222,15 @@ class SweepDriver:
         live = [j for j in trial_jobs.values()
                 if j is not None and JobState(j.state) not in TERMINAL_STATES]
         ends = [r.outcome if (j := trial_jobs[r.number]) is None else outcome(j) for r in records]
-        failed = ends.count("failed")
+        failed = ends.count(TrialOutcome.failed)
         if spec.max_failures is not None and failed >= spec.max_failures:
             self._fail(session, sweep, live,
                        f"{failed} trials failed (max_failures {spec.max_failures})")
             return True
         made = len(records)
         if made >= spec.trials_total and not live:
-            state, why = ("succeeded", None) if "completed" in ends else ("failed",
-                                                                        "no trial completed")
+            state, why = ((SweepState.succeeded, None) if TrialOutcome.completed in ends
+                          else (SweepState.failed, "no trial completed"))
             store.end_sweep(session, sweep.id, state, why)
             logger.info("sweep %s: %s after %d trials", sweep.id, state, made)
             return True
@@ -247,7 +247,7 @@ class SweepDriver:
                 why = f"trial {number}'s spec is refused: {_first_error(exc)}"
             except _REFUSED as exc:
                 if isinstance(exc, SubmitRejected) and exc.status == 507:  # filled meanwhile
-                    st.tell(number, "failed")  # (an ask that made no trial: the next asks anew)
+                    st.tell(number, TrialOutcome.failed)  # (an ask that made no trial: the next asks anew)
                     st.holding = False  # said by the next step's _held
                     return changed
                 why = f"trial {number} is refused as a job: {exc}"
@@ -258,7 +258,7 @@ class SweepDriver:
                 logger.info("sweep %s: trial %d is job %s with %s", sweep.id, number, job.id,
                             params)
                 continue
-            st.tell(number, "failed")
+            st.tell(number, TrialOutcome.failed)
             self._fail(session, sweep, live, why)
             return True
         return changed

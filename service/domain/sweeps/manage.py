@@ -27,7 +27,7 @@ from service.store import repository as repo
 from service.store import sweeps as store
 from service.store.tables import Sweep, SweepTrial
 from torchyard_contract.spec import JobSpec
-from torchyard_contract.state import TERMINAL_STATES, JobState
+from torchyard_contract.state import TERMINAL_STATES, JobState, SweepState, TrialOutcome
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ def _deleted(record: SweepTrial) -> TrialView:
     """A trial whose job was deleted, as the sweep recorded it then."""
     return TrialView(
         job_id=record.job_id, params=dict(record.params),
-        state=record.state or JobState.cancelled.value, outcome=record.outcome or "cancelled",
+        state=record.state or JobState.cancelled.value, outcome=record.outcome or TrialOutcome.cancelled,
         value=record.value, epochs={}, reason=record.reason, deleted=True,
     )
 
@@ -153,7 +153,7 @@ class Sweeps:
         with self.sessions() as session:
             if store.get_sweep(session, sweep_id) is None:
                 return None
-            store.end_sweep(session, sweep_id, "cancelled", "cancelled by user")
+            store.end_sweep(session, sweep_id, SweepState.cancelled, "cancelled by user")
             for job in store.trials(session, sweep_id):
                 repo.transition(session, job.id, JobState.cancelled,
                                 reason=f"sweep {sweep_id} cancelled")
@@ -180,7 +180,7 @@ class Sweeps:
         else:
             value = final_value(job, trial_epochs(session, spec.objective, [job])[job.id])
         store.settle_trial(
-            session, job.sweep_id, record.number, outcome=outcome(job) or "cancelled",
+            session, job.sweep_id, record.number, outcome=outcome(job) or TrialOutcome.cancelled,
             value=value if value is not None and math.isfinite(value) else None,
             state=job.state, reason=job.reason,
         )

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from service.domain.sweeps.spec import Objective
 from service.store import sweeps as store
 from service.store.tables import Job
-from torchyard_contract.state import TERMINAL_STATES, JobState
+from torchyard_contract.state import TERMINAL_STATES, JobState, TrialOutcome
 
 REDUCE: dict[str, Callable[[list[float]], float]] = {
     "mean": lambda values: math.fsum(values) / len(values),
@@ -44,14 +44,15 @@ def reduced_epochs(rows: Rows, ranks: int, reduce: str) -> dict[int, float]:
     return dict(sorted(out.items()))
 
 
-def outcome(job: Job) -> str | None:
+def outcome(job: Job) -> TrialOutcome | None:
     """``completed``, ``pruned``, ``failed`` or ``cancelled``; None while queued or running."""
     state = JobState(job.state)
     if state not in TERMINAL_STATES:
         return None
     if job.pruned_epoch is not None:
-        return "pruned"
-    return {JobState.succeeded: "completed", JobState.failed: "failed"}.get(state, "cancelled")
+        return TrialOutcome.pruned
+    return {JobState.succeeded: TrialOutcome.completed,
+            JobState.failed: TrialOutcome.failed}.get(state, TrialOutcome.cancelled)
 
 
 def final_value(job: Job, epochs: dict[int, float]) -> float | None:
