@@ -70,8 +70,19 @@ class PackageSettings(BaseModel):
         description="most members (files and directories) an uploaded archive may hold",
     )
     package_max_unpacked_bytes: int = Field(
-        default=4 * 1024**3, ge=1024, le=1024**4,
-        description="most bytes an uploaded archive may unpack to, counted as it inflates",
+        default=512 * 1024**2, ge=1024, le=1024**4,
+        description="most bytes an uploaded archive may unpack to, counted as it inflates "
+        "(every job copies the whole tree into its run directory)",
+    )
+    package_max_depth: int = Field(
+        default=64, ge=1, le=512,
+        description="most levels (path components) a member's name in an uploaded archive "
+        "may have; a component may be 255 bytes, a name 1024",
+    )
+    package_max_ratio: int = Field(
+        default=200, ge=1, le=1_000_000,
+        description="most times an uploaded archive may inflate its compressed bytes, per zip "
+        "member and per archive, counted as it inflates (the first MiB of each is free)",
     )
     package_grace_s: float = Field(
         default=86400.0, ge=0, le=365 * 86400,

@@ -1,5 +1,6 @@
 """Packages (issue 24, items 1 and 2): code uploaded as a zip or tar.gz, stored once by digest,
-unpacked safely, and run by a job in its own copy of it.
+unpacked safely, and run by a job in its own copy of it; the bounds on depth, names and the
+compression ratio, and archive errors that are all 422 (issue 44, items 2, 12 and 15).
 
 One real server per module (API tokens on, small limits); every archive is made here with the
 standard library; every hostile case checks the 4xx and that nothing was written outside the
@@ -9,6 +10,7 @@ store (nor left in it).
 import hashlib
 import io
 import json
+import random
 import socket
 import stat
 import tarfile
@@ -184,8 +186,48 @@ def test_uploads_need_a_token(server: LiveServer) -> None:
     assert r.status_code == 401
 
 
+def _incompressible(n: int) -> bytes:
+    """Bytes no codec shrinks: the unpacked bound is reached before the ratio bound."""
+    return random.Random(n).randbytes(n)
+
+
 def _bomb() -> bytes:
-    return make_zip({"zeros.bin": b"\0" * (MAX_UNPACKED + 1024 * 1024)})
+    return make_zip({"zeros.bin": _incompressible(MAX_UNPACKED + 1024 * 1024)})
+
+
+def _zip_with_flag(flag: int) -> bytes:
+    """A zip whose one member sets general-purpose ``flag`` in both of its headers (bit 0:
+    encrypted)."""
+    raw = bytearray(make_zip({"secret.py": b"x = 1\n" * 100}))
+    local, central = raw.find(b"PK\x03\x04"), raw.find(b"PK\x01\x02")
+    raw[local + 6] |= flag
+    raw[central + 8] |= flag
+    return bytes(raw)
+
+
+def _zip_corrupt_bzip2() -> bytes:
+    """A zip whose member is bzip2 with its stream overwritten past the header."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_BZIP2) as zf:
+        zf.writestr("model/weights.py", b"w = [0.5] * 1000\n" * 200)
+    raw = bytearray(buf.getvalue())
+    start = raw.find(b"BZh") + 10
+    raw[start:start + 40] = b"\xff" * 40
+    return bytes(raw)
+
+
+def _zip_corrupt_deflate() -> bytes:
+    raw = bytearray(make_zip({"broken.py": _incompressible(4096)}))
+    start = raw.find(b"broken.py") + len("broken.py") + 20
+    raw[start:start + 200] = b"\xff" * 200
+    return bytes(raw)
+
+
+DEEP_2100 = "a/" * 2100 + "x.py"
+DEEP_65 = "d/" * 65 + "x.py"
+LONG_DIR = "p" * 256 + "/"
+LONG_FILE = "src/" + "f" * 300 + ".py"
+LONG_NAME = "/".join(["n" * 200] * 6) + "/x.py"  # 6 levels of 200 bytes: over 1024 in all
 
 
 def _zip_raw_name() -> bytes:
@@ -212,6 +254,25 @@ HOSTILE = {
     "zip-too-many": (lambda: make_zip({f"f{i}.py": b"" for i in range(MAX_FILES + 1)}),
                      "more than"),
     "zip-bomb": (_bomb, "unpacks to more than"),
+    # issue 44 item 2: each answered 500 (and the deep paths left their tree in staging)
+    "zip-deep": (lambda: make_zip({DEEP_2100: b"x"}), "'a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/"),
+    "zip-deep-dir": (lambda: make_zip({DEEP_2100 + "/": b""}), "2101 levels deep, more "
+                     "than 64 (TORCHYARD_PACKAGE_MAX_DEPTH)"),
+    "zip-65-levels": (lambda: make_zip({DEEP_65: b"x"}), "66 levels deep, more than 64"),
+    "zip-long-dir": (lambda: make_zip({LONG_DIR: b""}), "'ppppp"),
+    "zip-long-file": (lambda: make_zip({LONG_FILE: b"x"}), "longer than 255 bytes"),
+    "zip-long-name": (lambda: make_zip({LONG_NAME: b"x"}), "longer than 1024 bytes"),
+    "zip-bzip2-corrupt": (_zip_corrupt_bzip2, "'model/weights.py': bzip2 compression is not "
+                          "supported"),
+    "zip-encrypted": (lambda: _zip_with_flag(0x1), "'secret.py': encrypted"),
+    "zip-corrupt-deflate": (_zip_corrupt_deflate, "'broken.py': cannot be read"),
+    # issue 44 item 12: the compression ratio, per member and per archive
+    "zip-ratio-member": (lambda: make_zip({"zeros.bin": b"\0" * (3 * 1024 * 1024)}),
+                         "'zeros.bin': inflates to more than 200 times its compressed size"),
+    "zip-ratio-archive": (lambda: make_zip({f"z{i}.bin": b"\0" * 450_000 for i in range(8)}),
+                          "the archive inflates to more than 200 times"),
+    "tar-ratio": (lambda: make_tar(tar_files({"zeros.bin": b"\0" * (3 * 1024 * 1024)})),
+                  "'zeros.bin': the archive inflates to more than 200 times"),
     "tar-absolute": (lambda: make_tar(tar_files({"/tmp/evil.py": b"x"})), "absolute"),
     "tar-dotdot": (lambda: make_tar(tar_files({"../evil.py": b"x"})), "'..'"),
     "tar-symlink": (lambda: make_tar(tar_special("link", tarfile.SYMTYPE, "/etc/passwd")),
@@ -227,8 +288,12 @@ HOSTILE = {
     "tar-not-utf8": (lambda: make_tar(tar_files({"\udcff\udcfe.py": b"x"})), "UTF-8"),
     "tar-too-many": (lambda: make_tar(tar_files({f"f{i}": b"" for i in range(MAX_FILES + 1)})),
                      "more than"),
-    "tar-bomb": (lambda: make_tar(tar_files({"zeros.bin": b"\0" * (MAX_UNPACKED + 1)})),
+    "tar-bomb": (lambda: make_tar(tar_files({"zeros.bin": _incompressible(MAX_UNPACKED + 1)})),
                  "unpacks to more than"),
+    "tar-deep": (lambda: make_tar(tar_files({DEEP_2100: b"x"})), "2101 levels deep"),
+    "tar-65-levels": (lambda: make_tar(tar_files({DEEP_65: b"x"})), "66 levels deep"),
+    "tar-long-file": (lambda: make_tar(tar_files({LONG_FILE: b"x"})), "longer than 255 bytes"),
+    "tar-truncated": (lambda: make_tar(tar_files(PROJECT))[:-200], "cannot be read"),
     "tar-file-then-dir": (lambda: make_tar(tar_files({"a": b"1", "a/b.py": b"2"})),
                           "same name"),
 }
@@ -245,6 +310,8 @@ def test_hostile_archive_is_refused_and_writes_nothing(
     r = client.post("/packages", content=body)
     assert r.status_code == 422, r.text
     assert r.json()["error"] == "invalid_package" and words in r.json()["message"], r.json()
+    # Only the member's path inside the archive, never the server's (issue 44 item 15).
+    assert str(server.home) not in r.text and "staging" not in r.text, r.text
     stored_after, staging = store_entries(server)
     assert stored_after == stored_before and staging == []
     assert files_outside_store(server) == before_outside

@@ -65,10 +65,14 @@ def disk_floor(settings: Settings) -> None:
               "TORCHYARD_PACKAGE_MAX_UPLOAD_BYTES"},
         415: {**ERROR_RESPONSES[415], "description": "not a zip or tar.gz archive"},
         422: {**ERROR_RESPONSES[422], "description": "a hostile or unusable archive (absolute "
-              "path, '..', link, device file or FIFO, duplicate name, name not UTF-8, too "
-              "many files, unpacks too large); the message names the member"},
+              "path, '..', link, device file or FIFO, duplicate name, name not UTF-8, deeper "
+              "than TORCHYARD_PACKAGE_MAX_DEPTH, a name component over 255 bytes or a name "
+              "over 1024, too many files, unpacks too large or beyond "
+              "TORCHYARD_PACKAGE_MAX_RATIO, an encrypted or unreadable member, compression "
+              "other than stored or deflate); the message names the member by its path in the "
+              "archive"},
         507: {**ERROR_RESPONSES[422], "description": "free space under TORCHYARD_HOME is below "
-              "TORCHYARD_DISK_FREE_FLOOR_BYTES"},
+              "TORCHYARD_DISK_FREE_FLOOR_BYTES, before the upload or while it unpacks"},
     },
 )
 async def upload_package(request: Request, response: Response, settings: SettingsDep) -> PackageRead:
@@ -99,6 +103,8 @@ async def upload_package(request: Request, response: Response, settings: Setting
             store.add, upload, f"sha256:{hexdigest}", size)
     except ArchiveRefused as exc:
         raise ApiError(422, "invalid_package", f"archive: {exc}") from exc
+    except DiskFull as exc:  # the floor crossed, or the disk filled, while it inflated
+        raise ApiError(507, "insufficient_storage", str(exc)) from exc
     finally:
         upload.unlink(missing_ok=True)
     if not created:

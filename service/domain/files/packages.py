@@ -12,12 +12,15 @@ Contract:
   it streamed in) and returns ``(info, created)``. It unpacks into a staging directory and
   renames it into place in one step, so a digest is either absent or complete; two uploads of
   the same content race harmlessly (the loser's copy is discarded, both answer the same digest).
-  Raises :class:`service.domain.files.unpack.ArchiveRefused` with nothing stored.
+  Raises :class:`service.domain.files.unpack.ArchiveRefused` or
+  :class:`service.domain.files.diskspace.DiskFull` with nothing stored: the staging directory
+  is removed whatever failed (iteratively, so no depth can keep it there).
 * :meth:`PackageStore.get` reads a package's metadata (None when absent) and marks it used now.
 * :meth:`PackageStore.copy_for_job` copies a package's tree into a job's run directory, so what
   one job writes never changes what another sees.
 * :meth:`PackageStore.collect` removes packages not used for ``grace_s`` that no waiting job
-  names (``service.domain.retention`` calls it).
+  names (``service.domain.files.cleanup`` calls it). One entry it cannot read or remove is
+  logged and left for the next pass; it never stops the rest of the pass.
 """
 
 import json
@@ -95,7 +98,7 @@ class PackageStore:
                     return self.get(digest) or info, False  # a concurrent upload won
                 return info, True
             finally:
-                self._remove(work)
+                _remove_quietly(work)
         finally:
             upload.unlink(missing_ok=True)
 
@@ -118,59 +121,86 @@ class PackageStore:
             raise PackageMissing(f"package: {digest} is not on this server (upload it again)")
         self.get(digest)
         remove_tree(dest)
-        shutil.copytree(tree, dest, symlinks=True)
+        try:
+            shutil.copytree(tree, dest, symlinks=True)
+        except RecursionError:  # stored before TORCHYARD_PACKAGE_MAX_DEPTH bounded uploads
+            _remove_quietly(dest)
+            raise OSError(f"package: {digest} is nested too deeply to copy (upload it again "
+                          "within TORCHYARD_PACKAGE_MAX_DEPTH)") from None
 
     def collect(self, grace_s: float, in_use: set[str], now: float | None = None) -> list[str]:
         """Remove packages unused for ``grace_s`` and not in ``in_use``; returns their digests.
         Leftover staging entries older than the grace go too."""
         now = time.time() if now is None else now
         removed = []
-        base = self.root / "sha256"
-        for entry in sorted(base.iterdir()) if base.is_dir() else []:
-            if entry.name.endswith(".gone"):  # collected by a pass that could not remove it
-                self._remove(entry)
-                continue
+        for entry in _entries(self.root / "sha256"):
             digest = f"sha256:{entry.name}"
             if digest in in_use:
                 continue
+            if entry.name.startswith("."):  # renamed aside by an earlier pass, not removed
+                _remove_quietly(entry)
+                continue
             try:
-                last_used = (entry / "meta.json").stat().st_mtime
+                if self._collect_one(entry, grace_s, now):
+                    removed.append(digest)
+            except Exception:  # one bad tree never blocks the rest of the pass
+                logger.warning("package %s: not collected (left for the next pass)", digest,
+                               exc_info=True)
+        for stale in _entries(self.staging):
+            try:
+                if now - stale.lstat().st_mtime >= grace_s:
+                    remove_tree(stale)
             except FileNotFoundError:
-                last_used = entry.stat().st_mtime
-            if now - last_used < grace_s:
-                continue
-            gone = entry.with_name(f".{entry.name}.{uuid.uuid4().hex}.gone")
-            try:
-                os.rename(entry, gone)  # a job copying it now fails cleanly, never half-way
-            except OSError:
-                continue
-            self._remove(gone)
-            removed.append(digest)
-            logger.info("package %s: collected (unused for %.0f s)", digest, now - last_used)
-        for stale in self.staging.iterdir() if self.staging.is_dir() else []:
-            try:
-                old = now - stale.lstat().st_mtime >= grace_s
-            except FileNotFoundError:
-                continue
-            if old:
-                self._remove(stale)
+                pass
+            except Exception:
+                logger.warning("package staging %s: not removed (left for the next pass)",
+                               stale.name, exc_info=True)
         return removed
 
-    @staticmethod
-    def _remove(tree: Path) -> None:
-        """Remove a tree (any depth); one that cannot be is logged, and the next pass tries
-        again: it never stops the pass."""
+    def _collect_one(self, entry: Path, grace_s: float, now: float) -> bool:
         try:
-            remove_tree(tree)
-        except OSError as exc:
-            logger.warning("packages: %s not removed (the next pass tries again): %s", tree, exc)
+            last_used = (entry / "meta.json").stat().st_mtime
+        except OSError:  # no metadata (a half-removed or foreign entry): its own age
+            last_used = entry.lstat().st_mtime
+        if now - last_used < grace_s:
+            return False
+        gone = entry.with_name(f".{entry.name}.{uuid.uuid4().hex}.gone")
+        try:
+            os.rename(entry, gone)  # a job copying it now fails cleanly, never half-way
+        except FileNotFoundError:
+            return False  # collected meanwhile
+        remove_tree(gone)
+        logger.info("package sha256:%s: collected (unused for %.0f s)", entry.name,
+                    now - last_used)
+        return True
 
 
 def package_store(settings: Settings) -> PackageStore:
     return PackageStore(settings.packages_dir, Limits(
         max_files=settings.package_max_files,
         max_unpacked_bytes=settings.package_max_unpacked_bytes,
+        max_depth=settings.package_max_depth,
+        max_ratio=settings.package_max_ratio,
+        free_floor_bytes=settings.disk_free_floor_bytes,
     ))
+
+
+def _entries(directory: Path) -> list[Path]:
+    """The entries of ``directory``, sorted; none when it is missing or unreadable."""
+    try:
+        return sorted(directory.iterdir())
+    except OSError:
+        return []
+
+
+def _remove_quietly(path: Path) -> None:
+    """Remove ``path`` as far as it goes; what is left is logged, never raised (a leftover
+    staging directory or renamed-aside package goes at a later pass)."""
+    try:
+        remove_tree(path)
+    except OSError:
+        logger.warning("package store: %s not removed (left for the next pass)", path.name,
+                       exc_info=True)
 
 
 __all__ = ["ArchiveRefused", "PackageInfo", "PackageMissing", "PackageStore", "DIGEST_PATTERN", "package_store"]

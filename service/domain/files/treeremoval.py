@@ -1,124 +1,152 @@
-"""Removing a directory tree that a job wrote: however deep, without following a symlink.
+"""Removing a directory tree that a job or an upload made: any depth, never through a link.
 
-``shutil.rmtree`` recurses once per level (Python 3.11), so a job's 1,200 nested folders raise
-``RecursionError``, which ``ignore_errors=True`` does not catch; ``os.fwalk`` recurses the same
-way. :func:`remove_tree` walks with a stack in memory instead and holds one directory descriptor
-at a time: it climbs back with ``..`` relative to the descriptor it holds and checks that it
-arrived where it came from (device and inode), so a tree of any depth costs one descriptor and
-a stack of names.
+Contract: :func:`remove_tree` ``(path) -> None`` removes ``path`` and everything under it.
+``path`` missing (or anything under it vanishing meanwhile) is not an error; a symlink or a
+file at ``path`` is itself removed, never followed. The walk is iterative and bottom-up and
+holds one directory descriptor at a time, so neither Python's recursion limit nor the open-file
+limit bounds the depth (``shutil.rmtree`` raises ``RecursionError`` near 1,000 levels, which
+``ignore_errors=True`` does not catch), and no path it opens is longer than one name (a tree
+deeper than ``PATH_MAX`` is removed too). It removes everything it can, then raises the first
+``OSError`` it met when something is left (callers that must go on catch it and log); it never
+raises anything else for what is on disk.
+
+Climbing back up goes through ``..`` of the directory just emptied, checked against the
+device and inode recorded on the way down: a tree moved under the walk stops it (``OSError``)
+rather than letting it remove anything outside ``path``.
 """
 
+import errno
 import os
 import stat
 from dataclasses import dataclass, field
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_OWNER_RWX = stat.S_IRWXU
 
 
 @dataclass
 class _Level:
-    """A directory being emptied: its name in its parent, its identity, the subdirectories
-    still to remove (its other entries are unlinked when it is first entered)."""
+    """A directory being emptied: its name in its parent, the parent's identity, and the
+    subdirectories still to visit (its other entries are already gone)."""
 
     name: str
-    dev: int
-    ino: int
-    pending: list[str] = field(default_factory=list)
+    parent: tuple[int, int]
+    subdirs: list[str] = field(default_factory=list)
 
 
 def remove_tree(path: str | os.PathLike[str]) -> None:
-    """Remove ``path`` and everything under it, bottom-up, iteratively (no depth limit).
-
-    A symlink (at the top or anywhere below) is removed itself, never followed; a file at the
-    top is unlinked. A missing ``path``, or an entry that disappears meanwhile, is not an error.
-    Any other failure (an entry the server's user may not remove, a tree moved while it is being
-    removed) raises ``OSError`` with what could not be removed left in place: the caller decides
-    whether to log it and go on.
-    """
-    top = os.fspath(path)
+    """Remove ``path`` and all below it (see the module docstring)."""
+    root = os.fspath(path)
     try:
-        st = os.lstat(top)
+        top = os.lstat(root)
     except FileNotFoundError:
         return
-    if not stat.S_ISDIR(st.st_mode):
-        _unlink(top, None)
+    if not stat.S_ISDIR(top.st_mode):
+        _unlink_missing_ok(root)
         return
     try:
-        fd = os.open(top, _DIR_FLAGS)
+        fd = os.open(root, _DIR_FLAGS)
     except FileNotFoundError:
         return
+    errors: list[OSError] = []
     try:
-        _empty(fd, top)
-    finally:
-        os.close(fd)
-    try:
-        os.rmdir(top)
-    except FileNotFoundError:
-        pass
-
-
-def _empty(top_fd: int, top: str) -> None:
-    """Empty the directory open as ``top_fd``; the descriptor this ends with is closed here,
-    except ``top_fd`` itself (the caller's)."""
-    top_st = os.fstat(top_fd)
-    stack = [_Level("", top_st.st_dev, top_st.st_ino, _clear_files(top_fd))]
-    fd = top_fd
-    try:
-        while stack:
-            level = stack[-1]
-            if level.pending:
-                name = level.pending.pop()
-                try:
-                    child = os.open(name, _DIR_FLAGS, dir_fd=fd)
-                except FileNotFoundError:
+        here = os.fstat(fd)
+        if (here.st_dev, here.st_ino) != (top.st_dev, top.st_ino):
+            raise OSError(f"{root}: replaced while being removed")
+        levels = [_Level(name="", parent=(0, 0), subdirs=_clear(fd, errors))]
+        while levels:
+            level = levels[-1]
+            if level.subdirs:
+                child = _open_child(fd, level.subdirs.pop(), errors)
+                if child is None:
                     continue
-                child_st = os.fstat(child)
-                if fd != top_fd:
-                    os.close(fd)
-                fd = child
-                stack.append(_Level(name, child_st.st_dev, child_st.st_ino, _clear_files(fd)))
-                continue
-            stack.pop()
-            if not stack:
-                break
-            parent = stack[-1]
-            up = top_fd if len(stack) == 1 else os.open("..", _DIR_FLAGS, dir_fd=fd)
-            up_st = os.fstat(up)
-            if (up_st.st_dev, up_st.st_ino) != (parent.dev, parent.ino):
-                if up != top_fd:
-                    os.close(up)
-                raise OSError(f"{top}: moved while it was being removed")
-            if fd != top_fd:
+                name, child_fd = child
+                identity = (here.st_dev, here.st_ino)
                 os.close(fd)
-            fd = up
+                fd, here = child_fd, os.fstat(child_fd)
+                levels.append(_Level(name=name, parent=identity, subdirs=_clear(fd, errors)))
+                continue
+            levels.pop()
+            if not levels:
+                break
+            up = os.open("..", _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd, here = up, os.fstat(up)
+            if (here.st_dev, here.st_ino) != level.parent:
+                raise OSError(f"{root}: moved while being removed")
             try:
                 os.rmdir(level.name, dir_fd=fd)
             except FileNotFoundError:
                 pass
+            except OSError as exc:
+                errors.append(exc)
     finally:
-        if fd != top_fd:
-            os.close(fd)
+        os.close(fd)
+    try:
+        os.rmdir(root)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        errors.append(exc)
+    if errors:
+        raise errors[0]
 
 
-def _clear_files(fd: int) -> list[str]:
-    """Unlink every entry of the directory open as ``fd`` that is not a directory (symlinks
-    included, unfollowed); the names of its subdirectories."""
+def _clear(fd: int, errors: list[OSError]) -> list[str]:
+    """Remove every entry of the open directory ``fd`` but its subdirectories; their names."""
+    try:
+        mode = os.fstat(fd).st_mode
+        if mode & _OWNER_RWX != _OWNER_RWX:  # a job may leave a directory it cannot write
+            os.fchmod(fd, stat.S_IMODE(mode) | _OWNER_RWX)
+    except OSError:
+        pass  # not ours to change: the unlinks below say what is left
     subdirs = []
-    with os.scandir(fd) as entries:
-        for entry in entries:
-            try:
-                is_dir = entry.is_dir(follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            if is_dir:
-                subdirs.append(entry.name)
-            else:
-                _unlink(entry.name, fd)
+    try:
+        with os.scandir(fd) as entries:
+            names = [(e.name, e.is_dir(follow_symlinks=False)) for e in entries]
+    except OSError as exc:
+        errors.append(exc)
+        return []
+    for name, is_dir in names:
+        if is_dir:
+            subdirs.append(name)
+            continue
+        try:
+            os.unlink(name, dir_fd=fd)
+        except FileNotFoundError:
+            pass
+        except IsADirectoryError:  # became a directory since it was listed
+            subdirs.append(name)
+        except OSError as exc:
+            errors.append(exc)
     return subdirs
 
 
-def _unlink(name: str, dir_fd: int | None) -> None:
+def _open_child(fd: int, name: str, errors: list[OSError]) -> tuple[str, int] | None:
     try:
-        os.unlink(name, dir_fd=dir_fd)
+        return name, os.open(name, _DIR_FLAGS, dir_fd=fd)
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:  # swapped for a file since it was listed
+        pass
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            errors.append(exc)
+            return None
+    try:  # ELOOP: a symlink now; either way it goes as itself, never followed
+        os.unlink(name, dir_fd=fd)
     except FileNotFoundError:
         pass
+    except OSError as exc:
+        errors.append(exc)
+    return None
+
+
+def _unlink_missing_ok(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+__all__ = ["remove_tree"]
