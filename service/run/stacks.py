@@ -41,6 +41,7 @@ import psutil
 from service.run.rankprocs import node_rank_processes, rank_processes
 from torchyard_contract.launch import LaunchConfig
 from torchyard_contract.rundir import RunDir
+from torchyard_contract.treeremoval import remove_tree
 
 DUMP_TIMEOUT_S = 10.0
 SRUN_EXTRA_S = 10.0  # Slurm: starting the step on every node, on top of the dumps
@@ -187,7 +188,10 @@ def _take_on_nodes(run: RunDir, config: LaunchConfig) -> tuple[list[dict], str |
     except (OSError, subprocess.TimeoutExpired) as exc:
         return [], f"srun could not run the sampler on the nodes: {exc}"[:500]
     finally:
-        shutil.rmtree(out_dir, ignore_errors=True)
+        try:
+            remove_tree(out_dir)  # in the run directory, which the job can write: any depth
+        except OSError:
+            pass  # left for the job's deletion
     entries, errors = [], []
     for line in (line for text in answers for line in text.splitlines()):
         try:

@@ -21,7 +21,6 @@ from sqlalchemy import Connection, create_engine, text
 from service.app import create_app
 from service.domain.files.cleanup import RECORD_BATCH, Cleanup, JobLive, JobNotFound
 from service.domain.files.packages import PackageStore
-from service.domain.files.treeremoval import remove_tree
 from service.domain.files.unpack import Limits
 from service.settings import Settings
 from service.store import records as recordstore
@@ -32,6 +31,7 @@ from service.store.tables import Base
 from tests.conftest import LiveServer, add_script, both_stores
 from torchyard_contract.spec import JobSpec
 from torchyard_contract.state import JobState
+from torchyard_contract.treeremoval import remove_tree
 
 JOB = {"dataset": "synthetic", "epochs": 1, "synthetic_samples": 64, "labels": {"t": "del"}}
 

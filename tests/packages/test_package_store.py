@@ -21,9 +21,9 @@ from fastapi.testclient import TestClient
 from service.app import create_app
 from service.domain.files.diskspace import free_bytes
 from service.domain.files.packages import PackageStore
-from service.domain.files.treeremoval import remove_tree
 from service.domain.files.unpack import Limits
 from service.settings import Settings
+from torchyard_contract.treeremoval import remove_tree
 
 TOKEN = "package-store-tests-token-0123456789"
 MIB = 1024 * 1024

@@ -21,7 +21,7 @@ Contract:
   Each job, package and directory is its own try: one that fails is logged and retried on the
   next pass, and never keeps the pass from the others.
 
-Trees are removed by ``service.domain.files.treeremoval.remove_tree`` (no depth limit: a job's
+Trees are removed by ``torchyard_contract.treeremoval.remove_tree`` (no depth limit: a job's
 1,200 nested folders are removed like any other tree).
 """
 
@@ -37,12 +37,12 @@ from pathlib import Path
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.domain.files.packages import package_store
-from service.domain.files.treeremoval import remove_tree
 from service.settings import Settings
 from service.store import deletion
 from service.store import repository as repo
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.state import TERMINAL_STATES, JobState
+from torchyard_contract.treeremoval import remove_tree
 
 logger = logging.getLogger(__name__)
 

@@ -33,9 +33,9 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from service.domain.files.treeremoval import remove_tree
 from service.domain.files.unpack import ArchiveRefused, Limits, unpack
 from service.settings import Settings
+from torchyard_contract.treeremoval import remove_tree
 
 logger = logging.getLogger(__name__)
 
