@@ -8,7 +8,9 @@ What a job wrote is hostile. Contract:
 * :func:`open_artifact` opens one by its listed path, one component at a time relative to the
   directory's descriptor with ``O_NOFOLLOW`` (a symlink anywhere on the way is refused, even one
   swapped in after listing), non-blocking (a FIFO never blocks the server), and answers only a
-  regular file; ``..``, absolute paths, NUL and empty components are refused. It returns an
+  regular file — of the job's own user, where its run directory is that user's
+  (``safefile.foreign``: never a hard link to someone else's file); ``..``, absolute paths, NUL
+  and empty components are refused. It returns an
   open descriptor and its ``stat``: what is served is what was checked.
 """
 
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchyard_contract.rundir import RunDir
+from torchyard_contract.safefile import foreign
 
 CHECKPOINTS_PREFIX = "checkpoints"  # a top-level name of the listing reserved for them
 
@@ -43,6 +46,7 @@ def _walk(root: Path, prefix: str) -> list[Artifact]:
     while stack:
         directory, rel = stack.pop()
         try:
+            dir_st = os.lstat(directory)
             entries = list(os.scandir(directory))
         except (FileNotFoundError, NotADirectoryError, PermissionError):
             continue
@@ -56,7 +60,8 @@ def _walk(root: Path, prefix: str) -> list[Artifact]:
                 continue
             if stat.S_ISDIR(st.st_mode):
                 stack.append((Path(entry.path), f"{name}/"))
-            elif stat.S_ISREG(st.st_mode) and not entry.name.startswith("."):  # not temp files
+            elif stat.S_ISREG(st.st_mode) and not entry.name.startswith(".") \
+                    and not foreign(st, dir_st):  # not temp files, not another user's
                 found.append(Artifact(name, st.st_size, st.st_mtime))
     return found
 
@@ -96,12 +101,13 @@ def open_artifact(run: RunDir, path: str) -> tuple[int, os.stat_result]:
             os.close(fd)
             fd = nxt
         leaf = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
+        dir_st = os.fstat(fd)
     except OSError:
         raise ArtifactNotFound(f"no artifact {path[:200]!r}") from None
     finally:
         os.close(fd)
     st = os.fstat(leaf)
-    if not stat.S_ISREG(st.st_mode):
+    if not stat.S_ISREG(st.st_mode) or foreign(st, dir_st):
         os.close(leaf)
         raise ArtifactNotFound(f"no artifact {path[:200]!r} (not a regular file)")
     os.set_blocking(leaf, True)

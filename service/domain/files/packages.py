@@ -32,6 +32,7 @@ from pathlib import Path
 
 from service.domain.files.unpack import ArchiveRefused, Limits, unpack
 from service.settings import Settings
+from torchyard_contract import runwrite
 
 logger = logging.getLogger(__name__)
 
@@ -111,14 +112,14 @@ class PackageStore:
         return info
 
     def copy_for_job(self, digest: str, dest: Path) -> None:
-        """Copy the package's tree to ``dest`` (replaced if there: a relaunch starts clean)."""
+        """Copy the package's tree to ``dest`` (replaced if there: a relaunch starts clean),
+        confined and owned as the run directory is (``torchyard_contract.runwrite``: the
+        directory may be the job's user's, who could swap a path for a link mid-copy)."""
         tree = self.tree(digest)
         if not tree.is_dir():
             raise PackageMissing(f"package: {digest} is not on this server (upload it again)")
         self.get(digest)
-        if dest.exists():
-            shutil.rmtree(dest)
-        shutil.copytree(tree, dest, symlinks=True)
+        runwrite.replace_tree(tree, dest)
 
     def collect(self, grace_s: float, in_use: set[str], now: float | None = None) -> list[str]:
         """Remove packages unused for ``grace_s`` and not in ``in_use``; returns their digests.

@@ -12,6 +12,7 @@ import json
 import secrets
 import time
 
+from torchyard_contract import runwrite
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.safefile import read_bytes
 
@@ -39,21 +40,20 @@ def take_now(run: RunDir, wait_s: float = STACKS_WAIT_S) -> dict:
     """Ask the job's shim for every rank's stacks and wait for its answer."""
     nonce = secrets.token_hex(16)
     requests = run.stacks_dir / "requests"
-    requests.mkdir(parents=True, exist_ok=True)
+    runwrite.make_dir(requests)  # confined: the run directory may be the job's user's
     answer = run.stacks_dir / f"{nonce}.json"
-    (requests / nonce).touch()
+    runwrite.write_file(requests / nonce, b"")
     deadline = time.monotonic() + wait_s
     try:
         while time.monotonic() < deadline:
-            if answer.is_file():
-                data = _read(answer)
-                if data is not None:
-                    return data
+            data = _read(answer)
+            if data is not None:
+                return data
             time.sleep(STACKS_POLL_S)
         raise StacksTimeout(f"the job's shim did not answer within {wait_s:g} s")
     finally:
-        (requests / nonce).unlink(missing_ok=True)
-        answer.unlink(missing_ok=True)
+        runwrite.remove(requests / nonce)
+        runwrite.remove(answer)
 
 
 def at_hang(run: RunDir, attempt: int) -> dict | None:
