@@ -24,7 +24,9 @@ Launchers (``--launcher``): ``local`` (default) runs each attempt's torchrun on 
 
 Input: ``RUN_DIR/launch.json`` (see ``LaunchConfig``: among others the rank program argv, the
 built-in trainer or a script job's resolved script and args) and the rank environment in its own
-environment (the job token never touches the disk). SIGTERM means cancel: the group gets
+environment (the job token never touches the disk). A job that runs as its team's Unix user
+(``LaunchConfig.run_as``) is started as that user by its executor; the shim checks it is, before
+it claims anything (:func:`wrong_user`), and everything it starts inherits that user. SIGTERM means cancel: the group gets
 SIGTERM → grace → SIGKILL and the outcome is ``cancelled``. Never imports torch.
 
 The shim is the child subreaper of the job (``service.run.proctree``): when an attempt's torchrun
