@@ -171,13 +171,13 @@ def _copy_dir(src: Path, parent_fd: int, name: str, owner: tuple[int, int] | Non
                 try:
                     with open(entry.path, "rb") as f, os.fdopen(out, "wb", closefd=False) as w:
                         shutil.copyfileobj(f, w)
-                    os.fchmod(out, stat.S_IMODE(st.st_mode))
+                    os.fchmod(out, stat.S_IMODE(st.st_mode) & 0o777)  # never a set-id bit
                     os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns))
                 finally:
                     os.close(out)
         if owner is not None:
             os.fchown(fd, *owner)
-        os.fchmod(fd, stat.S_IMODE(src_st.st_mode))
+        os.fchmod(fd, stat.S_IMODE(src_st.st_mode) & 0o777)
         os.utime(fd, ns=(src_st.st_atime_ns, src_st.st_mtime_ns))
     finally:
         os.close(fd)
