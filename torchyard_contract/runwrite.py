@@ -44,8 +44,9 @@ def _owner(dir_fd: int) -> tuple[int, int] | None:
 
 
 def make_dir(path: Path, mode: int = 0o755) -> None:
-    """``mkdir -p``, confined; each directory created gets its parent's owner. One that exists
-    (whatever it is: a job's link included) is left as it is; writes below it are confined."""
+    """``mkdir -p``, confined; each directory created gets its parent's owner (and, made for
+    another user, mode ``RUN_DIR_MODE``). One that exists (whatever it is: a job's link
+    included) is left as it is; writes below it are confined."""
     fd = open_dir(path)
     if fd is not None:
         os.close(fd)
@@ -54,11 +55,12 @@ def make_dir(path: Path, mode: int = 0o755) -> None:
         make_dir(path.parent, mode)
     dir_fd, leaf = _parent(path)
     try:
+        owner = _owner(dir_fd)
         try:
-            os.mkdir(leaf, mode, dir_fd=dir_fd)
+            os.mkdir(leaf, mode if owner is None else RUN_DIR_MODE, dir_fd=dir_fd)
         except FileExistsError:
             return
-        if (owner := _owner(dir_fd)) is not None:
+        if owner is not None:
             os.chown(leaf, *owner, dir_fd=dir_fd, follow_symlinks=False)
     finally:
         os.close(dir_fd)
@@ -136,7 +138,7 @@ def replace_tree(src: Path, dest: Path) -> None:
     package's files), symlinks copied as symlinks, modes and times kept; whatever ``dest`` was is
     removed first. Every entry is made relative to a descriptor of the directory created for it
     (``dest`` may sit in a directory a job's user can rename things in), owned as ``dest``'s
-    parent is."""
+    parent is (and then, at its top, mode ``RUN_DIR_MODE``)."""
     dir_fd, leaf = _parent(dest)
     try:
         try:
@@ -147,12 +149,15 @@ def replace_tree(src: Path, dest: Path) -> None:
             shutil.rmtree(leaf, dir_fd=dir_fd)
         elif st is not None:
             os.unlink(leaf, dir_fd=dir_fd)
-        _copy_dir(src, dir_fd, leaf, _owner(dir_fd))
+        owner = _owner(dir_fd)
+        _copy_dir(src, dir_fd, leaf, owner, RUN_DIR_MODE if owner is not None else None)
     finally:
         os.close(dir_fd)
 
 
-def _copy_dir(src: Path, parent_fd: int, name: str, owner: tuple[int, int] | None) -> None:
+def _copy_dir(
+    src: Path, parent_fd: int, name: str, owner: tuple[int, int] | None, mode: int | None = None,
+) -> None:
     src_st = os.stat(src, follow_symlinks=False)
     os.mkdir(name, 0o700, dir_fd=parent_fd)
     fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
@@ -177,7 +182,7 @@ def _copy_dir(src: Path, parent_fd: int, name: str, owner: tuple[int, int] | Non
                     os.close(out)
         if owner is not None:
             os.fchown(fd, *owner)
-        os.fchmod(fd, stat.S_IMODE(src_st.st_mode) & 0o777)
+        os.fchmod(fd, mode if mode is not None else stat.S_IMODE(src_st.st_mode) & 0o777)
         os.utime(fd, ns=(src_st.st_atime_ns, src_st.st_mtime_ns))
     finally:
         os.close(fd)

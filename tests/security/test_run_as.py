@@ -200,9 +200,11 @@ def test_a_job_runs_as_its_users_and_no_other_user_reads_it(
 
         # --- the run directory and all below it are A's; B reads none of it ---------------
         for path in (run.root, run.output_dir, run.spool_dir, run.work_dir, run.logs_dir,
-                     run.spec_file, run.launch_file, run.work_dir / "train.py"):
-            assert path.lstat().st_uid == a.uid, path
-        assert run.root.stat().st_mode & 0o777 == 0o700
+                     run.spec_file, run.launch_file, run.work_dir / "train.py",
+                     run.rank_output(1, 0), run.rank_output(1, 1), run.root / "shim.log"):
+            assert path.lstat().st_uid == a.uid, path  # the rank tee's logs too: A wrote them
+        for path in (run.root, run.output_dir, run.work_dir):
+            assert path.stat().st_mode & 0o777 == 0o700, path
         # A process whose environment (as exec'd: /proc/<pid>/environ) holds the secret: a
         # cold rank itself; a warm rank's relay (a warm process's is its server's, at fork).
         holder = next(p.pid for p in tree if SECRET in "".join(_environ(p).values()))
