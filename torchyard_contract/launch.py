@@ -6,9 +6,32 @@ job's host; no secrets (those travel only in process environments).
 
 import json
 import os
+import pwd
 from dataclasses import asdict, dataclass
 
+from torchyard_contract import runwrite
 from torchyard_contract.rundir import RunDir
+
+
+@dataclass(frozen=True)
+class RunAs:
+    """The Unix user every process of a job runs as, with its primary group and no supplementary
+    groups (docs/security.md, "Run as the team's Unix user"). Chosen by the server
+    (``service.domain.intake.runas``) only when it runs as root; the executor starts the job's
+    attempt loop with these credentials and the attempt loop refuses to run under any other."""
+
+    user: str
+    uid: int
+    gid: int
+
+    def login_env(self) -> dict[str, str]:
+        """``HOME``, ``USER`` and ``LOGNAME`` of the user (the server's own would point its
+        caches at a home it cannot write), from this host's user database."""
+        try:
+            home = pwd.getpwuid(self.uid).pw_dir
+        except KeyError:
+            home = "/"
+        return {"HOME": home, "USER": self.user, "LOGNAME": self.user}
 
 
 @dataclass(frozen=True)
@@ -40,6 +63,9 @@ class LaunchConfig:
     # A pause (``RunDir.pause_request``): SIGTERM to the ranks, then this long before the group
     # is stopped as a cancel would stop it (docs/lifecycle.md).
     pause_grace_s: float = 60.0
+    # The job's Unix user (its team's; None = the server's own user): the attempt loop checks it
+    # runs as this uid and gid before it claims the launch.
+    run_as: RunAs | None = None
 
     @property
     def world_size(self) -> int:
@@ -47,7 +73,10 @@ class LaunchConfig:
 
     @classmethod
     def read(cls, run: RunDir) -> "LaunchConfig":
-        return cls(**json.loads(run.launch_file.read_text()))
+        data = json.loads(run.launch_file.read_text())
+        if isinstance(data.get("run_as"), dict):
+            data["run_as"] = RunAs(**data["run_as"])
+        return cls(**data)
 
     def rank_program(self, run: RunDir) -> tuple[str, ...]:
         if self.program is None:
@@ -70,7 +99,7 @@ class LaunchConfig:
         return {"PYTHONPATH": path, "PYTHONSAFEPATH": "1"}
 
     def write(self, run: RunDir) -> None:
-        run.launch_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = run.launch_file.with_suffix(run.launch_file.suffix + ".tmp")
-        tmp.write_text(json.dumps(asdict(self)))
-        os.replace(tmp, run.launch_file)
+        """Atomic, and confined to the run directory (``torchyard_contract.runwrite``): a run
+        directory that belongs to the job's user may hold anything that user planted."""
+        runwrite.make_dir(run.launch_file.parent)
+        runwrite.write_file(run.launch_file, json.dumps(asdict(self)).encode())

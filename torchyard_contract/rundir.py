@@ -7,6 +7,8 @@ Part of the contract (``torchyard_contract``). A rank finds the directory in
 from dataclasses import dataclass
 from pathlib import Path
 
+from torchyard_contract import runwrite
+
 
 @dataclass(frozen=True)
 class RunDir:
@@ -113,8 +115,9 @@ class RunDir:
 
     def prepare(self) -> None:
         """Ready for a launch: a resumed job's run directory loses its last launch's outcome,
-        claim and pause request (its attempts, spools and checkpoints stay)."""
+        claim and pause request (its attempts, spools and checkpoints stay). Below the root,
+        confined (``torchyard_contract.runwrite``): the directory may be the job's user's."""
         self.root.mkdir(parents=True, exist_ok=True)
-        self.logs_dir.mkdir(exist_ok=True)
+        runwrite.make_dir(self.logs_dir)
         for stale in (self.error_file, self.exit_file, self.claim_file, self.pause_request):
-            stale.unlink(missing_ok=True)
+            runwrite.remove(stale)

@@ -19,6 +19,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Literal, Protocol
 
+from torchyard_contract.launch import RunAs
 from torchyard_contract.rundir import RunDir
 
 # "combined": both streams of the rank in one file, in the order written (``RunDir.rank_output``,
@@ -43,6 +44,10 @@ class Submission:
     # Nodes the job must not run on: where its ranks failed before, a ``retry_elsewhere`` rule
     # asking for another node (only an executor with ``excludes_nodes`` gets any).
     exclude_nodes: tuple[str, ...] = ()
+    # The Unix user every process of the job runs as, its primary group, no supplementary
+    # groups (its team's; None = the server's own user). Only a server running as root is
+    # given one; its run directory already belongs to that user.
+    run_as: RunAs | None = None
 
 
 @dataclass(frozen=True)

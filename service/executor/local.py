@@ -21,8 +21,10 @@ import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from service.executor.asuser import credentials
 from service.executor.base import (
     DryRun,
+    ExecutorError,
     LogStreamName,
     NodeRow,
     Phase,
@@ -41,6 +43,7 @@ from service.executor.standby import StandbyShim
 from service.executor.warmpool import WarmPool
 from service.run.proctree import ProcessGroupHandle, create_time, same_process, start_ticks
 from service.run.warm import COLD_ENV, SOCKET_ENV
+from torchyard_contract import runwrite
 from torchyard_contract.childenv import environ_for_children
 from torchyard_contract.rundir import RunDir
 
@@ -92,19 +95,31 @@ class LocalExecutor:
         )
 
     def submit(self, sub: Submission) -> str:
+        """A job with ``run_as`` (the server is root): its attempt loop starts as that user
+        (:func:`credentials`), with the user's ``HOME``, ``USER`` and ``LOGNAME``, never in the
+        standby shim (the server's user), and its warm ranks come from that user's own warm
+        server (``WarmPool.socket_for_launch``)."""
         plan = self.dry_run(sub)
         env = {**environ_for_children(os.environ), **sub.env}
         env.pop(SOCKET_ENV, None)
         env.pop(COLD_ENV, None)
+        if sub.run_as is not None:
+            if os.geteuid() != 0:
+                raise ExecutorError(f"cannot run job {sub.job_id} as {sub.run_as.user}: "
+                                    "only a server running as root can")
+            env.update(sub.run_as.login_env())
         if self.warm is not None:  # read (and removed) by the shim
-            warm_socket, why_cold = self.warm.socket_for_launch()
+            warm_socket, why_cold = self.warm.socket_for_launch(sub.run_as)
             if warm_socket is not None:
                 env[SOCKET_ENV] = warm_socket
             else:
                 env[COLD_ENV] = why_cold
-        popen = self.standby.take(sub.run, env) if self.standby is not None else None
+        standby = self.standby if sub.run_as is None else None
+        popen = standby.take(sub.run, env) if standby is not None else None
         if popen is None:
-            with open(sub.run.root / "shim.log", "ab") as log:
+            # Confined: the run directory may be the job's user's (a planted shim.log link).
+            log = runwrite.open_append(sub.run.root / "shim.log")
+            try:
                 popen = subprocess.Popen(
                     list(plan.argv),
                     cwd=plan.cwd,
@@ -113,9 +128,12 @@ class LocalExecutor:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
+                    **credentials(sub.run_as),  # type: ignore[arg-type]
                 )
-        if self.standby is not None:
-            self.standby.refill()
+            finally:
+                os.close(log)
+        if standby is not None:
+            standby.refill()
         reference = encode_reference(popen.pid, create_time(popen.pid), socket.gethostname(),
                                      start_ticks(popen.pid))
         with self._lock:

@@ -51,9 +51,10 @@ from service.executor.slurmscript import (
     sbatch_environment,
 )
 from torchyard_contract import claim as runclaim
+from torchyard_contract import runwrite
 from torchyard_contract.nodes import rank_location, read_node_name
 from torchyard_contract.rundir import RunDir
-from torchyard_contract.safefile import is_regular
+from torchyard_contract.safefile import is_regular, read_bytes
 from torchyard_contract.spec import Device, JobSpec
 
 logger = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ NAME = "slurm"
 SCRIPT_FILE = "job.sbatch"
 CANCEL_WAIT_S = 120.0  # after scancel: Slurm's KillWait plus the time to reap every node
 CANCEL_POLL_S = 0.2
+SPEC_MAX_BYTES = 4 * 2**20  # spec.json and launch.json as the server wrote them: far less
 # What the server runs; sacct is optional (only where there is accounting or a completion log).
 REQUIRED_PROGRAMS = ("sbatch", "squeue", "scontrol", "scancel", "sinfo")
 
@@ -126,7 +128,10 @@ class SlurmExecutor:
     def batch_request(self, sub: Submission) -> BatchRequest:
         """The allocation for ``sub``, from the spec in its run directory (written before
         ``submit``) and the server's defaults."""
-        spec = JobSpec.model_validate_json(sub.run.spec_file.read_text())
+        raw = read_bytes(sub.run.spec_file, SPEC_MAX_BYTES)  # confined: it may be the user's
+        if raw is None:
+            raise SlurmError(f"job {sub.job_id}: its spec.json cannot be read")
+        spec = JobSpec.model_validate_json(raw)
         partition = spec.partition or self.defaults.partition
         return BatchRequest(
             job_id=sub.job_id,
@@ -161,9 +166,10 @@ class SlurmExecutor:
 
     def dry_run(self, sub: Submission) -> DryRun:
         script_path = sub.run.root / SCRIPT_FILE
-        env = job_environment(self.server_env, sub.env)
+        env = job_environment(self.server_env, sub.env, sub.run_as)
         return DryRun(
-            argv=tuple(build_sbatch_command(self._sbatch_path(), script_path)),
+            argv=tuple(build_sbatch_command(self._sbatch_path(), script_path,
+                                            run_as=sub.run_as)),
             cwd=sub.run.root,
             env_names=tuple(sorted(env)),
             script=build_batch_script(self.batch_request(sub)),
@@ -180,11 +186,13 @@ class SlurmExecutor:
         does not answer in time is killed and its job looked for (``_after_timeout``): adopted
         when Slurm has it, else given up."""
         plan = self.dry_run(sub)
-        Path(plan.argv[-1]).write_text(plan.script or "")
+        # Confined: the run directory may be the job's user's (torchyard_contract.runwrite).
+        runwrite.write_file(Path(plan.argv[-1]), (plan.script or "").encode())
         sbatch_env = sbatch_environment(self.server_env)
-        job_env = job_environment(self.server_env, sub.env)
+        job_env = job_environment(self.server_env, sub.env, sub.run_as)
         with export_fd(export_file_content(job_env)) as fd:
-            argv = build_sbatch_command(self.cli.program("sbatch"), Path(plan.argv[-1]), fd)
+            argv = build_sbatch_command(self.cli.program("sbatch"), Path(plan.argv[-1]), fd,
+                                        sub.run_as)
             try:
                 job_id = self.cli.sbatch(argv, env=sbatch_env, pass_fds=(fd,))
             except SlurmTimeout as exc:
@@ -377,6 +385,7 @@ def _inside(path: Path, root: Path) -> bool:
 def _nproc_per_node(run: RunDir) -> int:
     """From the attempt loop's ``launch.json`` (written before submit; no secrets)."""
     try:
-        return max(1, int(json.loads(run.launch_file.read_text())["nproc_per_node"]))
+        return max(1, int(json.loads(read_bytes(run.launch_file, SPEC_MAX_BYTES) or b"")
+                          ["nproc_per_node"]))
     except (OSError, ValueError, KeyError, TypeError):
         return 1

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from torchyard_contract.launch import RunAs
 from torchyard_contract.nodes import EXCLUDE_NODES_MAX, is_node_name
 from torchyard_contract.spec_types import SLURM_CONSTRAINT_PATTERN, SLURM_NAME_PATTERN
 
@@ -153,24 +154,31 @@ def build_batch_script(req: BatchRequest) -> str:
 
 
 def build_sbatch_command(
-    sbatch: str, script_path: Path, export_fd: int | str = "<fd>"
+    sbatch: str, script_path: Path, export_fd: int | str = "<fd>", run_as: RunAs | None = None,
 ) -> list[str]:
-    """``SBATCH --parsable --export-file=FD SCRIPT``: prints ``<job id>[;<cluster>]``. ``sbatch``:
-    the command's absolute path; ``export_fd``: the open descriptor holding the job's own
-    variables (``export_file_content``), a placeholder in a dry run."""
-    return [sbatch, "--parsable", f"--export-file={export_fd}", str(script_path)]
+    """``SBATCH --parsable --export-file=FD [--uid=USER --gid=GID] SCRIPT``: prints
+    ``<job id>[;<cluster>]``. ``sbatch``: the command's absolute path; ``export_fd``: the open
+    descriptor holding the job's own variables (``export_file_content``), a placeholder in a dry
+    run; ``run_as``: the Unix user the job runs as on every node, with its primary group
+    (``--uid``/``--gid``: only root may submit for another user)."""
+    who = [f"--uid={run_as.user}", f"--gid={run_as.gid}"] if run_as is not None else []
+    return [sbatch, "--parsable", f"--export-file={export_fd}", *who, str(script_path)]
 
 
 def _kept(server_env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in server_env.items() if k in KEPT_ENV or k.startswith(KEPT_PREFIXES)}
 
 
-def job_environment(server_env: Mapping[str, str], job_env: Mapping[str, str]) -> dict[str, str]:
+def job_environment(
+    server_env: Mapping[str, str], job_env: Mapping[str, str], run_as: RunAs | None = None,
+) -> dict[str, str]:
     """The job's environment as its export file states it (``export_file_content``): the few
-    variables of ``KEPT_ENV`` from the server, then the job's own. Slurm adds its ``SLURM_*``;
+    variables of ``KEPT_ENV`` from the server (a ``run_as`` job: its user's ``HOME``, ``USER``
+    and ``LOGNAME`` instead of the server's), then the job's own. Slurm adds its ``SLURM_*``;
     nothing else of the server's environment (its API tokens, database URL, cloud credentials)
     reaches a rank (``sbatch --export-file`` replaces sbatch's own environment in the job's)."""
-    return {**_kept(server_env), **job_env}
+    login = run_as.login_env() if run_as is not None else {}
+    return {**_kept(server_env), **login, **job_env}
 
 
 def sbatch_environment(server_env: Mapping[str, str]) -> dict[str, str]:

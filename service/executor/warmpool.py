@@ -32,6 +32,7 @@ import fcntl
 import logging
 import os
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -41,10 +42,19 @@ from pathlib import Path
 
 import psutil
 
+from service.executor.asuser import (
+    USER_POOL_IDLE_S,
+    UserPools,
+    credentials,
+    make_user_dir,
+    user_warm_dir,
+)
 from service.executor.base import WarmStatus
 from service.run.warm import BUSY_EXIT, LOCK_NAME, relay
 from service.run.warm.relay import ask  # the one control request, shared with the shim's stacks
+from torchyard_contract import runwrite
 from torchyard_contract.childenv import environ_for_children
+from torchyard_contract.launch import RunAs
 
 logger = logging.getLogger(__name__)
 
@@ -69,12 +79,16 @@ def socket_path(home: Path, directory: Path | None = None) -> str:
 
 def lock_holder(directory: str) -> int | None:
     """The pid of the warm server holding the lock in ``directory`` (0 when it has not written
-    it yet); None when no server holds it."""
+    it yet); None when no server holds it (or the lock is no regular file: a job user's warm
+    directory is that user's to fill)."""
     try:
-        fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
+        fd = os.open(os.path.join(directory, LOCK_NAME),
+                     os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (FileNotFoundError, OSError):
         return None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -114,9 +128,20 @@ class WarmPool:
     def __init__(
         self, *, python: str, home: Path, size: int, preload: list[str], max_memory_mib: int,
         environ: Mapping[str, str] | None = None, directory: Path | None = None,
+        run_as: RunAs | None = None,
     ) -> None:
         self.python, self.size, self.preload = python, size, preload
         self.home = home
+        self.max_memory_mib = max_memory_mib
+        # A job user's pool (``service.executor.asuser``): its server runs as that user, in
+        # HOME/warm-users/<uid>, and retires when unused; None = the server's own pool, which
+        # keeps the users' pools.
+        self.run_as = run_as
+        self.users = UserPools(self._user_pool) if run_as is None else None
+        self.retired = False
+        self._last_launch = time.monotonic()
+        if run_as is not None:
+            directory = user_warm_dir(home, run_as)
         self.path = socket_path(home, directory)
         self.directory = os.path.dirname(self.path)
         self.memory_limit = max_memory_mib * 2**20
@@ -138,9 +163,14 @@ class WarmPool:
     def status(self) -> WarmStatus:
         return self._status
 
-    def socket_for_launch(self) -> tuple[str | None, str]:
+    def socket_for_launch(self, run_as: RunAs | None = None) -> tuple[str | None, str]:
         """(the socket a job's shim hands its relays, '') while the server is ready, else
-        (None, why not): the job starts cold at once, never waiting for the pool."""
+        (None, why not): the job starts cold at once, never waiting for the pool. ``run_as``:
+        a job of that Unix user, served by that user's own warm server (``UserPools``)."""
+        if run_as is not None:
+            if self.users is None:
+                return None, "a job user's pool serves no other user"
+            return self.users.socket_for_launch(run_as)
         state = self._status.state
         if state == "ready":
             return self.path, ""
@@ -149,6 +179,20 @@ class WarmPool:
         if state == "starting" and self._status.restarts == 0:
             return None, "the warm pool is starting (importing torch)"
         return None, "the warm server is being replaced"
+
+    def touch(self) -> None:
+        """A job was launched with this pool's socket (or was about to be): not idle."""
+        self._last_launch = time.monotonic()
+
+    def _user(self) -> int | None:
+        return self.run_as.uid if self.run_as is not None else None
+
+    def _ask(self, message: dict) -> dict | None:
+        return ask(self.path, message, uid=self._user())
+
+    def _user_pool(self, run_as: RunAs) -> "WarmPool":
+        return WarmPool(python=self.python, home=self.home, size=self.size, preload=self.preload,
+                        max_memory_mib=self.max_memory_mib, environ=self._environ, run_as=run_as)
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -159,34 +203,50 @@ class WarmPool:
         """Stop watching and give this process's ownership back: the server drains (exits once
         the ranks it runs have ended) when no other owner is left."""
         self._stop.set()
-        if self._thread is not None:
+        if self.users is not None:
+            self.users.close()
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
         # A server from before ``release`` drops the request unanswered: it is asked to drain,
         # as it was then.
-        if ask(self.path, {"op": "release", "owner": os.getpid()}) is None \
-                and ask(self.path, {"op": "drain"}) is None \
+        if self._ask({"op": "release", "owner": os.getpid()}) is None \
+                and self._ask({"op": "drain"}) is None \
                 and self._proc is not None and not self._answered:
             self._detach(kill=True)  # never answered: still importing torch, serving no one
         self._detach(kill=False)  # else it drains, or serves the owners still left
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            if self._unused():
+                logger.info("warm pool of %s: unused for %.0f s; its server drains",
+                            self.run_as.user if self.run_as else "?", USER_POOL_IDLE_S)
+                self.retired = True
+                self.close()
+                return
             try:
                 self._check()
             except Exception:
                 logger.exception("warm pool: check failed")
             self._stop.wait(CHECK_S)
 
+    def _unused(self) -> bool:
+        """A job user's pool no job was launched with for ``USER_POOL_IDLE_S``, running none."""
+        return (self.run_as is not None and self._status.active == 0
+                and time.monotonic() - self._last_launch > USER_POOL_IDLE_S)
+
     def _check(self) -> None:
         try:
-            relay.make_private_dir(self.directory)
+            if self.run_as is not None:
+                make_user_dir(self.directory, self.run_as)
+            else:
+                relay.make_private_dir(self.directory)
         except OSError as exc:
             why = f"the warm socket's directory is unsafe: {exc}"
             if why != self._status.reason:
                 logger.error("warm pool: %s; warm ranks are off until it is fixed", why)
             self._status = replace(self._status, state="broken", idle=0, active=0, reason=why)
             return
-        reply = ask(self.path, {"op": "status", "owner": os.getpid()})
+        reply = self._ask({"op": "status", "owner": os.getpid()})
         if reply is None:
             self._no_answer()
             return
@@ -217,7 +277,7 @@ class WarmPool:
                            memory // 2**20, self.memory_limit // 2**20)
             # It unlinks its socket and exits once its running ranks end; the next check
             # finds no server and starts a fresh one.
-            ask(self.path, {"op": "drain"})
+            self._ask({"op": "drain"})
             self._detach(kill=False)
             self._status = replace(self._status, state="starting")
 
@@ -266,7 +326,7 @@ class WarmPool:
         # Another worker's pool started it and it is importing torch; if it hangs, it is
         # killed after the same patience as a server of our own, and replaced.
         self._held_since = self._held_since or now
-        if now - self._held_since >= STARTUP_TIMEOUT_S and _is_warm_server(holder):
+        if now - self._held_since >= STARTUP_TIMEOUT_S and _is_warm_server(holder, self._user()):
             logger.warning("warm pool: warm server %s never answered; replacing it", holder)
             os.kill(holder, signal.SIGKILL)
             self._held_since = None
@@ -280,25 +340,36 @@ class WarmPool:
         threading.Thread(target=proc.wait, daemon=True).start()  # reap, never block
 
     def _spawn(self) -> None:
+        """The warm server, as this pool's user (``run_as``: with that user's login variables,
+        as its jobs have them, so their import-time variables match), its log confined to its
+        directory (a job user's own: it may hold anything)."""
         env = environ_for_children(self._environ)
         for name in NOT_INHERITED:
             env.pop(name, None)
+        if self.run_as is not None:
+            env.update(self.run_as.login_env())
         log_dir = Path(self.directory)  # private: checked by _check just now
-        with open(log_dir / "server.log", "ab") as log:
+        log = runwrite.open_append(log_dir / "server.log")
+        try:
             self._proc = subprocess.Popen(
                 build_server_command(self.python, self.path, self.size, self.preload, os.getpid()),
                 env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True, cwd=log_dir,
+                **credentials(self.run_as),  # type: ignore[arg-type]
             )
+        finally:
+            os.close(log)
         self._spawned_at = time.monotonic()
         self._answered = False
         logger.info("warm pool: warm server %s starting (%s)", self._proc.pid, self.path)
 
 
-def _is_warm_server(pid: int) -> bool:
-    """``pid`` is a warm server of this user (not a process that reused a dead one's pid)."""
+def _is_warm_server(pid: int, uid: int | None = None) -> bool:
+    """``pid`` is a warm server of this user (``uid``: of that one, a job user's pool, whose
+    lock file that user can write any pid into), not a process that reused a dead one's pid."""
     try:
         proc = psutil.Process(pid)
-        return proc.uids().real == os.getuid() and "service.run.warm.server" in proc.cmdline()
+        owner = os.getuid() if uid is None else uid
+        return proc.uids().real == owner and "service.run.warm.server" in proc.cmdline()
     except psutil.Error:
         return False

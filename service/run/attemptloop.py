@@ -26,7 +26,9 @@ Launchers (``--launcher``): ``local`` (default) runs each attempt's torchrun on 
 
 Input: ``RUN_DIR/launch.json`` (see ``LaunchConfig``: among others the rank program argv, the
 built-in trainer or a script job's resolved script and args) and the rank environment in its own
-environment (the job token never touches the disk). SIGTERM means cancel: the group gets
+environment (the job token never touches the disk). A job that runs as its team's Unix user
+(``LaunchConfig.run_as``) is started as that user by its executor; the shim checks it is, before
+it claims anything (:func:`wrong_user`), and everything it starts inherits that user. SIGTERM means cancel: the group gets
 SIGTERM → grace → SIGKILL and the outcome is ``cancelled``. Never imports torch.
 
 The shim is the child subreaper of the job (``service.run.proctree``): when an attempt's torchrun
@@ -333,6 +335,16 @@ def exit_status(code: int | None) -> int:
     return 128 - code if code < 0 else min(code, 255)
 
 
+def wrong_user(config: LaunchConfig) -> str | None:
+    """Why this process must not run the job: it is not the user and group the job runs as
+    (``LaunchConfig.run_as``: its team's Unix user). None when it is, or the job names none."""
+    want = config.run_as
+    if want is None or (os.getuid(), os.getgid()) == (want.uid, want.gid):
+        return None
+    return (f"it runs as {want.user} (uid {want.uid}, gid {want.gid}); this process is uid "
+            f"{os.getuid()}, gid {os.getgid()}")
+
+
 def read_standby_request() -> str:
     """``--standby`` (``service.executor.standby``): wait for one JSON line on stdin, ``{"run":
     RUN_DIR, "env": {...}}``, then take that job's environment, directory and log (stdout and
@@ -371,6 +383,10 @@ def main() -> None:
     if not become_subreaper():
         print("not a child subreaper (no prctl): daemons a job leaves may outlive it", flush=True)
     run = RunDir(root.resolve())
+    config = LaunchConfig.read(run)
+    if (wrong := wrong_user(config)) is not None:  # before the claim: this process runs nothing
+        print(f"shim: not running job {config.job_id}: {wrong}", file=sys.stderr, flush=True)
+        sys.exit(1)
     # First of all: claim the launch, unless a recovering server gave it up (torchyard_contract.claim).
     me = os.getpid()
     mine = {"pid": me, "create_time": create_time(me), "start_ticks": start_ticks(me),
@@ -383,7 +399,7 @@ def main() -> None:
     # The executor's, for this process only: torchrun and the ranks do not inherit it.
     warm_socket = os.environ.pop(SOCKET_ENV, None)
     why_cold = os.environ.pop(COLD_ENV, None)
-    shim = Shim(run, LaunchConfig.read(run), args.launcher, warm_socket, why_cold)
+    shim = Shim(run, config, args.launcher, warm_socket, why_cold)
     signal.signal(signal.SIGTERM, shim.on_sigterm)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the server's terminal going away is not a cancel
     sys.exit(shim.main())

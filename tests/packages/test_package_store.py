@@ -126,6 +126,7 @@ def test_copy_of_a_package_too_deep_to_copy_fails_cleanly(deep_tmp: Path) -> Non
     (store.tree(digest).parent / "meta.json").write_text(json.dumps(
         {"digest": digest, "size": 1, "files": 1, "unpacked_bytes": 1}))
     dest = tmp_path / "run" / "work"
+    dest.parent.mkdir()  # the job's run directory
     with pytest.raises(OSError, match="nested too deeply"):
         store.copy_for_job(digest, dest)
     assert not dest.exists()

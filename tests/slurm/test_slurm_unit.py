@@ -28,6 +28,8 @@ from service.executor.slurmpreflight import (
 from service.executor.slurmscript import (
     BatchRequest,
     build_batch_script,
+    build_sbatch_command,
+    job_environment,
     job_id_from_name,
     sbatch_environment,
     time_limit,
@@ -35,6 +37,7 @@ from service.executor.slurmscript import (
 from service.run.exitreason import describe_exit
 from service.run.srun import StepRequest, build_srun_command
 from tools.openapi import checked_in_document
+from torchyard_contract.launch import RunAs
 from torchyard_contract.nodes import EXCLUDE_NODES_MAX, global_rank, rank_location
 from torchyard_contract.rundir import RunDir
 
@@ -122,6 +125,21 @@ def test_sbatch_environment_keeps_nothing_of_the_server_but_the_basics() -> None
     env = sbatch_environment(server)
     # The job's own variables are never sbatch's: they travel in its --export-file.
     assert env == {"PATH": "/usr/bin", "SLURM_CONF": "/etc/s.conf"}
+
+
+def test_a_job_of_a_teams_user_is_submitted_as_that_user() -> None:
+    """``--uid``/``--gid`` (root only) and the user's login variables, not the server's; a job
+    of the server's own user is submitted as before."""
+    nobody = RunAs(user="nobody", uid=65534, gid=65534)
+    argv = build_sbatch_command("/usr/bin/sbatch", Path("/r/job.sbatch"), 5, nobody)
+    assert argv == ["/usr/bin/sbatch", "--parsable", "--export-file=5", "--uid=nobody",
+                    "--gid=65534", "/r/job.sbatch"]
+    assert "--uid" not in " ".join(build_sbatch_command("/usr/bin/sbatch", Path("/r/j"), 5))
+    server = {"PATH": "/usr/bin", "HOME": "/root", "USER": "root", "LOGNAME": "root"}
+    env = job_environment(server, {"TORCHYARD_JOB_ID": "1"}, nobody)
+    assert (env["USER"], env["LOGNAME"], env["PATH"]) == ("nobody", "nobody", "/usr/bin")
+    assert env["HOME"] != "/root" and env["TORCHYARD_JOB_ID"] == "1"
+    assert job_environment(server, {}, None)["HOME"] == "/root"
 
 
 def test_rank_location_is_node_major() -> None:

@@ -42,7 +42,7 @@ def get_artifacts(
     ``next_after`` as ``?after=`` for the next page: a page examines a bounded number of
     entries, so it may hold fewer than ``limit`` items before the listing ends."""
     run = RunDir.for_job(settings.runs_dir, job.id)
-    page = list_artifacts(run, after, limit, job_uid())
+    page = list_artifacts(run, after, limit, job_uid(run))
     return ArtifactList(
         job_id=job.id,
         items=[ArtifactRead(path=a.path, size=a.size, modified=a.modified) for a in page.items],
@@ -81,7 +81,7 @@ def download_artifact(
     ETag, answer the whole file (RFC 9110 lets a server ignore ``Range``)."""
     run = RunDir.for_job(settings.runs_dir, job.id)
     try:
-        fd, st = open_artifact(run, path, job_uid())
+        fd, st = open_artifact(run, path, job_uid(run))
     except ArtifactNotFound as exc:
         raise ApiError(404, "not_found", f"job {job.id}: {exc}") from exc
     os.close(fd)  # opened again, the same way, when the body is sent (a HEAD sends none)
@@ -132,7 +132,7 @@ def _read(run: RunDir, path: str, checked: os.stat_result, offset: int,
     """The bytes (on the thread pool), from the file opened safely again: the same file that
     was checked (device and inode), or nothing."""
     try:
-        fd, st = open_artifact(run, path, job_uid())
+        fd, st = open_artifact(run, path, job_uid(run))
     except ArtifactNotFound:  # gone or replaced since the headers: the body ends short
         return
     if (st.st_dev, st.st_ino) != (checked.st_dev, checked.st_ino):

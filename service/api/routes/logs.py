@@ -152,7 +152,9 @@ def read_logs(
 
 
 def _size(path: Path | None) -> int:
-    try:
-        return path.stat().st_size if path is not None else 0
-    except OSError:
+    """The log's size, read as its text is (``open_regular``: never through a job's link)."""
+    f = open_regular(path) if path is not None else None
+    if f is None:
         return 0
+    with f:
+        return os.fstat(f.fileno()).st_size

@@ -30,10 +30,15 @@ class ArtifactNotFound(LookupError):
     pass
 
 
-def job_uid() -> int:
-    """The uid a job's processes run as: today every job runs as the server's user. (Teams with
-    their own Unix users will name theirs here.)"""
-    return os.geteuid()
+def job_uid(run: RunDir) -> int:
+    """The uid a job's processes run as: the owner of its run directory, which is handed to the
+    team's Unix user before the job starts (``service.domain.files.runowner``) and is the
+    server's own otherwise. A run directory that cannot be read names no one (-1: nothing is
+    served)."""
+    try:
+        return os.lstat(run.root).st_uid
+    except OSError:
+        return -1
 
 
 def served(st: os.stat_result, owner_uid: int) -> bool:

@@ -27,7 +27,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -35,6 +34,7 @@ from pathlib import Path
 
 from service.domain.files.unpack import ArchiveRefused, Limits, unpack
 from service.settings import Settings
+from torchyard_contract import runwrite
 from torchyard_contract.treeremoval import remove_tree
 
 logger = logging.getLogger(__name__)
@@ -115,14 +115,15 @@ class PackageStore:
         return info
 
     def copy_for_job(self, digest: str, dest: Path) -> None:
-        """Copy the package's tree to ``dest`` (replaced if there: a relaunch starts clean)."""
+        """Copy the package's tree to ``dest`` (replaced if there: a relaunch starts clean),
+        confined and owned as the run directory is (``torchyard_contract.runwrite``: the
+        directory may be the job's user's, who could swap a path for a link mid-copy)."""
         tree = self.tree(digest)
         if not tree.is_dir():
             raise PackageMissing(f"package: {digest} is not on this server (upload it again)")
         self.get(digest)
-        remove_tree(dest)
         try:
-            shutil.copytree(tree, dest, symlinks=True)
+            runwrite.replace_tree(tree, dest)  # confined: the run directory may be a user's
         except RecursionError:  # stored before TORCHYARD_PACKAGE_MAX_DEPTH bounded uploads
             _remove_quietly(dest)
             raise OSError(f"package: {digest} is nested too deeply to copy (upload it again "

@@ -22,6 +22,7 @@ from pathlib import Path
 import anyio
 import anyio.to_thread
 
+from torchyard_contract import runwrite
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.safefile import read_bytes
 
@@ -55,15 +56,15 @@ class _Request:
         self.answer_file = run.stacks_dir / f"{nonce}.json"
 
     def send(self) -> None:
-        self.requests.mkdir(parents=True, exist_ok=True)
-        self.request.touch()
+        runwrite.make_dir(self.requests)  # confined: the run directory may be the job's user's
+        runwrite.write_file(self.request, b"")
 
     def answer(self) -> dict | None:
-        return _read(self.answer_file) if self.answer_file.is_file() else None
+        return _read(self.answer_file)
 
     def withdraw(self) -> None:
-        self.request.unlink(missing_ok=True)
-        self.answer_file.unlink(missing_ok=True)
+        runwrite.remove(self.request)
+        runwrite.remove(self.answer_file)
 
 
 async def take_now(

@@ -18,6 +18,7 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from service.domain.files.packages import PackageMissing, package_store
+from service.domain.files.runowner import prepare_run_dir
 from service.domain.intake import secretstore
 from service.domain.intake.scriptpath import RankProgram, ScriptRefused, rank_program
 from service.domain.intake.secretstore import SecretRefused
@@ -29,7 +30,8 @@ from service.settings.tokens import new_token
 from service.store import repository as repo
 from service.store.tables import Job
 from torchyard_contract import envnames as names
-from torchyard_contract.launch import LaunchConfig
+from torchyard_contract import runwrite
+from torchyard_contract.launch import LaunchConfig, RunAs
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.spec import Backend, Device, JobSpec
 from torchyard_contract.state import JobState
@@ -37,8 +39,12 @@ from torchyard_contract.state import JobState
 logger = logging.getLogger(__name__)
 
 
-def launch_config(settings: Settings, job_id: int, spec: JobSpec, program: RankProgram) -> LaunchConfig:
-    """What the attempt loop reads from ``launch.json``: the rank program and its limits."""
+def launch_config(
+    settings: Settings, job_id: int, spec: JobSpec, program: RankProgram,
+    run_as: RunAs | None = None,
+) -> LaunchConfig:
+    """What the attempt loop reads from ``launch.json``: the rank program and its limits, and
+    the Unix user it runs as (``run_as``; None = the server's)."""
     return LaunchConfig(
         job_id=job_id,
         python=settings.python_executable or sys.executable,
@@ -55,6 +61,7 @@ def launch_config(settings: Settings, job_id: int, spec: JobSpec, program: RankP
         restart_backoff_s=spec.restart_backoff_s,
         stack_sampler=stack_sampler(settings),
         pause_grace_s=spec.pause_grace_s,
+        run_as=run_as,
     )
 
 
@@ -135,26 +142,35 @@ def rank_env(
 class Launcher:
     ctx: LoopContext
 
+    def run_as_of(self, job: Job) -> RunAs | None:
+        """The Unix user ``job``'s processes run as: None = this server's own. The one place a
+        job's team decides it (``service.domain.intake.runas.resolve_run_as`` of the team's
+        ``unix_user`` and ``os.getuid()``), once jobs have teams."""
+        return None
+
     def start_run(
         self, job_id: int, token: str, spec: JobSpec, placement: Placement | None,
         params: dict | None = None, exclude_nodes: Sequence[str] = (),
+        run_as: RunAs | None = None,
     ) -> str:
         """Write the run directory and submit the job's attempt loop; its reference, or raises
         (``ScriptRefused``: the script went away or out of bounds since submit;
         ``PackageMissing``; ``SecretRefused``; ``OSError``; the executor's errors).
-        ``exclude_nodes``: the job's ``exclude_nodes`` (retry_elsewhere; Slurm only)."""
+        ``exclude_nodes``: the job's ``exclude_nodes`` (retry_elsewhere; Slurm only).
+        ``run_as``: the Unix user every process of the job runs as, who then owns its run
+        directory (``service.domain.files.runowner``); None = this server's user."""
         settings = self.ctx.settings
         run = RunDir.for_job(settings.runs_dir, job_id)
-        run.prepare()
-        run.spec_file.write_text(spec.model_dump_json(indent=2))
-        run.output_dir.mkdir(exist_ok=True)
-        run.flight_recorder_prefix.parent.mkdir(parents=True, exist_ok=True)
+        prepare_run_dir(run, run_as)
+        runwrite.write_file(run.spec_file, spec.model_dump_json(indent=2).encode())
+        runwrite.make_dir(run.output_dir)
+        runwrite.make_dir(run.flight_recorder_prefix.parent)
         package_root = None
         if spec.package is not None:  # the job's own copy: its writes reach no other job
             package_store(settings).copy_for_job(spec.package, run.work_dir)
             package_root = run.work_dir
         program = rank_program(spec, settings.script_dir_list, run.spec_file, package_root)
-        launch_config(settings, job_id, spec, program).write(run)
+        launch_config(settings, job_id, spec, program, run_as).write(run)
         resume_dir = None
         if spec.resume_from is not None:
             resume_dir = str(RunDir.for_job(settings.runs_dir, spec.resume_from).checkpoints_dir)
@@ -167,6 +183,7 @@ class Launcher:
         return self.ctx.executor.submit(Submission(
             job_id=job_id, run=run, env=env, nproc_per_node=spec.nproc_per_node,
             nnodes=spec.nnodes, exclude_nodes=tuple(str(n) for n in exclude_nodes),
+            run_as=run_as,
         ))
 
     def launch(self, session: Session, job: Job, spec: JobSpec, placement: Placement) -> None:
@@ -185,7 +202,8 @@ class Launcher:
         repo.allocate(session, job.id, placement.resources)
         session.commit()
         try:
-            ref = self.start_run(job.id, token, spec, placement, job.params)
+            ref = self.start_run(job.id, token, spec, placement, job.params,
+                                 run_as=self.run_as_of(job))
         except Exception as exc:  # whatever failed, the job must not stay starting, holding slots
             if not isinstance(exc, ScriptRefused | SecretRefused | OSError | PackageMissing):
                 logger.exception("job %s: launch failed", job.id)

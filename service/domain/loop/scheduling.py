@@ -200,7 +200,8 @@ class ExecutorQueueing:
                 session.commit()
                 self.submits.start(job.id, partial(
                     self.launcher.start_run, job.id, token, spec, None, job.params,
-                    job.exclude_nodes or ()))  # restarted elsewhere: not on these nodes
+                    job.exclude_nodes or (),  # restarted elsewhere: not on these nodes
+                    run_as=self.launcher.run_as_of(job)))
 
     def close(self) -> None:
         self.submits.close()

@@ -73,10 +73,12 @@ def listen(path: str) -> tuple[socket.socket, int]:
 
 
 def accept(listener: socket.socket) -> socket.socket | None:
-    """The next connection, or None when its peer is not this user (closed at once: only our
-    own user may hand work to this server)."""
+    """The next connection, or None when its peer is neither this user nor root (closed at
+    once: only our own user may hand work to this server; root, which can do anything as this
+    user anyway, is the torchyard server whose pool started a job user's warm server and asks
+    it for its status)."""
     conn, _ = listener.accept()
-    if relay.peer_uid(conn) != os.getuid():
+    if relay.peer_uid(conn) not in (os.getuid(), 0):
         conn.close()
         return None
     conn.settimeout(PEER_TIMEOUT_S)

@@ -61,10 +61,12 @@ class Untrusted(OSError):
     """The socket's directory or the process behind it is not this user's own."""
 
 
-def private_dir(path: str) -> int:
+def private_dir(path: str, uid: int | None = None) -> int:
     """An open descriptor of directory ``path`` once it is proven private: not a symlink, a
-    directory, owned by this user, no access for group or others. Raises :class:`Untrusted`
-    (or ``OSError`` when it cannot be opened, e.g. it does not exist)."""
+    directory, owned by this user (``uid``: by that one; a root pool checks a job user's warm
+    directory), no access for group or others. Raises :class:`Untrusted` (or ``OSError`` when
+    it cannot be opened, e.g. it does not exist)."""
+    owner = os.getuid() if uid is None else uid
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
@@ -73,14 +75,18 @@ def private_dir(path: str) -> int:
         raise
     st = os.fstat(fd)
     why = None
-    if st.st_uid != os.getuid():
-        why = f"{path} is owned by uid {st.st_uid}, not by this user (uid {os.getuid()})"
+    if st.st_uid != owner:
+        why = f"{path} is owned by uid {st.st_uid}, not by {_whose(uid)} (uid {owner})"
     elif st.st_mode & 0o077:
         why = f"{path} has mode {st.st_mode & 0o777:04o}, not 0700"
     if why is not None:
         os.close(fd)
         raise Untrusted(why)
     return fd
+
+
+def _whose(uid: int | None) -> str:
+    return "this user" if uid is None else "the job's user"
 
 
 def make_private_dir(path: str) -> None:
@@ -106,19 +112,21 @@ def peer_uid(conn: socket.socket) -> int:
     return struct.unpack("3i", creds)[1]
 
 
-def connect(path: str, timeout_s: float) -> socket.socket:
+def connect(path: str, timeout_s: float, uid: int | None = None) -> socket.socket:
     """A connection to the warm server listening at ``path``, checked before anything is sent:
     ``path``'s directory is private (:func:`private_dir`) and the listening process is this
-    user's (``SO_PEERCRED``). Raises :class:`Untrusted`, or ``OSError`` (no server)."""
+    user's (``SO_PEERCRED``; ``uid``: that user's). Raises :class:`Untrusted`, or ``OSError``
+    (no server)."""
+    owner = os.getuid() if uid is None else uid
     directory, name = os.path.split(path)
-    dir_fd = private_dir(directory)
+    dir_fd = private_dir(directory, owner)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.settimeout(timeout_s)
         conn.connect(via_fd(dir_fd, name))
-        uid = peer_uid(conn)
-        if uid != os.getuid():
-            raise Untrusted(f"{path} is served by uid {uid}, not by this user (uid {os.getuid()})")
+        peer = peer_uid(conn)
+        if peer != owner:
+            raise Untrusted(f"{path} is served by uid {peer}, not by {_whose(uid)} (uid {owner})")
     except BaseException:
         conn.close()
         raise
@@ -164,12 +172,12 @@ def flags() -> dict[str, int]:
     return {name: int(getattr(sys.flags, name, 0)) for name in FLAGS}
 
 
-def ask(path: str, message: dict, timeout_s: float = 2.0) -> dict | None:
+def ask(path: str, message: dict, timeout_s: float = 2.0, uid: int | None = None) -> dict | None:
     """One control request to the warm server at ``path`` (``{"op": "status"}``, ``drain``…);
     its reply, or None when it does not answer or is not this user's own (:func:`connect`:
-    nothing is sent to another uid)."""
+    nothing is sent to another uid; ``uid``: the user whose server it must be)."""
     try:
-        with connect(path, timeout_s) as conn:
+        with connect(path, timeout_s, uid) as conn:
             send_message(conn, message)
             reply = recv_message(conn)
     except (OSError, ValueError):

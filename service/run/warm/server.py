@@ -21,7 +21,7 @@ One per socket: the server holds an exclusive ``flock`` on ``server.lock`` next 
 from before it imports anything until it drains; a second server for the same socket exits at
 once with ``BUSY_EXIT`` and never touches the first one's socket (``torchyard serve --workers N``
 has N pools and one warm server). The socket's directory must be private (this user's, 0700, not
-a symlink: ``relay.private_dir``); peers of another uid are refused (``SO_PEERCRED``): the
+a symlink: ``relay.private_dir``); peers of another uid (but root) are refused (``SO_PEERCRED``): the
 lock and the socket are ``service.run.warm.listen``'s.
 
 Lifetime: children die with the server (``PR_SET_PDEATHSIG``). The server is a child subreaper;
