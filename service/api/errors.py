@@ -27,11 +27,12 @@ logger = logging.getLogger(__name__)
 
 class ApiError(Exception):
     def __init__(
-        self, status: int, error: str, message: str, headers: dict[str, str] | None = None
+        self, status: int, error: str, message: str, headers: dict[str, str] | None = None,
+        details: list[dict] | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.error, self.message = status, error, message
-        self.headers = headers
+        self.headers, self.details = headers, details
 
 
 def error_body(error: str, message: str, details: list[dict] | None = None) -> dict:
@@ -135,7 +136,8 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_req: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(
-            error_body(exc.error, exc.message), status_code=exc.status, headers=exc.headers
+            error_body(exc.error, exc.message, exc.details), status_code=exc.status,
+            headers=exc.headers,
         )
 
     @app.exception_handler(RequestValidationError)

@@ -13,7 +13,6 @@ from sqlalchemy.orm import Session
 from service.store.clock import utcnow
 from service.store.tables import ApiToken, PackageGrant, Team, User
 
-
 # --- teams -----------------------------------------------------------------------------------
 
 def create_team(session: Session, name: str, **fields: object) -> Team | None:

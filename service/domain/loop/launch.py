@@ -137,12 +137,13 @@ class Launcher:
 
     def start_run(
         self, job_id: int, token: str, spec: JobSpec, placement: Placement | None,
-        params: dict | None = None, exclude_nodes: Sequence[str] = (),
+        params: dict | None = None, exclude_nodes: Sequence[str] = (), team: str | None = None,
     ) -> str:
         """Write the run directory and submit the job's attempt loop; its reference, or raises
         (``ScriptRefused``: the script went away or out of bounds since submit;
         ``PackageMissing``; ``SecretRefused``; ``OSError``; the executor's errors).
-        ``exclude_nodes``: the job's ``exclude_nodes`` (retry_elsewhere; Slurm only)."""
+        ``exclude_nodes``: the job's ``exclude_nodes`` (retry_elsewhere; Slurm only); ``team``:
+        the job's, whose secrets it may use."""
         settings = self.ctx.settings
         run = RunDir.for_job(settings.runs_dir, job_id)
         run.prepare()
@@ -161,7 +162,7 @@ class Launcher:
         env = rank_env(
             job_id=job_id, token=token, run=run, spec=spec, api_url=self.ctx.api_url,
             cpu_slots=self.ctx.inventory.cpu_slots,
-            secrets=secretstore.resolve(spec.secret_env, settings.secrets_file),
+            secrets=secretstore.resolve(spec.secret_env, settings.secrets_file, team),
             resume_dir=resume_dir, placement=placement, params=params,
         )
         return self.ctx.executor.submit(Submission(
@@ -185,7 +186,7 @@ class Launcher:
         repo.allocate(session, job.id, placement.resources)
         session.commit()
         try:
-            ref = self.start_run(job.id, token, spec, placement, job.params)
+            ref = self.start_run(job.id, token, spec, placement, job.params, team=job.team)
         except Exception as exc:  # whatever failed, the job must not stay starting, holding slots
             if not isinstance(exc, ScriptRefused | SecretRefused | OSError | PackageMissing):
                 logger.exception("job %s: launch failed", job.id)

@@ -200,7 +200,7 @@ class ExecutorQueueing:
                 session.commit()
                 self.submits.start(job.id, partial(
                     self.launcher.start_run, job.id, token, spec, None, job.params,
-                    job.exclude_nodes or ()))  # restarted elsewhere: not on these nodes
+                    job.exclude_nodes or (), job.team))  # restarted elsewhere: not these nodes
 
     def close(self) -> None:
         self.submits.close()

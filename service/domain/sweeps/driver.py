@@ -348,7 +348,8 @@ class SweepDriver:
                 webhooks = webhookconf.subscriptions(job_spec.notify, self.ctx.settings.webhooks_file)
             except webhookconf.NotifyRefused:
                 webhooks = None  # an endpoint since removed from the file: the trial runs untold
-            job = repo.create_job(session, job_spec, webhooks=webhooks)
+            job = repo.create_job(session, job_spec, webhooks=webhooks,
+                                  owner=sweep.owner, team=sweep.team)  # its sweep's
             store.mark_trial(session, job.id, sweep.id, params)
             st.trials[job.id] = trial
             live.append(job)

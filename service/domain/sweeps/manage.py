@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.domain.identity.caller import ADMIN, Caller
 from service.domain.intake.admission import admit
 from service.domain.intake.submission import Intake
 from service.domain.sweeps.spec import SweepSpec, extremes
@@ -139,20 +140,24 @@ class Sweeps:
     intake: Intake
     changed: Callable[[], None]  # wakes the supervisor's loop
 
-    def create(self, spec: SweepSpec) -> Sweep:
-        """Store a running sweep; raises what a job submission of its trials would
-        (``SubmitRejected``, ``AdmissionRefused``, ``PathRefused``)."""
+    def create(self, spec: SweepSpec, caller: Caller = ADMIN) -> Sweep:
+        """Store a running sweep of ``caller`` (its trials are its owner's and team's); raises
+        what a job submission of its trials would (``SubmitRejected``, ``AdmissionRefused``,
+        ``PathRefused``)."""
         base = admit(spec.spec, self.intake.settings)
         spec = spec.model_copy(update={"spec": base})
-        self.intake.check_runnable(base)
+        self.intake.check_priority(base, caller)
+        self.intake.check_runnable(base, caller)
         for key, dim in spec.space.items():  # every spec field the space sets, at its bounds
             if spec.sets_field(key):
                 for value in extremes(dim):
                     self.intake.check_runnable(
-                        JobSpec.model_validate({**base.model_dump(mode="json"), key: value}))
+                        JobSpec.model_validate({**base.model_dump(mode="json"), key: value}),
+                        caller)
         with self.sessions() as session:
             sweep = store.create_sweep(
-                session, spec.name, spec.spec.priority, spec.model_dump(mode="json"))
+                session, spec.name, spec.spec.priority, spec.model_dump(mode="json"),
+                owner=caller.user, team=caller.team)
             session.commit()
             session.refresh(sweep)
         self.changed()
