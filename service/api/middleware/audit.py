@@ -52,17 +52,34 @@ class AuditMiddleware:
             return
         method = scope.get("method", "GET")
         worker = worker_job_id(method, scope["path"]) is not None
+        if method in STATE_CHANGING and not worker:
+            await self._held_until_recorded(scope, receive, send)
+            return
 
         async def audited_send(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                state = scope.get("state", {})
-                refused = status in REFUSED or (status == 404 and state.get("hidden"))
-                if refused or (method in STATE_CHANGING and not worker):
-                    await run_in_threadpool(self._append, scope, status, message)
+            if message["type"] == "http.response.start" and _refused(scope, message["status"]):
+                await run_in_threadpool(self._append, scope, message["status"], message)
             await send(message)
 
         await self.app(scope, receive, audited_send)
+
+    async def _held_until_recorded(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A state-changing request: its answer (small JSON) is held until the route is done
+        and its session closed (on SQLite it holds the write lock until then), the row is
+        written, then the answer goes out."""
+        held: list[Message] = []
+
+        async def hold(message: Message) -> None:
+            held.append(message)
+
+        try:
+            await self.app(scope, receive, hold)
+        finally:
+            start = next((m for m in held if m["type"] == "http.response.start"), None)
+            if start is not None:
+                await run_in_threadpool(self._append, scope, start["status"], start)
+            for message in held:
+                await send(message)
 
     def _append(self, scope: Scope, status: int, start: Message) -> None:
         principal: Principal | None = scope.get("state", {}).get("principal")
@@ -85,6 +102,11 @@ class AuditMiddleware:
         except Exception as exc:  # the request's outcome stands; the row is lost, said so
             logger.error("audit: not recorded (%s %s %s by %s): %s", row.method, row.route,
                          row.status, row.actor, exc)
+
+
+def _refused(scope: Scope, status: int) -> bool:
+    """Refused for authentication or authorization (another team's target included)."""
+    return status in REFUSED or (status == 404 and bool(scope.get("state", {}).get("hidden")))
 
 
 def _target(scope: Scope, start: Message) -> str | None:
