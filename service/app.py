@@ -18,6 +18,7 @@ from fastapi import FastAPI
 from service.api.application import Parts, build_api
 from service.api.middleware.signin import SignIn, TokenSet
 from service.api.routes.prometheus import PROMETHEUS_DIR_VARIABLE
+from service.domain.identity.accounts import check_configured_unix_users
 from service.domain.identity.idtokens import JwtVerifier
 from service.domain.loop.supervisor import LOOP_LOCK_TIMEOUT_S, Supervisor
 from service.domain.queue.inventory import make_inventory
@@ -82,6 +83,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         settings.runs_dir.mkdir(parents=True, exist_ok=True)
         upgrade(settings.resolved_database_url)
+        check_configured_unix_users(session_factory)  # refuse to start, naming the team
         # PostgreSQL: hear every process's commits (SQLite: only this process's, see changefeed).
         listener = None
         if engine.dialect.name == "postgresql":

@@ -298,3 +298,22 @@ def test_lists_show_only_the_callers_team(tmp_path: Path, database_url: str | No
             assert alice.get(f"/jobs/{old}").status_code == 404
             progress = alice.get("/progress", params={"job_id": [mine, theirs]}).json()["items"]
             assert [p["last_seq"] for p in progress] == [0, 0]
+
+
+def test_a_team_whose_unix_user_is_gone_stops_the_server_from_starting(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    settings = _settings(tmp_path / "home")
+    app = create_app(settings, run_supervisor=False)
+    with TestClient(app) as c:
+        headers = {"authorization": f"Bearer {BOOTSTRAP}"}
+        assert c.post("/teams", json={"name": "gone", "unix_user": "nobody"},
+                      headers=headers).status_code == 201
+    with app.state.session_factory() as session:  # as if the host's user were deleted since
+        from sqlalchemy import text
+
+        session.execute(text("UPDATE teams SET unix_user = 'ty-deleted-xyz'"))
+        session.commit()
+    with pytest.raises(ValueError, match="team gone: unix_user 'ty-deleted-xyz'"):
+        with TestClient(create_app(settings, run_supervisor=False)):
+            pass

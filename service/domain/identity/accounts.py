@@ -54,6 +54,24 @@ def check_unix_user(name: str) -> None:
                              f"may not be the server's own user ({name})")
 
 
+def check_configured_unix_users(sessions: sessionmaker[Session]) -> None:
+    """At start: raise ``ValueError`` naming every team whose ``unix_user`` is not a user of
+    this host (any more): its jobs could not run as it, and must not run as the server."""
+    with sessions() as session:
+        teams = store.list_teams(session)
+    missing = []
+    for team in teams:
+        if team.unix_user is None:
+            continue
+        try:
+            pwd.getpwnam(team.unix_user)
+        except KeyError:
+            missing.append(f"team {team.name}: unix_user {team.unix_user!r}")
+    if missing:
+        raise ValueError("no such user on this host: " + "; ".join(missing) + " (create the "
+                         "users, or clear them with PATCH /teams/{name} on a server that has them)")
+
+
 def isolation(team: Team) -> str:
     """What keeps this team's jobs apart from other teams' on this host, said plainly."""
     server_user = pwd.getpwuid(os.geteuid()).pw_name
