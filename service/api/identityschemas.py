@@ -63,10 +63,11 @@ class UserCreate(BaseModel):
 class UserPatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    team: Name | None = None
-    role: Role | None = None
-    disabled: bool | None = Field(default=None, description="true: every token and JWT of "
-                                  "theirs is refused (401) until false again")
+    team: Name | None = Field(default=None, description="null: no team (an admin only)")
+    # Left out: unchanged; never null (the schema says so: the default is not validated).
+    role: Role = Field(default=None, description="admin, member or viewer")  # type: ignore[assignment]
+    disabled: bool = Field(default=None, strict=True, description="true: every token and JWT of "  # type: ignore[assignment]
+                           "theirs is refused (401) until false again")
 
 
 class UserRead(BaseModel):

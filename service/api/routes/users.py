@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Request, Response
 
 from service.api.deps import CallerDep, hidden
-from service.api.errors import ERROR_RESPONSES, ApiError
+from service.api.errors import ERROR_RESPONSES
 from service.api.identityschemas import (
     NAME_PATTERN,
     Me,
@@ -56,9 +56,6 @@ def list_users(request: Request) -> list[UserRead]:
 def update_user(name: UserName, body: UserPatch, request: Request) -> UserRead:
     """Change role, team or ``disabled`` (a disabled user's tokens are refused at once)."""
     fields = body.model_dump(exclude_unset=True)
-    for key in ("role", "disabled"):
-        if key in fields and fields[key] is None:
-            raise ApiError(422, "invalid_request", f"{key}: may not be null")
     try:
         return UserRead.from_row(accounts(request).update_user(name, fields))
     except AccountRefused as exc:
