@@ -16,8 +16,10 @@ from pathlib import Path
 from fastapi import FastAPI
 
 from service.api.application import Parts, build_api
-from service.api.middleware.auth import TokenSet
+from service.api.middleware.signin import SignIn, TokenSet
 from service.api.routes.prometheus import PROMETHEUS_DIR_VARIABLE
+from service.domain.identity.accounts import check_configured_unix_users
+from service.domain.identity.idtokens import JwtVerifier
 from service.domain.loop.supervisor import LOOP_LOCK_TIMEOUT_S, Supervisor
 from service.domain.queue.inventory import make_inventory
 from service.executor import Executor, make_executor
@@ -81,6 +83,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         settings.runs_dir.mkdir(parents=True, exist_ok=True)
         upgrade(settings.resolved_database_url)
+        check_configured_unix_users(session_factory)  # refuse to start, naming the team
         # PostgreSQL: hear every process's commits (SQLite: only this process's, see changefeed).
         listener = None
         if engine.dialect.name == "postgresql":
@@ -116,7 +119,9 @@ def create_app(
     parts = Parts(
         settings=settings, session_factory=session_factory,
         read_session_factory=read_session_factory, read_engine=read_engine, changes=changes,
-        supervisor=supervisor, executor=executor, warm=warm, tokens=tokens,
+        supervisor=supervisor, executor=executor, warm=warm,
+        signin=SignIn(tokens, read_session_factory, session_factory,
+                      JwtVerifier.from_settings(settings)),
         prometheus_multiprocess_dir=prometheus_multiprocess_dir,
     )
     return build_api(parts, lifespan)

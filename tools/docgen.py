@@ -210,9 +210,26 @@ def render_settings_table(model: type[BaseModel]) -> str:
     return "\n".join(rows)
 
 
+def render_roles_table(_model: type[BaseModel]) -> str:
+    """Role × route, from the authorization table itself (``service.api.authz.RULES``)."""
+    from service.api.authz import CELLS, RULES
+
+    rows = [
+        "| method | route | rule | admin | member | viewer |",
+        "|---|---|---|---|---|---|",
+    ]
+    for (method, path), rule in RULES.items():
+        cells = CELLS[rule]
+        row = [method, _code(path), _cell(rule.value), cells.admin, cells.member, cells.viewer]
+        rows.append("| " + " | ".join(row) + " |")
+    return "\n".join(rows)
+
+
 TABLES = (
     Table("jobspec", JobSpec, REPO_ROOT / "docs" / "spec.md", render_spec_table),
     Table("settings", Settings, REPO_ROOT / "docs" / "configuration.md", render_settings_table),
+    # Not a model's fields: the rule table of service/api/authz.py (BaseModel stands in).
+    Table("roles", BaseModel, REPO_ROOT / "docs" / "security.md", render_roles_table),
 )
 
 

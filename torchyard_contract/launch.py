@@ -17,7 +17,7 @@ from torchyard_contract.rundir import RunDir
 class RunAs:
     """The Unix user every process of a job runs as, with its primary group and no supplementary
     groups (docs/security.md, "Run as the team's Unix user"). Chosen by the server
-    (``service.domain.intake.runas``) only when it runs as root; the executor starts the job's
+    (``service.domain.identity.runas``) only when it runs as root; the executor starts the job's
     attempt loop with these credentials and the attempt loop refuses to run under any other."""
 
     user: str

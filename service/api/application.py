@@ -4,9 +4,11 @@ composition root (``service.app``) built. Declares; starts nothing.
 Request path, outermost first: the request timer → HEAD routed as GET
 (``service.api.middleware.head``) → CORS (only when ``TORCHYARD_CORS_ORIGINS`` is set) → browser
 guard (``service.api.middleware.browserguard``: foreign Host without tokens, foreign Origin on
-writes) → auth (``service.api.middleware.auth``: default-on for every path but the public
-allowlist) → body-size limit (413) → JSON bodies only (415) → routing, where every route also
-refuses undeclared query parameters (422).
+writes) → the audit log's writer (``service.api.middleware.audit``: it sees every answer) →
+auth (``service.api.middleware.auth``: who is calling, default-on for every path but the public
+allowlist) → body-size limit (413) → JSON bodies only (415) → routing, where every route first
+checks the caller's role against ``service.api.authz`` (403) and refuses undeclared query
+parameters (422).
 """
 
 import threading
@@ -22,17 +24,21 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service import __version__
 from service.api import errors
+from service.api.authz import authorize, template_for
 from service.api.deps import reject_unknown_query
 from service.api.hotreads import HotReads
-from service.api.middleware.auth import AuthMiddleware, TokenSet
+from service.api.middleware.audit import AuditMiddleware
+from service.api.middleware.auth import AuthMiddleware
 from service.api.middleware.bodylimit import BodyLimitMiddleware
 from service.api.middleware.browserguard import BrowserGuardMiddleware, JsonBodyMiddleware
 from service.api.middleware.head import HeadAsGetMiddleware
+from service.api.middleware.signin import SignIn
 from service.api.middleware.writegate import WriteGate
 from service.api.openapi import ServedDocument
 from service.api.routes import (
     apidocs,
     artifacts,
+    audit,
     dashboard,
     deliveries,
     events,
@@ -45,11 +51,14 @@ from service.api.routes import (
     stacks,
     summary,
     sweeps,
+    teams,
+    users,
 )
 from service.api.routes.prometheus import RequestTimer, Telemetry
 from service.api.routes.prometheus import router as prometheus_router
 from service.api.stacksgate import StacksGate
 from service.domain.files.diskspace import free_bytes
+from service.domain.identity.accounts import Accounts
 from service.domain.loop.supervisor import Supervisor
 from service.executor.base import Executor, WarmReporter
 from service.settings import Settings
@@ -68,7 +77,7 @@ class Parts:
     supervisor: Supervisor
     executor: Executor
     warm: WarmReporter | None  # the warm-rank pool; None when warm ranks are off
-    tokens: TokenSet
+    signin: SignIn  # who a token names (bootstrap tokens, personal tokens, JWTs)
     prometheus_multiprocess_dir: Path | None = None
 
 
@@ -79,14 +88,16 @@ def build_api(
     (``app.state.draining`` is set when it stops, so streams end)."""
     app = FastAPI(
         title="torchyard", version=__version__, lifespan=lifespan,
-        dependencies=[Depends(reject_unknown_query)], responses=errors.ERROR_RESPONSES,
+        dependencies=[Depends(authorize), Depends(reject_unknown_query)],
+        responses=errors.ERROR_RESPONSES,
         # /docs is served by service.api.routes.apidocs from assets the wheel ships (no CDN).
         docs_url=None, redoc_url=None,
         # operationId = the route function's name (submit_job, read_metrics...): what generated
         # clients call their methods. Names are unique (test_openapi checks the clients).
         generate_unique_id_function=lambda route: route.name,
     )
-    settings, supervisor, tokens = parts.settings, parts.supervisor, parts.tokens
+    settings, supervisor, signin = parts.settings, parts.supervisor, parts.signin
+    tokens = signin.tokens
     app.state.settings = settings
     app.state.session_factory = parts.session_factory
     app.state.changes = parts.changes
@@ -99,6 +110,8 @@ def build_api(
     app.state.draining = threading.Event()  # set on shutdown: streams end (service.api.drain)
     app.state.executor = parts.executor
     app.state.warm = parts.warm
+    app.state.signin = signin
+    app.state.accounts = Accounts(parts.session_factory, signin.close)
     errors.install(app)
     app.state.telemetry = Telemetry(
         parts.read_session_factory, supervisor.inventory, parts.warm,
@@ -119,6 +132,9 @@ def build_api(
     app.include_router(sweeps.router)
     app.include_router(packages.router)
     app.include_router(artifacts.router)
+    app.include_router(teams.router)
+    app.include_router(users.router)
+    app.include_router(audit.router)
     app.include_router(prometheus_router)
 
     @app.get("/healthz", tags=["meta"])
@@ -139,9 +155,10 @@ def build_api(
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, streamed=streamed)
     app.add_middleware(
         # Token checks only read: they never wait for (or hold up) a metric write.
-        AuthMiddleware, tokens=tokens, session_factory=parts.read_session_factory,
+        AuthMiddleware, signin=signin, session_factory=parts.read_session_factory,
         grace_s=settings.worker_token_grace_s,
     )
+    app.add_middleware(AuditMiddleware, sessions=parts.session_factory, template_for=template_for)
     app.add_middleware(
         BrowserGuardMiddleware, check_host=not tokens.enabled,
         host_names=settings.server_host_names(), origins=settings.cors_origins,
@@ -149,7 +166,7 @@ def build_api(
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware, allow_origins=settings.cors_origins, allow_credentials=False,
-            allow_methods=["GET", "POST", "DELETE"],
+            allow_methods=["GET", "POST", "PATCH", "DELETE"],
             allow_headers=["Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID"],
         )
     # HEAD on every GET route, checked as the GET it becomes (service.api.middleware.head).
@@ -158,7 +175,7 @@ def build_api(
     app.add_middleware(RequestTimer, telemetry=app.state.telemetry)
     # This server's bounds: the local executor's (single host) and its webhook endpoints.
     app.openapi = ServedDocument(  # type: ignore[method-assign]
-        app, api_tokens=tokens.enabled, single_host=not parts.executor.spans_nodes,
+        app, api_tokens=settings.api_tokens_configured, single_host=not parts.executor.spans_nodes,
         webhooks_file=settings.webhooks_file, body_models=records.BODY_MODELS,
     )
     return app

@@ -1,5 +1,7 @@
 """Typed dependencies: session, supervisor and settings come from ``app.state`` (``create_app``);
-``JobDep`` loads the path's job or answers 404, for every ``/jobs/{job_id}/...`` route.
+``JobDep`` loads the path's job or answers 404, for every ``/jobs/{job_id}/...`` route, and
+``SweepDep`` the path's sweep: a job or sweep of a team the caller does not see answers the same
+404 as one that does not exist (``hidden``). ``CallerDep``: who is asking, for the domain.
 
 ``reject_unknown_query`` is applied to every route by ``create_app``: a query parameter the route
 does not declare is a 422 "unknown field", as an unknown body field is.
@@ -16,11 +18,14 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.api.errors import ApiError
+from service.api.middleware.auth import get_principal
+from service.domain.identity.caller import Caller
 from service.domain.loop.supervisor import Supervisor
 from service.settings import Settings
 from service.store import repository as repo
+from service.store import sweeps as sweepstore
 from service.store.changefeed import ChangeFeed
-from service.store.tables import Job
+from service.store.tables import Job, Sweep
 
 READ_METHODS = frozenset({"GET", "HEAD"})
 JOB_ID_MAX = 2**63 - 1  # SQLite's INTEGER PRIMARY KEY
@@ -69,19 +74,53 @@ def get_changes(request: Request) -> ChangeFeed:
 JobId = Annotated[int, Path(ge=1, le=JOB_ID_MAX, description="the job's id")]
 
 
+def hidden(request: Request, what: str, message: str | None = None) -> ApiError:
+    """The 404 of another team's ``what``, word for word the one of a missing one
+    (``message``, default "<what> not found"); the audit log notes it."""
+    request.scope.setdefault("state", {})["hidden"] = True
+    return ApiError(404, "not_found", message or f"{what} not found")
+
+
+def get_caller(request: Request) -> Caller:
+    """Who is asking (the routes' rule let only a signed-in user through)."""
+    caller = get_principal(request).caller
+    if caller is None:
+        raise ApiError(403, "forbidden", "a job token may only post records for its own job")
+    return caller
+
+
 def get_job(job_id: JobId, request: Request) -> Job:
-    """The job ``job_id`` as it is now, or 404. Read in a session of its own that is closed
-    before the route runs (a long poll or a stream holds no connection); the row is detached,
-    so read its columns, never reload it."""
+    """The job ``job_id`` as it is now, or 404 (also when it is another team's). Read in a
+    session of its own that is closed before the route runs (a long poll or a stream holds no
+    connection); the row is detached, so read its columns, never reload it."""
     with _factory(request)() as session:
         job = repo.get_job(session, job_id)
     if job is None:
         raise ApiError(404, "not_found", f"job {job_id} not found")
+    if not get_principal(request).sees(job.team):
+        raise hidden(request, f"job {job_id}")
     return job
+
+
+SWEEP_ID_MAX = 2**63 - 1
+SweepId = Annotated[int, Path(ge=1, le=SWEEP_ID_MAX, description="the sweep's id")]
+
+
+def get_sweep(sweep_id: SweepId, request: Request) -> Sweep:
+    """The sweep, or 404 (also when it is another team's)."""
+    with _factory(request)() as session:
+        sweep = sweepstore.get_sweep(session, sweep_id)
+    if sweep is None:
+        raise ApiError(404, "not_found", f"sweep {sweep_id} not found")
+    if not get_principal(request).sees(sweep.team):
+        raise hidden(request, f"sweep {sweep_id}")
+    return sweep
 
 
 SessionDep = Annotated[Session, Depends(get_session)]
 JobDep = Annotated[Job, Depends(get_job)]
+SweepDep = Annotated[Sweep, Depends(get_sweep)]
+CallerDep = Annotated[Caller, Depends(get_caller)]
 SessionFactoryDep = Annotated[sessionmaker[Session], Depends(get_session_factory)]
 SupervisorDep = Annotated[Supervisor, Depends(get_supervisor)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]

@@ -80,9 +80,13 @@ _ERROR = {
 # Declared on every operation (app-level ``responses``), so clients and the fuzzer know them.
 ERROR_RESPONSES: dict[int | str, dict] = {
     400: {**_ERROR, "description": "malformed request (e.g. a body that is not JSON)"},
-    401: {**_ERROR, "description": "API tokens are configured and none or an unknown one was sent"},
-    403: {**_ERROR, "description": "this token may not do this (e.g. a job token off its route)"},
-    404: {**_ERROR, "description": "no such job or route"},
+    401: {**_ERROR, "description": "sign-in is on and no token was sent, or one that is unknown, "
+          "revoked, expired, a disabled user's, or a JWT the server refuses "
+          "(WWW-Authenticate: Bearer error=\"invalid_token\")"},
+    403: {**_ERROR, "description": "the caller's role may not do this (docs/security.md, the role "
+          "× route table), or a job token off its route"},
+    404: {**_ERROR, "description": "no such job or route; a job, sweep or package of another "
+          "team answers the same"},
     409: {**_ERROR, "description": "conflicts with the job's state"},
     413: {**_ERROR, "description": "the body is larger than TORCHYARD_MAX_BODY_BYTES"},
     415: {**_ERROR, "description": "a request body that is not application/json"},

@@ -7,7 +7,8 @@ the server enforces is the one the document states. This module only finishes it
   ``components`` and referenced from there, like every other body;
 * the event stream is described as OpenAPI 3.1 can say it (``itemSchema`` is a 3.2 keyword);
 * error answers are JSON on every route, also where the success answer is not (SSE, Prometheus);
-* each operation says which token it takes, as this server is configured;
+* each operation says which token it takes, as this server is configured, and who may call it
+  (``x-torchyard-rule``, from ``service.api.authz``);
 * the job a submission returns links (OpenAPI ``links``) to every operation on that job, so
   clients and stateful fuzzers know that ``id`` feeds ``{job_id}``;
 * a server that runs each job on its own host (the local executor) states that bound too: a
@@ -31,6 +32,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from service.api.authz import rule_for
 from service.api.middleware.auth import is_public, worker_job_id
 from service.settings.webhookfile import endpoint_names
 from torchyard_contract.spec import SLURM_FIELDS
@@ -84,7 +86,8 @@ def build_openapi(
                            "description": "the job's own token (ranks only)"}
     if api_tokens:
         schemes["apiToken"] = {"type": "http", "scheme": "bearer",
-                               "description": "one of TORCHYARD_API_TOKENS"}
+                               "description": "a personal token (ty_…), an identity provider's "
+                               "JWT, or one of TORCHYARD_API_TOKENS (acts as admin)"}
     _link_submit_to_job_operations(schema.get("paths", {}))
     _inline_request_bodies(schema)
     if single_host:
@@ -92,6 +95,9 @@ def build_openapi(
     for path, operations in schema.get("paths", {}).items():
         for method, operation in operations.items():
             _json_errors(operation)
+            rule = rule_for(method.upper(), path)
+            if rule is not None:
+                operation["x-torchyard-rule"] = rule.value
             if worker_job_id(method.upper(), path.replace("{job_id}", "1")) is not None:
                 operation["security"] = [{"jobToken": []}]
             elif api_tokens and not is_public(path):

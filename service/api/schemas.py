@@ -172,6 +172,10 @@ class JobRead(BaseModel):
         default=None, description="paused by a preemption: the job it made room for; else null")
     exclude_nodes: list[str] = Field(default_factory=list, description="Slurm nodes its later "
                                      "allocations leave out: where a retry_elsewhere rule failed")
+    owner: str | None = Field(default=None, description="who submitted it ('admin' for the "
+                              "bootstrap tokens); null for jobs older than users and teams")
+    team: str | None = Field(default=None, description="the team it belongs to (its members "
+                             "control it, its viewers read it); null: admins only")
 
     @classmethod
     def from_row(cls, job: Job, waiting: Waiting | None = None) -> "JobRead":
@@ -200,6 +204,8 @@ class JobRead(BaseModel):
             preemptions=job.preemptions or 0,
             preempted_by=job.preempted_by,
             exclude_nodes=[n for n in job.exclude_nodes or [] if isinstance(n, str)],
+            owner=job.owner,
+            team=job.team,
         )
 
 
@@ -231,6 +237,10 @@ class ResourceRead(BaseModel):
     name: str = Field(description="'gpu:<index>' or 'cpu:<slot>'")
     kind: Literal["gpu", "cpu"]
     job_id: int | None = Field(description="the job holding it; null when free")
+    job_name: str | None = Field(default=None, description="the holder's name (whatever its team: "
+                                 "everyone sees who holds the box)")
+    owner: str | None = Field(default=None, description="who submitted the holder")
+    team: str | None = Field(default=None, description="the holder's team")
 
 
 class ResourceTotals(BaseModel):

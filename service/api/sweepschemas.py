@@ -68,6 +68,8 @@ class SweepRead(BaseModel):
                                    "completed, pruned, failed, cancelled")
     best: BestTrial | None
     trials: list[TrialRead]
+    owner: str | None = Field(default=None, description="who made it; its trials are theirs")
+    team: str | None = Field(default=None, description="its team (its trials' team)")
 
     @classmethod
     def from_view(cls, v: SweepView, with_trials: bool = True) -> "SweepRead":
@@ -79,6 +81,7 @@ class SweepRead(BaseModel):
             best=BestTrial(job_id=best.job_id, params=best.params, value=best.value)
             if best is not None and best.value is not None else None,
             trials=[TrialRead.from_view(t) for t in v.trials] if with_trials else [],
+            owner=v.sweep.owner, team=v.sweep.team,
         )
 
 

@@ -71,6 +71,15 @@ class TorchyardClient:
         _raise_for(response)
         return response.json()
 
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """Any API call: the decoded JSON answer (None for 204); errors as ``ClientError``."""
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise ClientError(0, "unreachable", f"cannot reach {self.url}: {exc}") from exc
+        _raise_for(response)
+        return response.json() if response.status_code != 204 else None
+
     def has_package(self, digest: str) -> bool:
         """``HEAD /packages/{digest}``: whether the server holds it already."""
         try:

@@ -18,6 +18,7 @@ from rich.progress import Progress
 from service.client import render
 from service.client.api import TERMINAL, TorchyardClient
 from service.client.follow import follow
+from service.client.identity import register as register_identity
 from service.client.options import (
     DEFAULT_URL,
     EXIT_FAILED,
@@ -185,13 +186,16 @@ def jobs(
     state: Annotated[str | None, typer.Option(help="queued|starting|running|succeeded|...")] = None,
     name: Annotated[str | None, typer.Option()] = None,
     label: Annotated[str | None, typer.Option(help="KEY=VALUE")] = None,
+    owner: Annotated[str | None, typer.Option(help="submitted by this user")] = None,
+    team: Annotated[str | None, typer.Option(help="of this team")] = None,
     limit: Annotated[int, typer.Option(min=1, max=500)] = 20,
     url: UrlOpt = DEFAULT_URL,
     token: TokenOpt = None,
 ) -> None:
-    """List jobs, newest first."""
+    """List jobs, newest first (a member or viewer sees their team's)."""
     with connect(url, token) as client:
-        page = client.jobs(state=state, name=name, label=label, limit=limit)
+        page = client.jobs(state=state, name=name, label=label, owner=owner, team=team,
+                           limit=limit)
     console.print(render.jobs_table(page["items"]))
 
 
@@ -336,3 +340,4 @@ def register(app: typer.Typer) -> None:
             app.command()(after_cancel)
 
     app.add_typer(sweep_app, name="sweep")
+    register_identity(app)

@@ -47,12 +47,14 @@ def _age(iso: str | None) -> str:
 
 
 def jobs_table(jobs: list[dict[str, Any]]) -> Table:
-    table = Table("id", "name", "state", "ranks", "epochs", "age", "labels", "reason")
+    table = Table("id", "name", "state", "owner", "team", "ranks", "epochs", "age", "labels",
+                  "reason")
     for job in jobs:
         spec = job.get("spec", {})
         labels = ",".join(f"{k}={v}" for k, v in (spec.get("labels") or {}).items())
         table.add_row(
             str(job["id"]), job["name"], state_text(job["state"]),
+            job.get("owner") or "-", job.get("team") or "-",
             str(spec.get("nproc_per_node", "-")), str(spec.get("epochs", "-")),
             _age(job.get("created_at")), labels, Text((job.get("reason") or "")[:60]),
         )

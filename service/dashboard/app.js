@@ -4,7 +4,9 @@
 //   #/jobs/<id>              one job: per-rank curves (live), phases, attempts, divergence, logs
 //   #/submit                 submit a JSON spec
 // When the server has API tokens, the token pasted by the user (kept in localStorage) is sent as
-// "Authorization: Bearer"; a 401 opens the token form.
+// "Authorization: Bearer"; a 401 opens the token form. Who is signed in comes from GET /me; what
+// their role cannot do is not offered (a viewer has no Cancel, Pause or Submit); "Sign out"
+// forgets the token.
 "use strict";
 
 (() => {
@@ -74,6 +76,34 @@
   }
 
   // ---- API access and the token -------------------------------------------------------------
+
+  let me = null;  // GET /me: {user, team, role, token_id, via}; null until known (or no route)
+
+  // Whether the signed-in user may control jobs (cancel, pause, submit): members and admins.
+  function canControl() {
+    return !me || me.role !== "viewer";
+  }
+
+  function showWho() {
+    const who = document.getElementById("whoami");
+    const signOut = document.getElementById("sign-out");
+    who.hidden = !me;
+    signOut.hidden = !me || me.via === "open";
+    if (me) {
+      who.textContent = me.via === "open" ? "open server (no sign-in)"
+        : `${me.user} · ${me.role}${me.team ? ` · ${me.team}` : ""}`;
+    }
+    document.getElementById("nav-submit").hidden = !canControl();
+  }
+
+  async function refreshMe() {
+    try {
+      me = await api("/me");
+    } catch (err) {
+      me = null;  // 401: the token form asks; 404: a server without users
+    }
+    showWho();
+  }
 
   function askForToken(message) {
     const form = document.getElementById("token-form");
@@ -152,7 +182,8 @@
     }}, stateSel, nameIn, labelIn, h("button", {type: "submit"}, "Filter"));
     const tbody = h("tbody", {id: "job-rows"});
     const table = h("table", {class: "jobs"},
-      h("thead", {}, h("tr", {}, ["ID", "Name", "State", "Progress", "Age", "Labels"].map(
+      h("thead", {}, h("tr", {}, ["ID", "Name", "State", "Owner", "Team", "Progress", "Age",
+                                  "Labels"].map(
         (c) => h("th", {}, c)))),
       tbody);
     const empty = h("p", {class: "quiet", hidden: true}, "No jobs match.");
@@ -183,6 +214,8 @@
           h("td", {}, h("a", {href: `#/jobs/${j.id}`}, j.id)),
           h("td", {}, h("a", {href: `#/jobs/${j.id}`}, j.name)),
           h("td", {}, stateBadge(j.state)),
+          h("td", {class: "owner"}, j.owner || ""),
+          h("td", {class: "team"}, j.team || ""),
           h("td", {class: "progress"}, epochs
             ? [h("progress", {max: epochs, value: done}), ` ${done} / ${epochs}`]
             : `epoch ${done}`),
@@ -529,8 +562,8 @@
         try {
           const updated = await api(`/jobs/${jobId}/${action}`, {method: "POST"});
           badge.replaceChildren(stateBadge(updated.state));
-          pauseBtn.hidden = !PAUSABLE.has(updated.state);
-          resumeBtn.hidden = updated.state !== "paused";
+          pauseBtn.hidden = !canControl() || !PAUSABLE.has(updated.state);
+          resumeBtn.hidden = !canControl() || updated.state !== "paused";
         } catch (err) {
           reportError(err);
         } finally {
@@ -556,9 +589,9 @@
       showNotice("");
       title.textContent = `Job ${job.id} · ${job.name}`;
       badge.replaceChildren(stateBadge(job.state));
-      cancelBtn.hidden = TERMINAL.has(job.state);
-      pauseBtn.hidden = !PAUSABLE.has(job.state);
-      resumeBtn.hidden = job.state !== "paused";
+      cancelBtn.hidden = !canControl() || TERMINAL.has(job.state);
+      pauseBtn.hidden = !canControl() || !PAUSABLE.has(job.state);
+      resumeBtn.hidden = !canControl() || job.state !== "paused";
       reason.textContent = job.reason || "";
       const nodes = job.exclude_nodes || [];  // absent from an older server's answer
       excluded.hidden = !nodes.length;
@@ -619,6 +652,12 @@
 
   function submitPage() {
     const view = document.getElementById("view");
+    if (!canControl()) {
+      view.replaceChildren(h("h1", {}, "Submit a job"),
+        h("p", {class: "quiet"}, `${me.user} is a viewer: viewers read their team's jobs but ` +
+          "cannot submit."));
+      return {stop() {}};
+    }
     const text = h("textarea", {id: "spec-json", rows: 16, spellcheck: "false"});
     text.value = JSON.stringify(DEFAULT_SPEC, null, 2);
     const errors = h("div", {id: "submit-errors", class: "warn"});
@@ -668,21 +707,29 @@
       document.getElementById("token-message").textContent =
         localStorage.getItem(TOKEN_KEY) ? "API token (one is saved)" : "API token";
     });
-    form.addEventListener("submit", (ev) => {
+    form.addEventListener("submit", async (ev) => {
       ev.preventDefault();
       if (input.value.trim()) localStorage.setItem(TOKEN_KEY, input.value.trim());
       input.value = "";
       form.hidden = true;
+      await refreshMe();
       route();
     });
-    document.getElementById("token-clear").addEventListener("click", () => {
+    const forget = async () => {  // "Forget" in the form, "Sign out" in the header
       localStorage.removeItem(TOKEN_KEY);
+      me = null;
       form.hidden = true;
-      route();
-    });
+      showWho();
+      if (page) page.stop();
+      document.getElementById("view").replaceChildren(
+        h("p", {class: "quiet", id: "signed-out"}, "Signed out: the token is forgotten."));
+      askForToken("Signed out. Paste a token to sign in again.");
+    };
+    document.getElementById("token-clear").addEventListener("click", forget);
+    document.getElementById("sign-out").addEventListener("click", forget);
   }
 
   setUpToken();
   window.addEventListener("hashchange", route);
-  route();
+  refreshMe().finally(route);
 })();

@@ -9,6 +9,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from service.settings.groups import PackageSettings, SlurmSettings, WebhookSettings
+from service.settings.identity import IdentitySettings
 from service.settings.tokens import hash_token
 
 API_TOKEN_MIN_CHARS = 16
@@ -27,7 +28,9 @@ def split_dirs(value: str | None) -> list[str]:
     return [p.strip() for p in value.replace(",", os.pathsep).split(os.pathsep) if p.strip()]
 
 
-class Settings(SlurmSettings, PackageSettings, WebhookSettings, BaseSettings):
+class Settings(
+    SlurmSettings, PackageSettings, WebhookSettings, IdentitySettings, BaseSettings
+):
     """Everything the service can be configured with. Built by ``Settings()`` at the edge only."""
 
     # hide_input_in_errors: a refused token must not be echoed into logs.
@@ -285,8 +288,10 @@ class Settings(SlurmSettings, PackageSettings, WebhookSettings, BaseSettings):
 
     @property
     def api_tokens_configured(self) -> bool:
-        """Tokens are on when either source is set (an unreadable or empty file fails closed)."""
-        return bool(self.api_tokens) or self.api_tokens_file is not None
+        """Sign-in is on when either source of API tokens is set (an unreadable or empty file
+        fails closed) or JWTs of an identity provider are accepted. (Personal tokens in the
+        database close the API too, but are not a setting: ``service.api.middleware.auth``.)"""
+        return bool(self.api_tokens) or self.api_tokens_file is not None or self.jwt_enabled
 
     def api_token_digests(self) -> frozenset[str]:
         """SHA-256 hex digests of every configured token; the tokens themselves are not kept.

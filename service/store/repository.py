@@ -4,7 +4,7 @@ changed means someone else won. The other stores: the lease (``lease``), the que
 
 from collections.abc import Iterable, Sequence
 
-from sqlalchemy import Connection, bindparam, delete, func, select, update
+from sqlalchemy import Connection, bindparam, delete, false, func, select, update
 from sqlalchemy.orm import Session
 
 from service.store.changefeed import note_change
@@ -18,10 +18,14 @@ from torchyard_contract.state import ACTIVE_STATES, ALLOWED_FROM, TERMINAL_STATE
 
 def create_job(
     session: Session, spec: JobSpec, idempotency_key: str | None = None,
-    webhooks: dict[str, list[str]] | None = None,
+    webhooks: dict[str, list[str]] | None = None, owner: str | None = None,
+    team: str | None = None,
 ) -> Job:
-    """A queued job; ``webhooks``: endpoint name → events it is told of (``queue_webhook``)."""
+    """A queued job; ``webhooks``: endpoint name → events it is told of (``queue_webhook``);
+    ``owner``, ``team``: who submitted it, as which team (``service.domain.identity``)."""
     job = Job(
+        owner=owner,
+        team=team,
         webhooks=webhooks or None,
         name=spec.name,
         state=JobState.queued.value,
@@ -48,12 +52,35 @@ def get_job(session: Session, job_id: int) -> Job | None:
 # (docs/benchmarks.md, "Stores and workers").
 _JOBS = Job.__table__
 _STATE_OF_JOB = select(_JOBS.c.state).where(_JOBS.c.id == bindparam("job_id"))
+_STATE_AND_TEAM = select(_JOBS.c.state, _JOBS.c.team).where(_JOBS.c.id == bindparam("job_id"))
 
 
 def job_state(conn: Connection | Session, job_id: int) -> str | None:
     """The job's state, or None when there is no such job: one column, no ORM object. Takes a
     plain connection (cheaper than a session for a read) or a session."""
     return conn.execute(_STATE_OF_JOB, {"job_id": job_id}).scalar()
+
+
+def job_state_and_team(conn: Connection | Session, job_id: int) -> tuple[str, str | None] | None:
+    """(state, team) of the job, or None when there is no such job (the hot metrics read)."""
+    row = conn.execute(_STATE_AND_TEAM, {"job_id": job_id}).first()
+    return (row[0], row[1]) if row is not None else None
+
+
+def teams_of_jobs(session: Session, job_ids: Sequence[int]) -> dict[int, str | None]:
+    """job id → its team, for the jobs that exist."""
+    if not job_ids:
+        return {}
+    q = select(Job.id, Job.team).where(Job.id.in_(job_ids))
+    return dict(session.execute(q).tuples().all())
+
+
+def holders(session: Session, job_ids: Sequence[int]) -> dict[int, tuple[str, str | None, str | None]]:
+    """job id → (name, owner, team): what ``GET /resources`` tells of a slot's holder."""
+    if not job_ids:
+        return {}
+    q = select(Job.id, Job.name, Job.owner, Job.team).where(Job.id.in_(job_ids))
+    return {i: (n, o, t) for i, n, o, t in session.execute(q).tuples().all()}
 
 
 def job_by_idempotency_key(session: Session, key: str) -> Job | None:
@@ -70,9 +97,19 @@ def list_jobs(
     limit: int,
     before_id: int | None,
     labels: Sequence[tuple[str, str | None]] = (),
+    *, everyone: bool = True, caller_team: str | None = None, owner: str | None = None,
+    team: str | None = None,
 ) -> Sequence[Job]:
-    """Newest first. ``labels``: (key, value) pairs that must all match; value None = has key."""
+    """Newest first. ``labels``: (key, value) pairs that must all match; value None = has key.
+    ``everyone`` False: only ``caller_team``'s jobs (none when it is None); ``owner``, ``team``:
+    filters."""
     q = select(Job).order_by(Job.id.desc()).limit(limit)
+    if not everyone:
+        q = q.where(Job.team == caller_team) if caller_team is not None else q.where(false())
+    if owner is not None:
+        q = q.where(Job.owner == owner)
+    if team is not None:
+        q = q.where(Job.team == team)
     if state is not None:
         q = q.where(Job.state == state.value)
     if name is not None:

@@ -4,7 +4,7 @@ record, ``sweep_trials``). State changes are compare-and-set, as for jobs
 
 from collections.abc import Sequence
 
-from sqlalchemy import exists, or_, select, update
+from sqlalchemy import exists, false, or_, select, update
 from sqlalchemy.orm import Session
 
 from service.store.changefeed import note_change
@@ -20,8 +20,12 @@ SWEEP_STATES = tuple(s.value for s in SweepState)
 _LIVE_JOB_STATES = [JobState.queued.value, *(s.value for s in ACTIVE_STATES)]
 
 
-def create_sweep(session: Session, name: str, priority: int, spec: dict) -> Sweep:
-    sweep = Sweep(name=name, state=RUNNING, priority=priority, spec=spec, created_at=utcnow())
+def create_sweep(
+    session: Session, name: str, priority: int, spec: dict, owner: str | None = None,
+    team: str | None = None,
+) -> Sweep:
+    sweep = Sweep(name=name, state=RUNNING, priority=priority, spec=spec, created_at=utcnow(),
+                  owner=owner, team=team)
     session.add(sweep)
     session.flush()
     return sweep
@@ -32,10 +36,19 @@ def get_sweep(session: Session, sweep_id: int) -> Sweep | None:
 
 
 def list_sweeps(
-    session: Session, state: str | None, limit: int, before_id: int | None
+    session: Session, state: str | None, limit: int, before_id: int | None,
+    *, everyone: bool = True, caller_team: str | None = None, owner: str | None = None,
+    team: str | None = None,
 ) -> Sequence[Sweep]:
-    """Newest first; ``before_id``: the cursor (sweeps with a smaller id)."""
+    """Newest first; ``before_id``: the cursor (sweeps with a smaller id); the other arguments
+    as for ``repository.list_jobs``."""
     q = select(Sweep).order_by(Sweep.id.desc()).limit(limit)
+    if not everyone:
+        q = q.where(Sweep.team == caller_team) if caller_team is not None else q.where(false())
+    if owner is not None:
+        q = q.where(Sweep.owner == owner)
+    if team is not None:
+        q = q.where(Sweep.team == team)
     if state is not None:
         q = q.where(Sweep.state == state)
     if before_id is not None:

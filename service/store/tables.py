@@ -86,9 +86,16 @@ class Job(Base):
     # Slurm nodes the job leaves out from now on (``--exclude``): each one a rank failed on
     # under a ``retry_elsewhere`` rule (service.domain.loop.finisher); null = none (0013).
     exclude_nodes: Mapped[list | None] = mapped_column(JSON)
+    # Who submitted it (a user's name; "admin" for the bootstrap tokens and an open server) and
+    # as which team (service.domain.identity); null on jobs older than 0016_identity, which
+    # only admins see. A trial carries its sweep's.
+    owner: Mapped[str | None] = mapped_column(String(64))
+    team: Mapped[str | None] = mapped_column(String(64))
 
 
 Index("ix_jobs_queue", Job.state, Job.priority, Job.id)
+# A member's job list: their team's jobs, newest first.
+Index("ix_jobs_team_id", Job.team, Job.id)
 
 
 class Sweep(Base):
@@ -107,6 +114,8 @@ class Sweep(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime)
     ended_at: Mapped[datetime | None] = mapped_column(DateTime)
     reason: Mapped[str | None] = mapped_column(Text)
+    owner: Mapped[str | None] = mapped_column(String(64))  # as Job.owner and Job.team
+    team: Mapped[str | None] = mapped_column(String(64), index=True)
 
 
 class SweepTrial(Base):
@@ -243,3 +252,88 @@ class WebhookDelivery(Base):
     last_status_code: Mapped[int | None] = mapped_column(Integer)
     last_error: Mapped[str | None] = mapped_column(Text)
     delivered_at: Mapped[datetime | None] = mapped_column(DateTime)
+
+
+# --- who is who (service.domain.identity, docs/security.md "Users, teams and roles") ---------
+# Ids are never reused (AUTOINCREMENT on SQLite): a revoked token's id, or an audit row's, never
+# names another one later.
+
+
+class Team(Base):
+    """A team: the unit jobs, sweeps, secrets and packages belong to. One column per setting
+    (``unix_user`` now; a quota, a share, a priority cap and a Slurm account come with
+    issue 47), each settable by ``POST``/``PATCH /teams`` (``service.api.identityschemas``)."""
+
+    __tablename__ = "teams"
+    __table_args__ = ({"sqlite_autoincrement": True},)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    # The Unix user its jobs run as when the server runs as root (issue 46, item 6); null =
+    # the server's own user.
+    unix_user: Mapped[str | None] = mapped_column(String(32))
+
+
+class User(Base):
+    """A person or a pipeline. ``role``: admin, member or viewer (``service.domain.identity``);
+    members and viewers belong to a team, an admin may. A disabled user's tokens and JWTs are
+    refused. Users are never deleted (their name stays on their jobs and in the audit log)."""
+
+    __tablename__ = "users"
+    __table_args__ = ({"sqlite_autoincrement": True},)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    team: Mapped[str | None] = mapped_column(ForeignKey("teams.name"), index=True)
+    role: Mapped[str] = mapped_column(String(16))
+    disabled: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+
+
+class ApiToken(Base):
+    """A personal token: only its SHA-256 is stored (the token is shown once). Revoked tokens
+    stay (their id is in the audit log); ``last_used_at`` is written at most once a minute."""
+
+    __tablename__ = "api_tokens"
+    __table_args__ = ({"sqlite_autoincrement": True},)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(64))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime)
+    last_used_at: Mapped[datetime | None] = mapped_column(DateTime)
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime)
+
+
+class PackageGrant(Base):
+    """Which teams uploaded a package (``service.domain.files.packages`` keeps one copy of the
+    bytes): a team sees and names only digests it uploaded itself."""
+
+    __tablename__ = "package_grants"
+
+    digest: Mapped[str] = mapped_column(String(71), primary_key=True)
+    team: Mapped[str] = mapped_column(String(64), primary_key=True)
+    granted_at: Mapped[datetime] = mapped_column(DateTime)
+
+
+class AuditEntry(Base):
+    """The audit log: appended to by every state-changing request and every refusal for
+    authentication or authorization (``service.api.middleware.audit``); no route changes or
+    deletes a row; the clean-up pass drops rows past ``TORCHYARD_AUDIT_RETENTION_DAYS``."""
+
+    __tablename__ = "audit_log"
+    __table_args__ = ({"sqlite_autoincrement": True},)
+
+    id: Mapped[int] = mapped_column(Int64, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(DateTime, index=True)
+    actor: Mapped[str | None] = mapped_column(String(64), index=True)  # null: not signed in
+    via: Mapped[str | None] = mapped_column(String(16))
+    token_id: Mapped[int | None] = mapped_column(Integer)
+    method: Mapped[str] = mapped_column(String(8))
+    route: Mapped[str] = mapped_column(String(200))
+    target: Mapped[str | None] = mapped_column(String(100))
+    status: Mapped[int] = mapped_column(Integer)
+    client: Mapped[str | None] = mapped_column(String(64))

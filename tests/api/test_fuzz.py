@@ -66,6 +66,12 @@ STATE_DEPENDENT = {
     "POST /sweeps": (JOB_STATE_DEPENDENT - {"notify"})
     | {f"spec.{field}" for field in JOB_STATE_DEPENDENT - {"notify"}}
     | {"space", "space.*", "spec.args.*", "max_trials"},
+    # who is who: a Unix user this host may not have; a member or viewer needs a team that
+    # exists (POST /teams and POST /users document both)
+    "POST /teams": {"unix_user"},
+    "PATCH /teams/{name}": {"unix_user"},
+    "POST /users": {"team"},
+    "PATCH /users/{name}": {"team"},
 }
 # Statuses an operation documents for a body the schema admits but cannot describe: a package
 # is any bytes to the schema (format: binary) and must be a zip or tar.gz archive.

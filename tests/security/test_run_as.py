@@ -249,7 +249,7 @@ def test_a_job_runs_as_its_users_and_no_other_user_reads_it(
 def test_a_server_that_is_not_root_runs_jobs_as_itself(users: tuple[RunAs, RunAs]) -> None:
     """``resolve_run_as`` of a team's ``unix_user``: None without one or off root; refused (a
     message naming it) for an unknown user, root, or the server's own user."""
-    from service.domain.intake.runas import RunAsRefused, resolve_run_as
+    from service.domain.identity.runas import RunAsRefused, resolve_run_as
 
     a, _b = users
     assert resolve_run_as(None, 0) is None

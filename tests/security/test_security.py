@@ -26,6 +26,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from starlette.routing import Mount, Route
 
+from service.api import authz
 from service.api.middleware.auth import is_public, worker_job_id
 from service.app import create_app
 from service.domain.intake.admission import AdmissionRefused, require_tokens_for_scripts
@@ -379,11 +380,15 @@ def test_huge_or_negative_ids_and_ranks_are_4xx(api: TestClient) -> None:
     assert r.status_code == 422 and r.json()["details"][0]["field"].endswith("rank")
 
 
-def test_unexpected_errors_carry_no_traceback(api: TestClient) -> None:
+def test_unexpected_errors_carry_no_traceback(
+    api: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def boom() -> None:
         raise RuntimeError("secret internals /etc/passwd")
 
     api.app.add_api_route("/boom", boom)
+    assert api.get("/boom").status_code == 403  # a route without an authorization rule
+    monkeypatch.setitem(authz.RULES, ("GET", "/boom"), authz.Rule.signed_in)
     r = api.get("/boom")
     assert r.status_code == 500
     assert r.json() == {"error": "internal", "message": "internal server error", "details": []}

@@ -168,6 +168,42 @@ def test_0015_records_each_existing_trial_of_its_sweep(url: str) -> None:
 
 
 @both_stores
+def test_0016_leaves_existing_jobs_and_sweeps_ownerless_and_downgrades(url: str) -> None:
+    """Rows from before the identity migration get owner and team null (admins only see
+    them); the new tables' ids are never reused on SQLite (AUTOINCREMENT); down again keeps
+    the jobs."""
+    upgrade(url, "0015_sweep_record")
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO jobs (name, state, spec, created_at, priority)"
+            " VALUES ('before', 'succeeded', '{}', '2026-01-01 00:00:00', 0)"))
+        conn.execute(text(
+            "INSERT INTO sweeps (name, state, spec, created_at, priority)"
+            " VALUES ('old-sweep', 'running', '{}', '2026-01-01 00:00:00', 0)"))
+    engine.dispose()
+    upgrade(url)
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        assert conn.execute(text("SELECT name, owner, team FROM jobs")).all() == [
+            ("before", None, None)]
+        assert conn.execute(text("SELECT owner, team FROM sweeps")).all() == [(None, None)]
+        conn.execute(text("INSERT INTO teams (name, created_at) VALUES ('a', '2026-01-01')"))
+        conn.execute(text("DELETE FROM teams"))
+        conn.execute(text("INSERT INTO teams (name, created_at) VALUES ('b', '2026-01-01')"))
+        assert conn.execute(text("SELECT id FROM teams")).scalars().all() == [2]
+    engine.dispose()
+    command.downgrade(alembic_config(url), "0015_sweep_record")
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        columns = {c["name"] for c in inspect(conn).get_columns("jobs")}
+        assert conn.execute(text("SELECT name FROM jobs")).scalars().all() == ["before"]
+        assert "teams" not in inspect(conn).get_table_names()
+    engine.dispose()
+    assert "owner" not in columns and "exclude_nodes" in columns
+
+
+@both_stores
 def test_models_match_migration_head(url: str) -> None:
     upgrade(url)
     engine = make_engine(url)

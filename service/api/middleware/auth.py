@@ -1,4 +1,5 @@
-"""Who may call what: one ASGI middleware gates every request by its path, so auth is default-on.
+"""Who is calling: one ASGI middleware resolves every request's caller by its path, so sign-in
+is default-on; what each caller may do is ``service.api.authz`` (a table, role × route).
 
 Contract (docs/security.md):
 
@@ -7,23 +8,29 @@ Contract (docs/security.md):
 * **Worker route** (``POST /jobs/{id}/records``): only that job's
   own token, while the job is starting or running and for ``worker_token_grace_s`` after it
   ended (the route then answers 409, so a rank's late batch learns that nothing is stored after
-  the end; see ``service.domain.records.scope``). No token is 401; any other token is 403, API tokens included: metrics come only
-  from the job's ranks.
-* **Everything else**, including routes and mounts added later (``/metrics``, ``/events``...):
-  with API tokens configured, ``Authorization: Bearer <API token>``. No token or an unknown one is
-  401 with ``WWW-Authenticate: Bearer``; a job token is 403. Without API tokens the API is open to
-  whoever can reach it (``serve`` binds loopback only unless ``--insecure``).
+  the end; see ``service.domain.records.scope``). No token is 401; any other token is 403, API
+  tokens included: metrics come only from the job's ranks.
+* **Everything else**, including routes and mounts added later: a ``Principal``, from
+  ``Authorization: Bearer <token>`` where the token is one of ``TORCHYARD_API_TOKENS`` (the
+  bootstrap: acts as admin, user ``admin``), a personal token (``ty_…``: its user, role and
+  team; refused once revoked or expired, or when the user is disabled) or an identity
+  provider's JWT (``service.domain.identity.idtokens``: the user it names). No token, an
+  unknown one or a refused one is 401 with ``WWW-Authenticate: Bearer`` (``error="invalid_token"``
+  when one was sent); a job token is 403. A server with no API tokens, no JWT settings and no
+  personal token ever made is **open**: every caller acts as admin (``serve`` binds loopback
+  only unless ``--insecure``). The first personal token closes it (within ``GATE_RECHECK_S`` for
+  the other processes of ``serve --workers``), for good: recover with a bootstrap token.
 
-Tokens are compared as SHA-256 digests with ``hmac.compare_digest``; only digests are kept. The
-caller is put in ``request.state.principal`` (``PrincipalDep``).
+Tokens are compared as SHA-256 digests (bootstrap ones with ``hmac.compare_digest``, personal
+ones by an indexed lookup of the digest); only digests are kept. A personal token's
+``last_used_at`` is written at most once a minute, off the request. The caller is put in
+``request.state.principal`` (``PrincipalDep``).
 """
 
 import hmac
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 from datetime import timedelta
-from enum import Enum
 from typing import Annotated
 
 from fastapi import Depends, Path, Request
@@ -33,6 +40,16 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.api.errors import ApiError, error_body
+from service.api.middleware.signin import (
+    BOOTSTRAP,
+    NOBODY,
+    OPEN,
+    Principal,
+    Refusal,
+    SignIn,
+    TokenSet,
+    Via,
+)
 from service.settings.tokens import hash_token
 from service.store import repository as repo
 from torchyard_contract.state import ACTIVE_STATES, JobState
@@ -43,39 +60,9 @@ WORKER_METHOD = "POST"
 WORKER_PATH = re.compile(r"^/jobs/(?P<job_id>[0-9]{1,30})/records$")
 JOB_ID_MAX = 2**63 - 1
 REALM = 'Bearer realm="torchyard"'
+INVALID = f'{REALM}, error="invalid_token"'
 
-
-class Role(str, Enum):
-    anonymous = "anonymous"  # no API tokens are configured: the API is open
-    api = "api"
-    job = "job"
-
-
-@dataclass(frozen=True)
-class Principal:
-    role: Role
-    job_id: int | None = None
-
-
-ANONYMOUS = Principal(Role.anonymous)
-
-
-@dataclass(frozen=True)
-class TokenSet:
-    """SHA-256 digests of the API tokens; empty means tokens are off."""
-
-    digests: frozenset[str]
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.digests)
-
-    def is_api_token(self, token: str) -> bool:
-        digest = hash_token(token)
-        found = False
-        for known in self.digests:  # no early exit: time does not depend on which one matched
-            found |= hmac.compare_digest(digest, known)
-        return found
+__all__ = ["Principal", "PrincipalDep", "TokenSet", "Via", "AuthMiddleware", "get_principal"]
 
 
 def is_public(path: str) -> bool:
@@ -102,10 +89,10 @@ class AuthMiddleware:
     """Pure ASGI (streams such as SSE pass through untouched); see the module docstring."""
 
     def __init__(
-        self, app: ASGIApp, *, tokens: TokenSet, session_factory: sessionmaker[Session],
+        self, app: ASGIApp, *, signin: SignIn, session_factory: sessionmaker[Session],
         grace_s: float,
     ) -> None:
-        self.app, self.tokens, self.session_factory = app, tokens, session_factory
+        self.app, self.signin, self.session_factory = app, signin, session_factory
         self.grace = timedelta(seconds=grace_s)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -123,25 +110,29 @@ class AuthMiddleware:
             if refusal:
                 await _deny(scope, send, 403, "forbidden", refusal)
                 return
-            principal = Principal(Role.job, job_id)
-        elif not self.tokens.enabled:
-            principal = ANONYMOUS
+            principal: Principal | Refusal = Principal(Via.job, job_id=job_id)
+        elif not await self._closed():
+            principal = OPEN
         elif token is None:
             await _deny(scope, send, 401, "unauthorized",
                         "this route needs 'Authorization: Bearer <API token>'", REALM)
             return
-        elif self.tokens.is_api_token(token):
-            principal = Principal(Role.api)
-        elif await run_in_threadpool(self._is_job_token, token):
-            await _deny(scope, send, 403, "forbidden",
-                        "a job token may only post records for its own job")
-            return
+        elif self.signin.tokens.is_api_token(token):
+            principal = BOOTSTRAP
         else:
-            await _deny(scope, send, 401, "unauthorized", "invalid API token",
-                        f'{REALM}, error="invalid_token"')
+            principal = await run_in_threadpool(self.signin.resolve, token)
+        if isinstance(principal, Refusal):
+            if principal.status == 403:
+                await _deny(scope, send, 403, "forbidden", principal.message)
+            else:
+                await _deny(scope, send, 401, "unauthorized", principal.message, INVALID)
             return
         scope.setdefault("state", {})["principal"] = principal
         await self.app(scope, receive, send)
+
+    async def _closed(self) -> bool:
+        known = self.signin.closed_known()
+        return known if known is not None else await run_in_threadpool(self.signin.check_closed)
 
     def _worker_refusal(self, job_id: int, token: str | None) -> str | None:
         """Why ``token`` may not post for ``job_id`` now; None when it may."""
@@ -160,10 +151,6 @@ class AuthMiddleware:
                 return None
             return f"job {job_id} is {job.state}; its token expired"
 
-    def _is_job_token(self, token: str) -> bool:
-        with self.session_factory() as session:
-            return repo.job_id_for_token_hash(session, hash_token(token)) is not None
-
 
 async def _deny(
     scope: Scope, send: Send, status: int, error: str, message: str, challenge: str | None = None
@@ -181,7 +168,9 @@ async def _no_receive() -> dict:  # a JSONResponse never reads the request
 
 
 def get_principal(request: Request) -> Principal:
-    return request.scope.get("state", {}).get("principal", ANONYMOUS)
+    """The caller the middleware resolved; on a public path, nobody (no caller: refused
+    everything but public routes)."""
+    return request.scope.get("state", {}).get("principal", NOBODY)
 
 
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
@@ -192,7 +181,7 @@ def require_worker(
     principal: PrincipalDep,
 ) -> int:
     """Defence in depth for worker routes: the middleware let only this job's token through."""
-    if principal.role is not Role.job or principal.job_id != job_id:
+    if principal.via is not Via.job or principal.job_id != job_id:
         raise ApiError(403, "forbidden", f"a valid job token for job {job_id} is required")
     return job_id
 

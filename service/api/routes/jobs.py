@@ -1,6 +1,7 @@
 """Job routes: submit, read, list, wait, cancel, pause, resume, and read metrics with a cursor."""
 
 import time
+from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
@@ -10,6 +11,7 @@ from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import (
     JOB_ID_MAX,
+    CallerDep,
     ChangesDep,
     JobDep,
     JobId,
@@ -17,10 +19,12 @@ from service.api.deps import (
     SessionFactoryDep,
     SupervisorDep,
     get_read_engine,
+    hidden,
 )
 from service.api.drain import draining
 from service.api.errors import ERROR_RESPONSES, ApiError
 from service.api.hotreads import HotReads
+from service.api.middleware.auth import get_principal
 from service.api.middleware.writegate import WriteSlotDep
 from service.api.schemas import AttemptRead, JobList, JobRead, MetricRead, MetricsPage
 from service.domain.files.cleanup import JobLive, JobNotFound
@@ -72,6 +76,7 @@ def submit_job(
     response: Response,
     _write: WriteSlotDep,
     supervisor: SupervisorDep,
+    caller: CallerDep,
     idempotency_key: Annotated[
         str | None,
         Header(
@@ -82,7 +87,7 @@ def submit_job(
     ] = None,
 ) -> JobRead:
     try:
-        job, created = supervisor.submit(spec, idempotency_key)
+        job, created = supervisor.submit(spec, idempotency_key, caller)
     except SubmitRejected as exc:
         raise ApiError(exc.status, exc.kind, str(exc)) from exc
     response.headers["Location"] = f"/jobs/{job.id}"
@@ -108,13 +113,19 @@ def list_jobs(
     before: Annotated[
         int | None, Query(ge=1, le=JOB_ID_MAX, description="cursor: jobs with id < before")
     ] = None,
+    owner: Annotated[str | None, Query(max_length=64, description="submitted by this user")] = None,
+    team: Annotated[str | None, Query(max_length=64, description="of this team")] = None,
+    *,
+    caller: CallerDep,
 ) -> JobList:
-    """Newest first; pass ``next_before`` as ``?before=`` for the next page."""
+    """Newest first; pass ``next_before`` as ``?before=`` for the next page. A member or viewer
+    sees only their team's jobs; an admin sees every job (those older than teams too)."""
     labels = []
     for item in label:  # each matches LABEL_FILTER (checked with the other parameters)
         key, sep, value = item.partition("=")
         labels.append((key, value if sep else None))
-    jobs = repo.list_jobs(session, state, name, limit, before, labels)
+    jobs = repo.list_jobs(session, state, name, limit, before, labels, everyone=caller.admin,
+                          caller_team=caller.team, owner=owner, team=team)
     next_before = jobs[-1].id if len(jobs) == limit else None
     return JobList(
         items=[_job_read(j, supervisor) for j in jobs],
@@ -220,12 +231,12 @@ def resume_job(_write: WriteSlotDep, job: JobDep, supervisor: SupervisorDep) -> 
               "first"},
     },
 )
-def delete_job(job_id: JobId, _write: WriteSlotDep, supervisor: SupervisorDep) -> Response:
+def delete_job(job: JobDep, _write: WriteSlotDep, supervisor: SupervisorDep) -> Response:
     """Delete a finished job with everything it left: its records, labels, logs, run
     directory, checkpoints and outputs (and, with webhooks, its deliveries). Nothing of it
     remains; its id answers 404 from then on."""
     try:
-        supervisor.delete(job_id)
+        supervisor.delete(job.id)
     except JobNotFound as exc:
         raise ApiError(404, "not_found", str(exc)) from exc
     except JobLive as exc:
@@ -249,19 +260,27 @@ async def read_metrics(
     # serialized once (docs/benchmarks.md §7).
     engine = get_read_engine(request)
     reads: HotReads = request.app.state.hot_reads
-    body = await reads.run(_metrics_page, engine, job_id, after, limit, rank, name)
+    sees = get_principal(request).sees
+    body = await reads.run(_metrics_page, engine, job_id, after, limit, rank, name, sees)
+    if body is None:
+        raise hidden(request, f"job {job_id}")
     return Response(body, media_type="application/json")
 
 
 def _metrics_page(
     engine: Engine, job_id: int, after: int, limit: int, rank: int | None, name: str | None,
-) -> bytes:
+    sees: Callable[[str | None], bool],
+) -> bytes | None:
+    """The page; None for a job of a team the caller does not see."""
     with engine.connect() as conn:  # one read transaction, rolled back on close
         # The state first: a record stored after this read is still returned next time, so a
         # poller that sees a terminal state and then an empty page has seen everything.
-        state = repo.job_state(conn, job_id)
-        if state is None:
+        found = repo.job_state_and_team(conn, job_id)
+        if found is None:
             raise ApiError(404, "not_found", f"job {job_id} not found")
+        state, team = found
+        if not sees(team):
+            return None
         rows = recordstore.read_records(conn, job_id, after, limit, rank, name)
     items = [MetricRead.from_row(r) for r in rows]  # type: ignore[arg-type]
     page = MetricsPage(

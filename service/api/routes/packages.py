@@ -14,7 +14,7 @@ import anyio
 from fastapi import APIRouter, Path, Request, Response
 from starlette.requests import ClientDisconnect
 
-from service.api.deps import SettingsDep
+from service.api.deps import CallerDep, SettingsDep, SupervisorDep, hidden
 from service.api.errors import ERROR_RESPONSES, ApiError
 from service.api.schemas import PackageRead
 from service.domain.files.diskspace import DiskFull, check_floor
@@ -75,10 +75,15 @@ def disk_floor(settings: Settings) -> None:
               "TORCHYARD_DISK_FREE_FLOOR_BYTES, before the upload or while it unpacks"},
     },
 )
-async def upload_package(request: Request, response: Response, settings: SettingsDep) -> PackageRead:
+async def upload_package(
+    request: Request, response: Response, settings: SettingsDep, caller: CallerDep,
+    supervisor: SupervisorDep,
+) -> PackageRead:
     """Upload a zip or tar.gz as the body (any content type). Answers the package's digest
-    (SHA-256 of the bytes), what it holds, and 201; the same bytes again answer 200 and are
-    stored once. A job names it as ``"package": "sha256:<hex>"``."""
+    (SHA-256 of the bytes), what it holds, and 201; the same bytes again from the same team
+    answer 200. A package is its uploading team's: another team sees it (and its jobs name it)
+    only once it uploads the same bytes itself; they are stored once. A job names it as
+    ``"package": "sha256:<hex>"``."""
     _refuse_unless_enabled(settings)
     disk_floor(settings)
     limit = settings.package_max_upload_bytes
@@ -99,8 +104,11 @@ async def upload_package(request: Request, response: Response, settings: Setting
             head = f.read(4)
         if not (head.startswith((b"PK\x03\x04", b"PK\x05\x06")) or head.startswith(b"\x1f\x8b")):
             raise ApiError(415, "unsupported_media_type", "body: not a zip or tar.gz archive")
-        info, created = await anyio.to_thread.run_sync(
+        info, stored = await anyio.to_thread.run_sync(
             store.add, upload, f"sha256:{hexdigest}", size)
+        # 201 when new to the caller's team (another team's copy is not told of).
+        granted = await anyio.to_thread.run_sync(supervisor.grant_package, info.digest, caller)
+        created = granted if caller.team is not None else stored
     except ArchiveRefused as exc:
         raise ApiError(422, "invalid_package", f"archive: {exc}") from exc
     except DiskFull as exc:  # the floor crossed, or the disk filled, while it inflated
@@ -147,10 +155,17 @@ async def _receive(request: Request, upload: pathlib.Path, limit: int) -> tuple[
 
 
 @router.get("/{digest}", response_model=PackageRead)
-def get_package(digest: Digest, settings: SettingsDep) -> PackageRead:
-    """Whether the server holds this package (``HEAD`` answers the same without a body): a
-    client uploads only what is missing. A check counts as a use (garbage collection waits)."""
+def get_package(
+    digest: Digest, settings: SettingsDep, caller: CallerDep, supervisor: SupervisorDep,
+    request: Request,
+) -> PackageRead:
+    """Whether the server holds this package for the caller's team (``HEAD`` answers the same
+    without a body): a client uploads only what is missing. Another team's package is 404, as
+    a missing one. A check counts as a use (garbage collection waits)."""
+    missing = f"package {digest} is not on this server"
+    if not supervisor.intake.package_visible(digest, caller):
+        raise hidden(request, "package", missing)
     info = package_store(settings).get(digest)
     if info is None:
-        raise ApiError(404, "not_found", f"package {digest} is not on this server")
+        raise ApiError(404, "not_found", missing)
     return PackageRead(digest=info.digest, size=info.size, files=info.files)

@@ -15,18 +15,22 @@ router = APIRouter(tags=["scheduling"])
 
 @router.get("/resources", response_model=ResourcesRead)
 def read_resources(supervisor: SupervisorDep, request: Request) -> ResourcesRead:
-    """Totals per kind, every resource with the job holding it (null when free), and the
+    """Totals per kind, every resource with the job holding it (null when free; its id, name,
+    owner and team only, whichever team's it is, so everyone sees who holds the box), and the
     warm-rank pool (null when warm ranks are off). On the slurm executor: the partition's nodes
     and their state (``sinfo``); GPU ``allocated`` counts the GPUs of nodes that are not idle
     (Slurm's per-GPU use is not asked for)."""
     if supervisor.executor.spans_nodes:
         return _slurm_resources(supervisor)
-    kinds, held = supervisor.resources()
-    items = [
-        ResourceRead(name=name, kind=kind, job_id=held.get(name))  # type: ignore[arg-type]
-        for kind, names in kinds.items()
-        for name in names
-    ]
+    kinds, held, holders = supervisor.resources()
+    items = []
+    for kind, names in kinds.items():
+        for name in names:
+            job_id = held.get(name)
+            job_name, owner, team = holders.get(job_id, (None, None, None)) if job_id else (
+                None, None, None)
+            items.append(ResourceRead(name=name, kind=kind, job_id=job_id,  # type: ignore[arg-type]
+                                      job_name=job_name, owner=owner, team=team))
     totals = {}
     for kind, names in kinds.items():
         allocated = sum(1 for n in names if n in held)

@@ -5,8 +5,9 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
-from service.api.deps import JOB_ID_MAX, JobDep, SessionDep
+from service.api.deps import JOB_ID_MAX, CallerDep, JobDep, SessionDep
 from service.api.schemas import MetricValue
+from service.store import repository as repo
 from service.store import series
 from torchyard_contract.records import decode_value, to_wire
 from torchyard_contract.state import JobState
@@ -100,16 +101,21 @@ def read_series(
 @router.get("/progress", response_model=ProgressList)
 def read_progress(
     session: SessionDep,
+    caller: CallerDep,
     job_id: Annotated[
         list[Annotated[int, Field(ge=1, le=JOB_ID_MAX)]],
         Query(max_length=PROGRESS_JOBS_MAX, description="repeatable"),
     ],
 ) -> ProgressList:
     """Newest record (seq, epoch) of each listed job: one indexed lookup per job. Unknown ids
-    come back with ``last_seq`` 0, like jobs that reported nothing yet."""
+    come back with ``last_seq`` 0, like jobs that reported nothing yet (and so do other
+    teams' jobs)."""
     items = []
-    for jid in dict.fromkeys(job_id):
-        last = series.last_record(session, jid)
+    ids = list(dict.fromkeys(job_id))
+    teams = repo.teams_of_jobs(session, ids) if not caller.admin else {}
+    for jid in ids:
+        last = series.last_record(session, jid) if caller.admin or (
+            jid in teams and caller.sees(teams[jid])) else None
         items.append(Progress(job_id=jid, last_seq=last[0] if last else 0,
                               epoch=last[1] if last else None))
     return ProgressList(items=items)

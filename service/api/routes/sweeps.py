@@ -4,9 +4,9 @@ them, in the acting supervisor."""
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Query, Response
 
-from service.api.deps import SessionDep, SupervisorDep
+from service.api.deps import SWEEP_ID_MAX, CallerDep, SessionDep, SupervisorDep, SweepDep
 from service.api.errors import ERROR_RESPONSES, ApiError
 from service.api.middleware.writegate import WriteSlotDep
 from service.api.sweepschemas import SweepList, SweepRead
@@ -17,8 +17,6 @@ from service.store import sweeps as store
 from torchyard_contract.state import SweepStateName
 
 router = APIRouter(prefix="/sweeps", tags=["sweeps"])
-SWEEP_ID_MAX = 2**63 - 1
-SweepId = Annotated[int, Path(ge=1, le=SWEEP_ID_MAX)]
 
 
 @router.post(
@@ -39,10 +37,11 @@ SweepId = Annotated[int, Path(ge=1, le=SWEEP_ID_MAX)]
 )
 def create_sweep(
     spec: SweepSpec, response: Response, _write: WriteSlotDep, supervisor: SupervisorDep,
-    session: SessionDep,
+    session: SessionDep, caller: CallerDep,
 ) -> SweepRead:
+    """A sweep of the caller's team: its trials are the caller's jobs."""
     try:
-        sweep = supervisor.sweeps.create(spec)
+        sweep = supervisor.sweeps.create(spec, caller)
     except domain.SweepRejected as exc:
         message = str(exc)
         raise ApiError(exc.status, exc.kind, message, details=[
@@ -59,10 +58,15 @@ def list_sweeps(
     before: Annotated[
         int | None, Query(ge=1, le=SWEEP_ID_MAX, description="cursor: sweeps with id < before")
     ] = None,
+    owner: Annotated[str | None, Query(max_length=64, description="made by this user")] = None,
+    team: Annotated[str | None, Query(max_length=64, description="of this team")] = None,
+    *,
+    caller: CallerDep,
 ) -> SweepList:
     """Newest first, without their trials; pass ``next_before`` as ``?before=`` for the next
-    page."""
-    sweeps = store.list_sweeps(session, state, limit, before)
+    page. A member or viewer sees only their team's sweeps."""
+    sweeps = store.list_sweeps(session, state, limit, before, everyone=caller.admin,
+                               caller_team=caller.team, owner=owner, team=team)
     return SweepList(
         items=[SweepRead.from_view(domain.view(session, s), with_trials=False) for s in sweeps],
         next_before=sweeps[-1].id if len(sweeps) == limit else None,
@@ -70,20 +74,17 @@ def list_sweeps(
 
 
 @router.get("/{sweep_id}", response_model=SweepRead)
-def get_sweep(sweep_id: SweepId, session: SessionDep) -> SweepRead:
-    sweep = store.get_sweep(session, sweep_id)
-    if sweep is None:
-        raise ApiError(404, "not_found", f"sweep {sweep_id} not found")
+def get_sweep(sweep: SweepDep, session: SessionDep) -> SweepRead:
     return SweepRead.from_view(domain.view(session, sweep))
 
 
 @router.post("/{sweep_id}/cancel", response_model=SweepRead)
 def cancel_sweep(
-    sweep_id: SweepId, _write: WriteSlotDep, supervisor: SupervisorDep, session: SessionDep,
+    found: SweepDep, _write: WriteSlotDep, supervisor: SupervisorDep, session: SessionDep,
 ) -> SweepRead:
     """Cancel a running sweep and its queued and running trials; an ended sweep is returned
     unchanged (200)."""
-    sweep = supervisor.sweeps.cancel(sweep_id)
+    sweep = supervisor.sweeps.cancel(found.id)
     if sweep is None:
-        raise ApiError(404, "not_found", f"sweep {sweep_id} not found")
+        raise ApiError(404, "not_found", f"sweep {found.id} not found")
     return SweepRead.from_view(domain.view(session, sweep))

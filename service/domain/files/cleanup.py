@@ -17,9 +17,11 @@ Contract:
   ``TORCHYARD_RETENTION_DAYS`` ago are deleted (at most :data:`SWEEP_JOBS` a pass, their records
   in batches of :data:`RECORD_BATCH`, each batch its own short transaction, so writers never
   wait long); packages no queued or running job names are collected after
-  ``TORCHYARD_PACKAGE_GRACE_S``; run directories whose job no longer exists are removed.
-  Each job, package and directory is its own try: one that fails is logged and retried on the
-  next pass, and never keeps the pass from the others.
+  ``TORCHYARD_PACKAGE_GRACE_S`` (with the teams' grants of them); run directories whose job no
+  longer exists are removed; audit log entries older than ``TORCHYARD_AUDIT_RETENTION_DAYS``
+  are deleted (at most :data:`AUDIT_BATCH` a pass). Each job, package and directory is its own
+  try: one that fails is logged and retried on the next pass, and never keeps the pass from the
+  others.
 
 Trees are removed by ``torchyard_contract.treeremoval.remove_tree`` (no depth limit: a job's
 1,200 nested folders are removed like any other tree).
@@ -38,7 +40,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.domain.files.packages import package_store
 from service.settings import Settings
-from service.store import deletion
+from service.store import audit, deletion
+from service.store import identity as identitystore
 from service.store import repository as repo
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.state import TERMINAL_STATES, JobState
@@ -48,6 +51,7 @@ logger = logging.getLogger(__name__)
 
 SWEEP_JOBS = 50  # jobs deleted per retention pass
 RECORD_BATCH = 5000  # metric records per delete transaction
+AUDIT_BATCH = 5000  # audit log entries deleted per pass
 ASIDE_PREFIX = ".deleting-"
 ORPHAN_AGE_S = 300.0  # a run directory without a job is removed once it is this old
 
@@ -136,7 +140,12 @@ class Cleanup:
         with self.sessions() as session:
             in_use = deletion.packages_in_use(session)
             known = deletion.job_ids(session)
-        package_store(self.settings).collect(self.settings.package_grace_s, in_use, now)
+        removed = package_store(self.settings).collect(self.settings.package_grace_s, in_use, now)
+        cutoff = repo.utcnow() - timedelta(days=self.settings.audit_retention_days)
+        with self.sessions() as session:
+            identitystore.drop_package_grants(session, removed)
+            audit.prune(session, cutoff, AUDIT_BATCH)
+            session.commit()
         self._remove_orphans(known)
 
     def _remove_orphans(self, known: set[int]) -> None:

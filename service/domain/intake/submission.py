@@ -1,5 +1,7 @@
 """What ``POST /jobs`` goes through after its schema: admission, what this executor can run,
-capacity, the script and its secrets' names, the idempotency key; then the job is queued.
+capacity, the script, its package and its secrets' names as the caller's team may use them, a
+job it resumes from (the caller's team's), the idempotency key; then the job is queued as the
+caller's (``owner``, ``team``).
 
 Contract: :meth:`Intake.submit` stores a queued job and returns ``(job, created)``, or raises
 :class:`SubmitRejected` (its ``kind`` and ``status`` say why), ``AdmissionRefused`` (403) or
@@ -22,6 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.domain.files.diskspace import DiskFull, check_floor
 from service.domain.files.packages import package_store
+from service.domain.identity.caller import ADMIN, Caller
 from service.domain.intake import secretstore
 from service.domain.intake.admission import admit
 from service.domain.intake.scriptpath import (
@@ -35,6 +38,7 @@ from service.domain.queue.inventory import Inventory
 from service.domain.queue.placement import capacity_shortfall, resource_kind
 from service.settings import Settings
 from service.settings import webhookfile as webhookconf
+from service.store import identity as identitystore
 from service.store import repository as repo
 from service.store.tables import Job
 from torchyard_contract.spec import SLURM_FIELDS, JobSpec
@@ -87,46 +91,50 @@ class Intake:
     executor_queues_jobs: bool
     queued: Callable[[], None]  # wakes the loop
 
-    def submit(self, spec: JobSpec, idempotency_key: str | None = None) -> tuple[Job, bool]:
-        """Store a queued job; returns (job, created).
+    def submit(
+        self, spec: JobSpec, idempotency_key: str | None = None, caller: Caller = ADMIN,
+    ) -> tuple[Job, bool]:
+        """Store a queued job of ``caller`` (its ``owner`` and ``team``); returns (job, created).
 
         A repeated ``idempotency_key`` returns the job first stored with it (``created`` False),
-        so a retried request never launches twice; the same key with a different spec raises
-        ``SubmitRejected("idempotency_conflict")``. Also raises ``SubmitRejected`` for a job that
-        can never fit this host or names a job that does not exist.
+        so a retried request never launches twice; the same key with a different spec, or from
+        another user, raises ``SubmitRejected("idempotency_conflict")``. Also raises
+        ``SubmitRejected`` for a job that can never fit this host or names a job, package or
+        secret that does not exist for the caller's team.
         """
         spec = admit(spec, self.settings)  # 403 script jobs without tokens; 422 paths outside roots
         self.check_floor()
         if idempotency_key is not None:
-            existing = self._job_for_key(idempotency_key, spec)
+            existing = self._job_for_key(idempotency_key, spec, caller)
             if existing is not None:
                 return existing, False
         with self.sessions() as session:
-            vetted = self._vet_admitted(session, spec)
+            vetted = self._vet_admitted(session, spec, caller)
             try:
-                job = self._store(session, vetted, idempotency_key)
+                job = self._store(session, vetted, idempotency_key, caller)
                 session.commit()
             except IntegrityError:
                 # Another request with the same key won the race between lookup and insert.
                 session.rollback()
-                existing = self._job_for_key(idempotency_key or "", spec)
+                existing = self._job_for_key(idempotency_key or "", spec, caller)
                 if existing is None:
                     raise
                 return existing, False
         self.queued()
         return job, True
 
-    def vet(self, session: Session, spec: JobSpec) -> Vetted:
+    def vet(self, session: Session, spec: JobSpec, caller: Caller = ADMIN) -> Vetted:
         """Every check a submitted spec gets (the module docstring), nothing stored; raises as
         :meth:`submit` does. ``session`` reads the job ``resume_from`` names."""
         spec = admit(spec, self.settings)
         self.check_floor()
-        return self._vet_admitted(session, spec)
+        return self._vet_admitted(session, spec, caller)
 
-    def make(self, session: Session, spec: JobSpec) -> Job:
-        """A queued job of ``spec`` in the caller's transaction (which commits it), after every
-        check of :meth:`vet`: how a sweep's driver makes each trial."""
-        return self._store(session, self.vet(session, spec), None)
+    def make(self, session: Session, spec: JobSpec, caller: Caller = ADMIN) -> Job:
+        """A queued job of ``spec`` for ``caller`` in the caller's transaction (which commits
+        it), after every check of :meth:`vet`: how a sweep's driver makes each trial (as the
+        sweep's owner and team)."""
+        return self._store(session, self.vet(session, spec, caller), None, caller)
 
     def check_floor(self) -> None:
         """Raise ``SubmitRejected`` (507, ``insufficient_storage``) below the disk floor."""
@@ -135,32 +143,43 @@ class Intake:
         except DiskFull as exc:
             raise SubmitRejected("insufficient_storage", str(exc), status=507) from exc
 
-    def _vet_admitted(self, session: Session, spec: JobSpec) -> Vetted:
-        self.check_runnable(spec)
+    def _vet_admitted(self, session: Session, spec: JobSpec, caller: Caller) -> Vetted:
+        self.check_priority(spec, caller)
+        self.check_runnable(spec, caller)
         try:  # names only; URLs and secrets are read when each delivery is sent
             webhooks = webhookconf.subscriptions(spec.notify, self.settings.webhooks_file)
         except webhookconf.NotifyRefused as exc:
             raise SubmitRejected("invalid_request", f"notify: {exc}") from exc
-        if spec.resume_from is not None and repo.get_job(session, spec.resume_from) is None:
-            raise SubmitRejected("invalid_request", f"resume_from: job {spec.resume_from} not found")
+        if spec.resume_from is not None:
+            resumed = repo.get_job(session, spec.resume_from)
+            if resumed is None or not caller.sees(resumed.team):  # its checkpoints are its team's
+                raise SubmitRejected("invalid_request",
+                                     f"resume_from: job {spec.resume_from} not found")
         return Vetted(spec, webhooks)
 
-    def _store(self, session: Session, vetted: Vetted, idempotency_key: str | None) -> Job:
+    def _store(
+        self, session: Session, vetted: Vetted, idempotency_key: str | None, caller: Caller,
+    ) -> Job:
         """The one insert of a job (``repository.create_job``), after :meth:`_vet_admitted`."""
-        return repo.create_job(session, vetted.spec, idempotency_key, vetted.webhooks)
+        return repo.create_job(session, vetted.spec, idempotency_key, vetted.webhooks,
+                               owner=caller.user, team=caller.team)
 
-    def check_runnable(self, spec: JobSpec) -> None:
-        """Raise ``SubmitRejected`` for an admitted spec this server could never run (also the
-        check of a sweep's trials, ``service.domain.sweeps.manage``)."""
+    def check_priority(self, spec: JobSpec, caller: Caller) -> None:
+        """The hook of issue 47 ("Fair shares"): a member may not submit above their team's
+        ``max_priority``. Teams have none yet: every priority the spec allows is taken."""
+
+    def check_runnable(self, spec: JobSpec, caller: Caller = ADMIN) -> None:
+        """Raise ``SubmitRejected`` for an admitted spec this server could never run for
+        ``caller`` (also the check of a sweep's trials, ``service.domain.sweeps.manage``)."""
         if not self.executor_queues_jobs:
             check_local(spec, self.inventory)
         if spec.is_script:  # refuse what could never launch; resolved again at launch
-            self._check_script(spec)
+            self._check_script(spec, caller)
 
-    def _check_script(self, spec: JobSpec) -> None:
+    def _check_script(self, spec: JobSpec, caller: Caller) -> None:
         try:
             if spec.package is not None:
-                self._check_package(spec, spec.package)
+                self._check_package(spec, spec.package, caller)
             else:
                 script_program(spec, self.settings.script_dir_list)
         except ScriptsDisabled as exc:
@@ -168,25 +187,38 @@ class Intake:
         except ScriptRefused as exc:
             raise SubmitRejected("invalid_request", str(exc)) from exc
         try:  # names only; values are read at launch
-            secretstore.check_names(spec.secret_env, self.settings.secrets_file)
+            secretstore.check_names(spec.secret_env, self.settings.secrets_file, caller.team)
         except SecretRefused as exc:
             raise SubmitRejected("invalid_request", str(exc)) from exc
 
-    def _check_package(self, spec: JobSpec, digest: str) -> None:
+    def _check_package(self, spec: JobSpec, digest: str, caller: Caller) -> None:
         if not self.settings.packages_enabled:
             raise SubmitRejected(
                 "packages_disabled", "package: packages are turned off on this server "
                 "(TORCHYARD_PACKAGES_ENABLED=false)", status=403)
         store = package_store(self.settings)
-        if store.get(digest) is None:
+        if not self.package_visible(digest, caller) or store.get(digest) is None:
             raise SubmitRejected(
                 "invalid_request", f"package: {digest} is not on this server; upload it with "
                 "POST /packages first")
         package_program(spec, store.tree(digest))  # the entrypoint exists inside it
 
-    def _job_for_key(self, key: str, spec: JobSpec) -> Job | None:
+    def package_visible(self, digest: str, caller: Caller) -> bool:
+        """Whether ``caller``'s team uploaded ``digest`` (admins see every package)."""
+        if caller.admin:
+            return True
+        if caller.team is None:
+            return False
+        with self.sessions() as session:
+            return identitystore.package_granted(session, digest, caller.team)
+
+    def _job_for_key(self, key: str, spec: JobSpec, caller: Caller) -> Job | None:
         with self.sessions() as session:
             job = repo.job_by_idempotency_key(session, key)
+        if job is not None and (job.owner, job.team) != (caller.user, caller.team):
+            raise SubmitRejected(  # never another user's job, not even its id
+                "idempotency_conflict", "Idempotency-Key: already used by another user",
+                status=409)
         if job is not None and job.spec != spec.model_dump(mode="json"):
             raise SubmitRejected(
                 "idempotency_conflict",

@@ -9,6 +9,7 @@ one place that chooses a rank's device and backend from its placement (``service
 
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -19,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from service.domain.files.packages import PackageMissing, package_store
 from service.domain.files.runowner import prepare_run_dir
+from service.domain.identity.runas import RunAsRefused, resolve_run_as
 from service.domain.intake import secretstore
 from service.domain.intake.scriptpath import RankProgram, ScriptRefused, rank_program
 from service.domain.intake.secretstore import SecretRefused
@@ -27,6 +29,7 @@ from service.domain.queue.placement import Placement
 from service.executor.base import Submission
 from service.settings import Settings
 from service.settings.tokens import new_token
+from service.store import identity as identitystore
 from service.store import repository as repo
 from service.store.tables import Job
 from torchyard_contract import envnames as names
@@ -142,23 +145,37 @@ def rank_env(
 class Launcher:
     ctx: LoopContext
 
-    def run_as_of(self, job: Job) -> RunAs | None:
-        """The Unix user ``job``'s processes run as: None = this server's own. The one place a
-        job's team decides it (``service.domain.intake.runas.resolve_run_as`` of the team's
-        ``unix_user`` and ``os.getuid()``), once jobs have teams."""
-        return None
+    def run_as_of(self, team: str | None) -> RunAs | None:
+        """The Unix user the processes of ``team``'s jobs run as: its ``unix_user`` when this
+        server runs as root (``service.domain.identity.runas``), else None (the server's own
+        user). Raises ``RunAsRefused`` for a ``unix_user`` gone from the host since it was set:
+        the job fails, naming it, rather than run as the server."""
+        if team is None:
+            return None
+        with self.ctx.read_sessions() as session:
+            row = identitystore.get_team(session, team)
+        return resolve_run_as(row.unix_user if row is not None else None, os.getuid())
+
+    def start_team_run(
+        self, job_id: int, token: str, spec: JobSpec, placement: Placement | None,
+        params: dict | None = None, exclude_nodes: Sequence[str] = (), team: str | None = None,
+    ) -> str:
+        """:meth:`start_run` as ``team``'s Unix user (:meth:`run_as_of`), with its secrets."""
+        return self.start_run(job_id, token, spec, placement, params, exclude_nodes, team,
+                              run_as=self.run_as_of(team))
 
     def start_run(
         self, job_id: int, token: str, spec: JobSpec, placement: Placement | None,
-        params: dict | None = None, exclude_nodes: Sequence[str] = (),
+        params: dict | None = None, exclude_nodes: Sequence[str] = (), team: str | None = None,
         run_as: RunAs | None = None,
     ) -> str:
         """Write the run directory and submit the job's attempt loop; its reference, or raises
         (``ScriptRefused``: the script went away or out of bounds since submit;
         ``PackageMissing``; ``SecretRefused``; ``OSError``; the executor's errors).
-        ``exclude_nodes``: the job's ``exclude_nodes`` (retry_elsewhere; Slurm only).
-        ``run_as``: the Unix user every process of the job runs as, who then owns its run
-        directory (``service.domain.files.runowner``); None = this server's user."""
+        ``exclude_nodes``: the job's ``exclude_nodes`` (retry_elsewhere; Slurm only); ``team``:
+        the job's, whose secrets it may use. ``run_as``: the Unix user every process of the job
+        runs as, who then owns its run directory (``service.domain.files.runowner``); None =
+        this server's user."""
         settings = self.ctx.settings
         run = RunDir.for_job(settings.runs_dir, job_id)
         prepare_run_dir(run, run_as)
@@ -177,7 +194,7 @@ class Launcher:
         env = rank_env(
             job_id=job_id, token=token, run=run, spec=spec, api_url=self.ctx.api_url,
             cpu_slots=self.ctx.inventory.cpu_slots,
-            secrets=secretstore.resolve(spec.secret_env, settings.secrets_file),
+            secrets=secretstore.resolve(spec.secret_env, settings.secrets_file, team),
             resume_dir=resume_dir, placement=placement, params=params,
         )
         return self.ctx.executor.submit(Submission(
@@ -202,10 +219,10 @@ class Launcher:
         repo.allocate(session, job.id, placement.resources)
         session.commit()
         try:
-            ref = self.start_run(job.id, token, spec, placement, job.params,
-                                 run_as=self.run_as_of(job))
+            ref = self.start_team_run(job.id, token, spec, placement, job.params, team=job.team)
         except Exception as exc:  # whatever failed, the job must not stay starting, holding slots
-            if not isinstance(exc, ScriptRefused | SecretRefused | OSError | PackageMissing):
+            if not isinstance(exc, ScriptRefused | SecretRefused | OSError | PackageMissing
+                              | RunAsRefused):
                 logger.exception("job %s: launch failed", job.id)
             if ctx.lease.fence(session):  # else the next supervisor gives the launch up
                 repo.transition(session, job.id, JobState.failed, reason=f"could not start: {exc}")

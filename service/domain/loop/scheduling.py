@@ -199,9 +199,9 @@ class ExecutorQueueing:
                 repo.set_token_hash(session, job.id, token_hash)
                 session.commit()
                 self.submits.start(job.id, partial(
-                    self.launcher.start_run, job.id, token, spec, None, job.params,
+                    self.launcher.start_team_run, job.id, token, spec, None, job.params,
                     job.exclude_nodes or (),  # restarted elsewhere: not on these nodes
-                    run_as=self.launcher.run_as_of(job)))
+                    job.team))
 
     def close(self) -> None:
         self.submits.close()

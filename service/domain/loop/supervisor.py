@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.domain.files.cleanup import Cleanup
+from service.domain.identity.caller import ADMIN, Caller
 from service.domain.intake.submission import Intake
 from service.domain.lease import Lease
 from service.domain.loop.context import LoopContext
@@ -51,6 +52,7 @@ from service.domain.sweeps.manage import Sweeps
 from service.domain.webhooks.delivery import Dispatcher
 from service.executor.base import Executor, NodeRow
 from service.settings import Settings
+from service.store import identity as identitystore
 from service.store import queue as queuerepo
 from service.store import repository as repo
 from service.store import sweeps as sweepstore
@@ -152,9 +154,20 @@ class Supervisor:
         return self._term is not None and self.ctx.lease.held()
 
     # --- called by routes -------------------------------------------------------------------
-    def submit(self, spec: JobSpec, idempotency_key: str | None = None) -> tuple[Job, bool]:
+    def submit(
+        self, spec: JobSpec, idempotency_key: str | None = None, caller: Caller = ADMIN,
+    ) -> tuple[Job, bool]:
         """See :meth:`service.domain.intake.submission.Intake.submit`."""
-        return self.intake.submit(spec, idempotency_key)
+        return self.intake.submit(spec, idempotency_key, caller)
+
+    def grant_package(self, digest: str, caller: Caller) -> bool:
+        """``caller``'s team uploaded ``digest``: it may name it from now on; True when new."""
+        if caller.team is None:
+            return False
+        with self.session_factory() as session:
+            granted = identitystore.grant_package(session, digest, caller.team)
+            session.commit()
+        return granted
 
     def queue_status(self, job_id: int) -> scheduler.Waiting | None:
         """Queue position and why a queued job waits, as of the supervisor's last scheduling
@@ -165,12 +178,16 @@ class Supervisor:
             return self._snapshot.get(job_id)
         return waiting.get(job_id)
 
-    def resources(self) -> tuple[dict[str, list[str]], dict[str, int]]:
-        """(kind → every resource name of the host, resource → job holding it)."""
+    def resources(
+        self,
+    ) -> tuple[dict[str, list[str]], dict[str, int], dict[int, tuple[str, str | None, str | None]]]:
+        """(kind → every resource name of the host, resource → job holding it, holding job →
+        its name, owner and team)."""
         with self.ctx.read_sessions() as session:
             held = repo.allocated_resources(session)
+            holders = repo.holders(session, sorted(set(held.values())))
         kinds = {kind: self.inventory.resource_names(kind) for kind in (scheduler.GPU, scheduler.CPU)}
-        return kinds, held
+        return kinds, held, holders
 
     def cluster_nodes(self) -> list[NodeRow]:
         """The cluster's nodes (``Executor.nodes``: Slurm's partition); raises ``ExecutorError``."""

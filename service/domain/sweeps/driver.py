@@ -41,6 +41,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.domain.identity.caller import acting_for
 from service.domain.intake.admission import AdmissionRefused
 from service.domain.intake.pathguard import PathRefused
 from service.domain.intake.submission import Intake, SubmitRejected
@@ -242,7 +243,8 @@ class SweepDriver:
             trial = st.ask(number, spec.grid_params(made) if spec.method == "grid" else None)
             params = dict(trial.params)
             try:
-                job = self.intake.make(session, spec.trial_spec(sweep.id, number, params))
+                job = self.intake.make(session, spec.trial_spec(sweep.id, number, params),
+                                       acting_for(sweep.owner, sweep.team))  # the sweep's
             except ValidationError as exc:
                 why = f"trial {number}'s spec is refused: {_first_error(exc)}"
             except _REFUSED as exc:

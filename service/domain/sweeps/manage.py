@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.domain.identity.caller import ADMIN, Caller
 from service.domain.intake.admission import AdmissionRefused
 from service.domain.intake.pathguard import PathRefused
 from service.domain.intake.submission import Intake, SubmitRejected
@@ -119,20 +120,20 @@ class Sweeps:
     intake: Intake
     changed: Callable[[], None]  # wakes the supervisor's loop
 
-    def create(self, spec: SweepSpec) -> Sweep:
-        """Store a running sweep. Raises :class:`SweepRejected` for a grid over the bound
+    def create(self, spec: SweepSpec, caller: Caller = ADMIN) -> Sweep:
+        """Store a running sweep of ``caller`` (its trials are its owner's and team's). Raises :class:`SweepRejected` for a grid over the bound
         (``space``) and for whatever ``POST /jobs`` would refuse of the base spec or of the spec
         at each end of the space's dimensions (``spec.<field>``, the status a job would get)."""
         if (why := spec.grid_refused()) is not None:
             raise SweepRejected("invalid_request", why, field="space")
         with self.sessions() as session:
             try:
-                base = self.intake.vet(session, spec.spec).spec  # every check of POST /jobs
+                base = self.intake.vet(session, spec.spec, caller).spec  # every check of POST /jobs
                 for key, dim in spec.space.items():  # every spec field set, at its bounds
                     if spec.sets_field(key):
                         for value in extremes(dim):
                             self.intake.check_runnable(JobSpec.model_validate(
-                                {**base.model_dump(mode="json"), key: value}))
+                                {**base.model_dump(mode="json"), key: value}), caller)
             except SubmitRejected as exc:
                 raise SweepRejected.of_spec(exc.kind, str(exc), exc.status) from exc
             except PathRefused as exc:
@@ -141,7 +142,8 @@ class Sweeps:
                 raise SweepRejected.of_spec("forbidden", str(exc), 403) from exc
             spec = spec.model_copy(update={"spec": base})
             sweep = store.create_sweep(
-                session, spec.name, spec.spec.priority, spec.model_dump(mode="json"))
+                session, spec.name, spec.spec.priority, spec.model_dump(mode="json"),
+                owner=caller.user, team=caller.team)
             session.commit()
             session.refresh(sweep)
         self.changed()
