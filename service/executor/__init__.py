@@ -19,7 +19,9 @@ def make_executor(settings: "Settings", warm: "WarmPool | None" = None) -> Execu
     from service.executor.local import LocalExecutor
 
     if settings.executor == "local":
-        return LocalExecutor(warm=warm, standby=True)  # the shim runs on the server's python; its torchrun on settings'
+        # The attempt loop runs on the server's python; its torchrun (and a run-as job's
+        # attempt loop, started as the team's user) on settings'.
+        return LocalExecutor(warm=warm, standby=True, user_python=settings.python_executable)
     if settings.executor == "slurm":
         return make_slurm_executor(settings)
     raise ValueError(f"executor: {settings.executor!r} is not one of: local, slurm")

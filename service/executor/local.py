@@ -66,9 +66,14 @@ class LocalExecutor:
     spans_nodes = False
 
     def __init__(
-        self, python: str | None = None, warm: WarmPool | None = None, standby: bool = False
+        self, python: str | None = None, warm: WarmPool | None = None, standby: bool = False,
+        user_python: str | None = None,
     ) -> None:
         self.python = python or sys.executable
+        # A job that runs as its team's Unix user starts its attempt loop as that user, who must
+        # be able to run the interpreter: the ranks' (``TORCHYARD_PYTHON_EXECUTABLE``) when set,
+        # as the server's own may sit where only the server's user can reach it.
+        self.user_python = user_python or self.python
         self.warm = warm  # warm ranks (docs/warm-ranks.md); None = every job starts cold
         # A shim started ahead of the next job (``service.executor.standby``); the first job
         # after start starts its own.
@@ -89,7 +94,8 @@ class LocalExecutor:
 
     def dry_run(self, sub: Submission) -> DryRun:
         return DryRun(
-            argv=tuple(build_shim_command(self.python, sub.run)),
+            argv=tuple(build_shim_command(
+                self.python if sub.run_as is None else self.user_python, sub.run)),
             cwd=sub.run.root,
             env_names=tuple(sorted(sub.env)),
         )
