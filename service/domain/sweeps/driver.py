@@ -129,6 +129,9 @@ class _Study:
     dists: dict[str, Any]
     trials: dict[int, Any] = field(default_factory=dict)  # job id → live Optuna trial
     reported: dict[int, int] = field(default_factory=dict)  # job id → last epoch reported
+    # job id → the value reported at that epoch: a trial's records are read once, so when it
+    # ends after its last epoch was read, its final value is this one, not a new read's.
+    last_value: dict[int, float] = field(default_factory=dict)
     told: set[int] = field(default_factory=set)  # job ids whose end the study was told
 
     def adopt(self, job: Job) -> None:
@@ -287,6 +290,7 @@ class SweepDriver:
                 break
             trial.report(value, epoch)
             st.reported[job.id] = last = epoch
+            st.last_value[job.id] = value
             if st.spec.prune is None or not trial.should_prune():
                 continue
             if job.pruned_epoch is None and state not in TERMINAL_STATES:
@@ -297,7 +301,7 @@ class SweepDriver:
                     return True
         if state in TERMINAL_STATES:
             end = outcome(job)
-            value = epochs.get(last) if end == "completed" and last else None
+            value = st.last_value.get(job.id) if end == "completed" and last else None
             self._tell(st, job.id, end if value is None or end != "completed" else "completed",
                        value)
         return False
