@@ -2,7 +2,9 @@
 // Routes live in the URL hash so they never collide with API paths:
 //   #/?state=&name=&label=   job list with filters
 //   #/jobs/<id>              one job: per-rank curves (live), phases, attempts, divergence, logs
-//   #/submit                 submit a JSON spec
+//   #/submit[?copy=<id>]     submit a JSON spec (pre-filled with a job's spec: "Submit a copy")
+// More pages live in files of their own (sweeps.js, compare.js, resources.js, jobextras.js),
+// loaded after this one: they register routes and job-page panels on window.torchyard.
 // When the server has API tokens, the token pasted by the user (kept in localStorage) is sent as
 // "Authorization: Bearer"; a 401 opens the token form.
 "use strict";
@@ -61,6 +63,17 @@
     if (s < 3600) return `${Math.floor(s / 60)} min ${Math.round(s % 60)} s`;
     if (s < 86400) return `${Math.floor(s / 3600)} h ${Math.round((s % 3600) / 60)} min`;
     return `${Math.floor(s / 86400)} d ${Math.round((s % 86400) / 3600)} h`;
+  }
+
+  // Re-drawing a table must not take the keyboard's place away: the control that had focus is
+  // found again in what draw() made by its data-focus key, and focused.
+  function keepFocus(container, draw) {
+    const had = document.activeElement;
+    const key = had && container.contains(had) ? had.dataset.focus : undefined;
+    draw();
+    if (!key) return;
+    const again = container.querySelector(`[data-focus="${CSS.escape(key)}"]`);
+    if (again) again.focus({preventScroll: true});
   }
 
   function stateBadge(state) {
@@ -131,6 +144,18 @@
     return {stop() { stopped = true; clearTimeout(timer); }};
   }
 
+  // What the other files of the dashboard use; they add routes ({path: RegExp, page(match,
+  // query) → {stop()}}), job-page panels (jobId → {top?, section?, update(job), stop()}) and
+  // hooks (listSelect, copiedSpec). Every route is resolved at DOMContentLoaded, once all of them
+  // are loaded.
+  const ext = Object.assign(window.torchyard || {}, {
+    h, api, ApiFailure, poller, showNotice, reportError, stateBadge, parseTime, duration,
+    keepFocus, PALETTE, DASHES, TERMINAL, POLL_MS, LIST_POLL_MS, SERIES_MAX_POINTS, TOKEN_KEY,
+  });
+  ext.routes = ext.routes || [];
+  ext.jobPanels = ext.jobPanels || [];
+  window.torchyard = ext;
+
   // ---- job list -----------------------------------------------------------------------------
 
   function listPage(query) {
@@ -151,15 +176,26 @@
       location.hash = `#/?${q}`;
     }}, stateSel, nameIn, labelIn, h("button", {type: "submit"}, "Filter"));
     const tbody = h("tbody", {id: "job-rows"});
+    const select = ext.listSelect ? ext.listSelect() : null;  // checkboxes → #/compare
     const table = h("table", {class: "jobs"},
-      h("thead", {}, h("tr", {}, ["ID", "Name", "State", "Progress", "Age", "Labels"].map(
-        (c) => h("th", {}, c)))),
+      h("thead", {}, h("tr", {}, select ? h("th", {}, h("span", {class: "sr-only"}, "Select")) : "",
+        ["ID", "Name", "State", "Progress", "Age", "Labels"].map((c) => h("th", {}, c)))),
       tbody);
     const empty = h("p", {class: "quiet", hidden: true}, "No jobs match.");
-    view.replaceChildren(h("h1", {}, "Jobs"), form, table, empty);
+    // Pages by cursor: ?before=<id> in the URL, so a page can be bookmarked.
+    const pager = h("nav", {class: "pager", "aria-label": "pages"});
+    view.replaceChildren(h("h1", {}, "Jobs"), form, select ? select.bar : "", table, empty, pager);
 
     const params = new URLSearchParams({limit: "100"});
-    for (const k of ["state", "name", "label"]) if (query.get(k)) params.set(k, query.get(k));
+    for (const k of ["state", "name", "label", "before"]) {
+      if (query.get(k)) params.set(k, query.get(k));
+    }
+    const pageLink = (before, text, id) => {
+      const q = new URLSearchParams(query);
+      q.delete("before");
+      if (before) q.set("before", before);
+      return h("a", {href: `#/?${q}`, id}, text);
+    };
 
     return poller(async () => {
       const list = await api(`/jobs?${params}`);
@@ -172,7 +208,9 @@
       }
       showNotice("");
       empty.hidden = jobs.length > 0;
-      tbody.replaceChildren(...jobs.map((j) => {
+      pager.replaceChildren(query.get("before") ? pageLink(null, "← Newest", "page-newest") : "",
+        list.next_before ? pageLink(list.next_before, "Older →", "page-older") : "");
+      keepFocus(tbody, () => tbody.replaceChildren(...jobs.map((j) => {
         const epochs = j.spec.epochs;  // absent for script jobs: they have no built-in epoch count
         const reached = (progress[j.id] && progress[j.id].epoch) || 0;
         const done = epochs ? Math.min(epochs, reached) : reached;
@@ -180,8 +218,9 @@
           ([k, v]) => h("span", {class: "label"}, `${k}=${v}`));
         const created = parseTime(j.created_at);
         return h("tr", {"data-job-id": j.id},
-          h("td", {}, h("a", {href: `#/jobs/${j.id}`}, j.id)),
-          h("td", {}, h("a", {href: `#/jobs/${j.id}`}, j.name)),
+          select ? h("td", {}, select.box(j)) : "",
+          h("td", {}, h("a", {href: `#/jobs/${j.id}`, "data-focus": `id-${j.id}`}, j.id)),
+          h("td", {}, h("a", {href: `#/jobs/${j.id}`, "data-focus": `name-${j.id}`}, j.name)),
           h("td", {}, stateBadge(j.state)),
           h("td", {class: "progress"}, epochs
             ? [h("progress", {max: epochs, value: done}), ` ${done} / ${epochs}`]
@@ -189,7 +228,7 @@
           h("td", {title: created ? created.toISOString() : ""},
             created ? duration((Date.now() - created) / 1000) : ""),
           h("td", {}, labels));
-      }));
+      })));
     }, LIST_POLL_MS);
   }
 
@@ -302,11 +341,11 @@
     const restarts = s.attempts.filter((a) => a.number > 1);
     const layout = {
       uirevision: `${s.job_id}:${s.name}:${s.level}`,  // keep the user's zoom across updates
-      margin: {l: 60, r: 20, t: 30, b: 45},
+      margin: {l: 60, r: 20, t: 30, b: 95},  // room for the legend below the axis title
       // Whole epochs on the axis while there are few of them (no "epoch 1.5" ticks).
       xaxis: {title: {text: s.level}, dtick: span(s) <= 12 ? 1 : undefined},
       yaxis: {title: {text: s.name}},
-      legend: {orientation: "h", y: -0.2},
+      legend: {orientation: "h", yref: "container", y: 0, yanchor: "bottom"},
       shapes: restarts.map((a) => ({type: "line", xref: "x", yref: "paper", x0: a.first_x,
                                     x1: a.first_x, y0: 0, y1: 1,
                                     line: {color: "#888", dash: "dot", width: 1}})),
@@ -489,11 +528,13 @@
       h("p", {class: "quiet"}, "Waiting for metrics."));
     const logs = h("div", {id: "logs"});
     const deliveries = h("section", {id: "deliveries", hidden: true});
+    const panels = ext.jobPanels.map((make) => make(jobId));  // jobextras.js: sweep, outputs, spec
     view.replaceChildren(
       h("div", {class: "job-head"}, title, badge, h("span", {class: "spacer"}), pauseBtn,
         resumeBtn, cancelBtn),
       reason,
       excluded,
+      ...panels.map((p) => p.top).filter(Boolean),
       h("section", {class: "chart-section"},
         h("div", {class: "row"}, h("h2", {}, "Per-rank curves"),
           h("label", {}, "metric ", metricSel)),
@@ -503,6 +544,7 @@
         h("section", {}, h("h2", {}, "Divergence"), divergence),
         h("section", {}, h("h2", {}, "Attempts"), attempts)),
       deliveries,
+      ...panels.map((p) => p.section).filter(Boolean),
       h("section", {}, h("h2", {}, "Logs"), logs));
 
     let job = null;
@@ -566,6 +608,7 @@
       renderPhases(phases, job);
       renderAttempts(attempts, job);
       logPanel.update(job);
+      for (const p of panels) p.update(job);
       try {
         renderDeliveries(deliveries, (await api(`/jobs/${jobId}/deliveries`)).items);
       } catch (err) {  // an older server has no such route (404): nothing to show
@@ -612,13 +655,14 @@
       poll = poller(tick, POLL_MS);
     });
 
-    return {stop() { poll.stop(); logPanel.stop(); }};
+    return {stop() { poll.stop(); logPanel.stop(); for (const p of panels) p.stop(); }};
   }
 
   // ---- submit -------------------------------------------------------------------------------
 
-  function submitPage() {
+  function submitPage(query) {
     const view = document.getElementById("view");
+    const heading = h("h1", {}, "Submit a job");
     const text = h("textarea", {id: "spec-json", rows: 16, spellcheck: "false"});
     text.value = JSON.stringify(DEFAULT_SPEC, null, 2);
     const errors = h("div", {id: "submit-errors", class: "warn"});
@@ -642,7 +686,14 @@
       }
     }}, h("label", {for: "spec-json"}, "Job spec (JSON; see docs/spec.md)"),
       text, h("div", {}, h("button", {type: "submit", id: "submit-button"}, "Submit")), errors);
-    view.replaceChildren(h("h1", {}, "Submit a job"), form);
+    view.replaceChildren(heading, form);
+    const from = query.get("copy");  // "Submit a copy" on a job's page
+    if (from && ext.copiedSpec) {
+      ext.copiedSpec(from).then((spec) => {
+        text.value = JSON.stringify(spec, null, 2);
+        heading.textContent = `Submit a copy of job ${from}`;
+      }).catch(reportError);
+    }
     return {stop() {}};
   }
 
@@ -654,10 +705,25 @@
     if (page) page.stop();
     showNotice("");
     const hash = location.hash || "#/";
-    const job = hash.match(/^#\/jobs\/(\d+)$/);
+    const [path, search] = [hash.split("?")[0], hash.split("?")[1] || ""];
+    const query = new URLSearchParams(search);
+    for (const a of document.querySelectorAll("header nav a")) {
+      const here = a.getAttribute("href") === (path === "#/" || path.startsWith("#/jobs") ? "#/"
+        : `#/${path.split("/")[1]}`);
+      if (here) a.setAttribute("aria-current", "page");
+      else a.removeAttribute("aria-current");
+    }
+    for (const r of ext.routes) {
+      const m = path.match(r.path);
+      if (m) {
+        page = r.page(m, query);
+        return;
+      }
+    }
+    const job = path.match(/^#\/jobs\/(\d+)$/);
     if (job) page = jobPage(Number(job[1]));
-    else if (hash === "#/submit") page = submitPage();
-    else page = listPage(new URLSearchParams(hash.split("?")[1] || ""));
+    else if (path === "#/submit") page = submitPage(query);
+    else page = listPage(query);
   }
 
   function setUpToken() {
@@ -684,5 +750,7 @@
 
   setUpToken();
   window.addEventListener("hashchange", route);
-  route();
+  // Once every deferred file ran (DOMContentLoaded comes after them): their routes and panels
+  // are registered by then.
+  document.addEventListener("DOMContentLoaded", route);
 })();
