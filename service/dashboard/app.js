@@ -76,6 +76,24 @@
     if (again) again.focus({preventScroll: true});
   }
 
+  // plotly.js (4.6 MB) is loaded by the first page that draws a chart, not by the shell: the
+  // lists (jobs, sweeps, resources) draw without waiting for it. A page starts it early and
+  // awaits it before its first chart.
+  let plotlyLoad = null;
+  function loadPlotly() {
+    if (window.Plotly) return Promise.resolve(window.Plotly);
+    plotlyLoad = plotlyLoad || new Promise((resolve, reject) => {
+      const script = h("script", {src: "/static/plotly.min.js"});
+      script.addEventListener("load", () => resolve(window.Plotly));
+      script.addEventListener("error", () => {
+        plotlyLoad = null;
+        reject(new Error("the chart library (/static/plotly.min.js) did not load"));
+      });
+      document.head.append(script);
+    });
+    return plotlyLoad;
+  }
+
   function stateBadge(state) {
     return h("span", {class: `state state-${state}`}, state);
   }
@@ -150,7 +168,7 @@
   // are loaded.
   const ext = Object.assign(window.torchyard || {}, {
     h, api, ApiFailure, poller, showNotice, reportError, stateBadge, parseTime, duration,
-    keepFocus, PALETTE, DASHES, TERMINAL, POLL_MS, LIST_POLL_MS, SERIES_MAX_POINTS, TOKEN_KEY,
+    keepFocus, loadPlotly, PALETTE, DASHES, TERMINAL, POLL_MS, LIST_POLL_MS, SERIES_MAX_POINTS, TOKEN_KEY,
   });
   ext.routes = ext.routes || [];
   ext.jobPanels = ext.jobPanels || [];
@@ -508,6 +526,7 @@
   }
 
   function jobPage(jobId) {
+    loadPlotly().catch(() => {});  // in parallel with the first reads; awaited before drawing
     const view = document.getElementById("view");
     const title = h("h1", {}, `Job ${jobId}`);
     const badge = h("span", {id: "job-state"});
@@ -638,6 +657,7 @@
           metricSel.replaceChildren(...names.map(
             (n) => h("option", {value: n, selected: n === name}, n)));
         }
+        await loadPlotly();
         drawChart(chart, chartNote, s);
         if (s.lines.length) await refreshSummary(name);
       }

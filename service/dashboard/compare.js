@@ -99,6 +99,7 @@
   }
 
   function comparePage(_match, query) {
+    ty.loadPlotly().catch(() => {});  // while the jobs are read
     const view = document.getElementById("view");
     const asked = (query.get("jobs") || "").split(",").map(Number).filter((n) => Number.isInteger(n) && n > 0);
     const ids = [...new Set(asked)].slice(0, MAX_JOBS);

@@ -193,6 +193,7 @@
   }
 
   function sweepPage(match) {
+    ty.loadPlotly().catch(() => {});  // while the sweep is read
     const id = Number(match[1]);
     const view = document.getElementById("view");
     const title = h("h1", {}, `Sweep ${id}`);

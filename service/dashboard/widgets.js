@@ -92,8 +92,15 @@
     return h("table", {id, class: "grid"}, h("thead", {}, head), h("tbody", {}, body));
   }
 
-  // plotly.js with the dashboard's defaults: resizes with the page, no logo.
-  function plot(el, traces, layout) {
+  // plotly.js with the dashboard's defaults: resizes with the page, no logo. Loads plotly.js
+  // on first use (ty.loadPlotly).
+  async function plot(el, traces, layout) {
+    try {
+      await ty.loadPlotly();
+    } catch (err) {
+      ty.reportError(err);
+      return;
+    }
     // The legend sits at the bottom of the box, below the axis title, however narrow the box.
     const base = {margin: {l: 60, r: 20, t: 30, b: 95},
                   legend: {orientation: "h", yref: "container", y: 0, yanchor: "bottom"}};

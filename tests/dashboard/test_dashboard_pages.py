@@ -97,9 +97,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     _stop_server(srv)
 
 
-def _shot(pg, name: str) -> None:  # type: ignore[no-untyped-def]
+def _shot(pg, name: str, full_page: bool = True) -> None:  # type: ignore[no-untyped-def]
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    pg.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+    pg.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=full_page)
 
 
 def _open(pg, server: LiveServer, hash_: str) -> None:  # type: ignore[no-untyped-def]
@@ -309,8 +309,10 @@ def test_outputs_download_byte_for_byte_and_the_spec_shows_secret_names_only(
     assert spec["secret_env"] == {"HF_TOKEN": "hf"} and spec["package"] == package["digest"]
     assert "HF_TOKEN" in pg.locator("#job-secrets").inner_text()
     assert SECRET_VALUE not in pg.content()
-    pg.locator("#chart").evaluate("el => el.scrollIntoView()")
+    pg.wait_for_function(
+        "() => (document.getElementById('chart').data || []).some(t => t.meta.kind === 'mean')")
     _shot(pg, "job")
+    _shot(pg, "job-top", full_page=False)  # the README's first screen
 
     # "Submit a copy": the form pre-filled with the spec; submitted, it is the same job again.
     pg.locator("#copy-button").click()
