@@ -116,7 +116,8 @@ def run(smoke: bool) -> list[Row]:
 
     if not CHROMIUM.exists():
         raise RuntimeError("bench.dashboard needs Debian's Chromium (apt-get install chromium)")
-    jobs, trials, epochs = (300, 10, 10) if smoke else (10_000, 200, EPOCHS)
+    # Smoke: more trials than the sweep page draws one line each for (it groups them).
+    jobs, trials, epochs = (300, 25, 10) if smoke else (10_000, 200, EPOCHS)
     repeats = 1 if smoke else REPEATS
     with tempfile.TemporaryDirectory(prefix="bench-dash-") as tmp:
         big, small = Path(tmp) / "big", Path(tmp) / "small"
@@ -138,7 +139,11 @@ def run(smoke: bool) -> list[Row]:
             assert len(r.json()["trials"]) == trials
             browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
             pg = browser.new_page(viewport={"width": 1280, "height": 800})
-            page_ms(pg, f"{base.url}/#/", rows_drawn(PAGE_ROWS))  # the cache warm
+            errors: list[str] = []  # a page that errs draws nothing worth timing
+            pg.on("pageerror", lambda exc: errors.append(str(exc)))
+            pg.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page_ms(pg, f"{base.url}/#/", rows_drawn(PAGE_ROWS))  # the cache warm, plotly.js in it
+            page_ms(pg, f"{server.url}/#/sweeps/{sweep_id}", sweep_drawn(trials))
             baseline, listed, older, sweep = [], [], [], []
             for _ in range(repeats):
                 baseline.append(page_ms(pg, f"{base.url}/#/", rows_drawn(PAGE_ROWS)))
@@ -152,6 +157,8 @@ def run(smoke: bool) -> list[Row]:
                 older.append((time.perf_counter() - t0) * 1000)
                 sweep.append(page_ms(pg, f"{server.url}/#/sweeps/{sweep_id}", sweep_drawn(trials)))
             browser.close()
+            if errors:
+                raise RuntimeError(f"the dashboard erred: {errors[:3]}")
     base_ms, list_ms, sweep_ms = (statistics.median(v) for v in (baseline, listed, sweep))
     records = trials * RANKS * epochs
     return [

@@ -194,7 +194,9 @@
             }
           }
         });
-        ty.plot(els[k], traces, {uirevision: `compare-${m}`, xaxis: {title: {text: level}},
+        const lastX = Math.max(0, ...traces.map((t) => t.x[t.x.length - 1] || 0));
+        ty.plot(els[k], traces, {uirevision: `compare-${m}`,
+                                 xaxis: {title: {text: level}, dtick: lastX <= 12 ? 1 : undefined},
                                  yaxis: {title: {text: m}}});
       });
     }

@@ -91,20 +91,47 @@
     return new Set([...done, ...rest].slice(0, COMPARE_MAX).map((t) => t.job_id));
   }
 
+  // Up to PER_TRIAL_MAX trials: a line (and a legend entry) each. More: one line per outcome,
+  // the trials joined by gaps (plotly draws a trace per trace: 200 of them take seconds), and
+  // the best trial on its own; hovering a point still names its trial.
+  const PER_TRIAL_MAX = 20;
+  const GROUPS = [["completed", "completed", "#1f77b4", "solid"], ["pruned", "pruned", "#9467bd", "dot"],
+                  ["ended", "failed or cancelled", "#d62728", "dash"], ["live", "running", "#2ca02c", "solid"]];
+
+  function groupOf(t) {
+    if (t.outcome === "completed" || t.outcome === "pruned") return t.outcome;
+    return t.outcome ? "ended" : "live";
+  }
+
   function objectiveTraces(trials, bestId) {
-    return trials.filter((t) => t.x.length).map((t, i) => {
-      const best = t.job_id === bestId;
-      return {
-        type: "scatter", mode: t.x.length > 40 ? "lines" : "lines+markers",
-        name: `trial ${t.job_id}` + (t.outcome === "pruned" ? " (pruned)" : ""),
-        meta: {job_id: t.job_id, outcome: t.outcome, pruned_epoch: t.pruned_epoch},
-        x: t.x, y: t.y.map(ty.toNumber),
-        line: {color: ty.PALETTE[i % ty.PALETTE.length], width: best ? 4 : 1.5,
-               dash: t.outcome === "pruned" ? "dot" : "solid"},
-        marker: {size: 5, symbol: t.x.map((_, k) => (
-          t.outcome === "pruned" && k === t.x.length - 1 ? "x" : "circle"))},
-      };
+    const drawn = trials.filter((t) => t.x.length);
+    const one = (t, color, width) => ({
+      type: "scatter", mode: t.x.length > 40 ? "lines" : "lines+markers",
+      name: `trial ${t.job_id}` + (t.outcome === "pruned" ? " (pruned)" : ""),
+      meta: {kind: "trial", job_id: t.job_id, outcome: t.outcome, pruned_epoch: t.pruned_epoch},
+      x: t.x, y: t.y.map(ty.toNumber),
+      line: {color, width, dash: t.outcome === "pruned" ? "dot" : "solid"},
+      marker: {size: 5, symbol: t.x.map((_, k) => (
+        t.outcome === "pruned" && k === t.x.length - 1 ? "x" : "circle"))},
     });
+    if (drawn.length <= PER_TRIAL_MAX) {
+      return drawn.map((t, i) => one(t, ty.PALETTE[i % ty.PALETTE.length], t.job_id === bestId ? 4 : 1.5));
+    }
+    const traces = GROUPS.map(([key, label, color, dash]) => {
+      const members = drawn.filter((t) => groupOf(t) === key && t.job_id !== bestId);
+      const join = (f) => members.flatMap((t) => [...f(t), null]);
+      return {
+        type: "scatter", mode: "lines", name: `${label} (${members.length})`, connectgaps: false,
+        meta: {kind: "group", group: key, trials: members.map((t) => t.job_id)},
+        x: join((t) => t.x), y: join((t) => t.y.map(ty.toNumber)),
+        text: join((t) => t.x.map(() => `trial ${t.job_id}`)),
+        hovertemplate: "%{text}<br>epoch %{x}: %{y}<extra></extra>",
+        line: {color, width: 1, dash}, opacity: 0.6,
+      };
+    }).filter((t) => t.meta.trials.length);
+    const best = drawn.find((t) => t.job_id === bestId);
+    if (best) traces.push({...one(best, "#111", 3), name: `best: trial ${best.job_id}`});
+    return traces;
   }
 
   // Parallel coordinates, drawn as SVG lines (plotly's parcoords needs WebGL, which many
@@ -147,13 +174,25 @@
     const last = axes[axes.length - 1];
     const better = (v) => (objective.mode === "min" ? 1 - norm(last, v) : norm(last, v));
     const xs = axes.map((_, k) => k);
-    const traces = done.map((t, i) => ({
-      type: "scatter", mode: "lines", showlegend: false, meta: {kind: "trial", job_id: t.job_id},
-      x: xs, y: axes.map((a) => norm(a, a.values[i])),
-      line: {color: viridis(better(t.value)), width: 2},
-      hovertemplate: `trial ${t.job_id}<br>` + names.map((n) => `${n} = ${ty.fmtValue(t.params[n])}`)
-        .join("<br>") + `<br>${objective.metric} = ${ty.fmtValue(t.value)}<extra></extra>`,
-    }));
+    // One trace per colour band (8 of them), the trials' lines joined by gaps: plotly's cost is
+    // per trace, and 200 trials are 200 traces otherwise.
+    const BANDS = 8;
+    const band = (t) => Math.min(BANDS - 1, Math.floor(better(t.value) * BANDS));
+    const traces = Array.from({length: BANDS}, (_, b) => {
+      const members = done.map((t, i) => ({t, i})).filter(({t}) => band(t) === b);
+      const hover = ({t}) => `trial ${t.job_id}<br>` + names.map(
+        (n) => `${n} = ${ty.fmtValue(t.params[n])}`).join("<br>") +
+        `<br>${objective.metric} = ${ty.fmtValue(t.value)}`;
+      return {
+        type: "scatter", mode: "lines", showlegend: false,
+        meta: {kind: "lines", trials: members.map(({t}) => t.job_id)},
+        x: members.flatMap(() => [...xs, null]),
+        y: members.flatMap(({i}) => [...axes.map((a) => norm(a, a.values[i])), null]),
+        text: members.flatMap((m) => [...xs.map(() => hover(m)), null]),
+        hovertemplate: "%{text}<extra></extra>",
+        line: {color: viridis((b + 0.5) / BANDS), width: 2},
+      };
+    }).filter((t) => t.meta.trials.length);
     traces.push({  // the objective's points, with the colour bar
       type: "scatter", mode: "markers", showlegend: false, hoverinfo: "skip",
       meta: {kind: "value", dims: axes.map((a) => a.label)},
@@ -223,7 +262,7 @@
     let data = null;
     let picked = null;  // job ids ticked by the user; null: the default (best ones)
     let shown = "";  // what the charts were drawn from
-    let maxPoints = 500;
+    let maxPoints = POINTS_BUDGET / 200;  // per trial; fitted to the sweep once it is read
 
     function trialColumns(sweep, names) {
       const bestId = sweep.best ? sweep.best.job_id : null;
@@ -271,7 +310,10 @@
       const objective = sweep.spec.objective;
       ty.plot(objChart, objectiveTraces(trials, sweep.best ? sweep.best.job_id : null), {
         uirevision: `sweep-${id}`, showlegend: trials.length <= 20,
-        xaxis: {title: {text: "epoch"}}, yaxis: {title: {text: objective.metric}},
+        // Whole epochs on the axis while there are few of them (as on a job's page).
+        xaxis: {title: {text: "epoch"}, dtick: Math.max(0, ...trials.map((t) => t.x[t.x.length - 1] || 0)) <= 12
+          ? 1 : undefined},
+        yaxis: {title: {text: objective.metric}},
       });
       const done = trials.filter((t) => typeof t.value === "number").length;
       pcNote.textContent = done ? `${done} completed trial(s), one line each.`
@@ -341,10 +383,16 @@
     });
 
     const tick = async () => {
-      data = await api(`/sweeps/${id}/series?max_points=${maxPoints}`);
+      let read = await api(`/sweeps/${id}/series?max_points=${maxPoints}`);
+      // The points the page draws stay about the same however many trials there are: a few
+      // trials get long lines, many get short ones (read again at once if that is more).
+      const fit = Math.max(16, Math.min(2000, Math.floor(POINTS_BUDGET / Math.max(1, read.trials.length))));
+      if (fit > maxPoints && read.trials.some((t) => t.points > t.x.length)) {
+        read = await api(`/sweeps/${id}/series?max_points=${fit}`);
+      }
+      maxPoints = fit;
+      data = read;
       ty.showNotice("");
-      // The points the page draws stay about the same however many trials there are.
-      maxPoints = Math.max(16, Math.min(2000, Math.floor(POINTS_BUDGET / Math.max(1, data.trials.length))));
       draw();
       const live = data.sweep.state === "running" || data.trials.some((t) => !ty.TERMINAL.has(t.state));
       return live;

@@ -218,7 +218,7 @@ def test_sweep_list_and_page_show_trials_the_pruned_one_the_best_and_charts(
     parcoords = pg.evaluate("""() => document.getElementById('sweep-parcoords').data.map(
         t => t.meta)""")
     assert parcoords[-1]["dims"] == ["lr (log)", "width", "loss (min)"], parcoords
-    assert sorted(t["job_id"] for t in parcoords[:-1]) == sorted(
+    assert sorted(j for t in parcoords[:-1] for j in t["trials"]) == sorted(
         t["job_id"] for t in trials.values() if t["outcome"] == "completed")
     assert pg.evaluate("() => document.getElementById('sweep-scatter').layout.xaxis.type") == "log"
     points = pg.evaluate("""() => document.getElementById('sweep-scatter').data.map(
@@ -312,6 +312,7 @@ def test_outputs_download_byte_for_byte_and_the_spec_shows_secret_names_only(
     pg.wait_for_function(
         "() => (document.getElementById('chart').data || []).some(t => t.meta.kind === 'mean')")
     _shot(pg, "job")
+    pg.evaluate("() => window.scrollTo(0, 0)")  # the downloads scrolled to the outputs
     _shot(pg, "job-top", full_page=False)  # the README's first screen
 
     # "Submit a copy": the form pre-filled with the spec; submitted, it is the same job again.
