@@ -184,6 +184,8 @@ def test_sweep_list_and_page_show_trials_the_pruned_one_the_best_and_charts(
     row.locator("a").first.click()
     pg.wait_for_url(f"**/#/sweeps/{sweep['id']}")
     pg.locator("#trials-table tbody tr").nth(2).wait_for()
+    # The charts once plotly.js is loaded (the last of the three drawn: every one is).
+    pg.wait_for_function("() => !!document.getElementById('sweep-scatter').dataset.updates")
     rows = pg.locator("#trials-table tbody tr")
     assert rows.count() == 3
     headers = pg.locator("#trials-table thead th").all_inner_texts()
