@@ -138,38 +138,10 @@
   // browsers and every headless one lack): one vertical axis per parameter (a log-uniform one on
   // log10; a choice of strings or booleans by index), then the objective; one line per completed
   // trial, coloured by its value (Viridis, the best brightest).
-  const VIRIDIS = [[0, [68, 1, 84]], [0.25, [59, 82, 139]], [0.5, [33, 145, 140]],
-                   [0.75, [94, 201, 98]], [1, [253, 231, 37]]];
-
-  function viridis(t) {
-    const u = Math.min(1, Math.max(0, t));
-    const k = VIRIDIS.findIndex(([at]) => at >= u);
-    if (k <= 0) return `rgb(${VIRIDIS[0][1].join(",")})`;
-    const [a, ca] = VIRIDIS[k - 1];
-    const [b, cb] = VIRIDIS[k];
-    const f = (u - a) / (b - a);
-    return `rgb(${ca.map((c, i) => Math.round(c + f * (cb[i] - c))).join(",")})`;
-  }
-
-  function axisOf(label, raw, space) {
-    if (raw.every((v) => typeof v === "number")) {
-      const log = isLog(space) && raw.every((v) => v > 0);
-      const values = log ? raw.map(Math.log10) : raw;
-      const lo = Math.min(...values);
-      const hi = Math.max(...values);
-      const at = lo === hi ? [lo] : [lo, lo + (hi - lo) / 2, hi];
-      return {label: log ? `${label} (log)` : label, values, lo, hi,
-              ticks: at.map((v) => [v, ty.fmtValue(log ? 10 ** v : v)])};
-    }
-    const levels = [...new Set(raw.map(String))].sort();
-    const values = raw.map((v) => levels.indexOf(String(v)));
-    return {label, values, lo: 0, hi: levels.length - 1, ticks: levels.map((l, k) => [k, l])};
-  }
-
   function parcoordsFigure(trials, names, space, objective) {
     const done = trials.filter((t) => typeof t.value === "number");
-    const axes = names.map((n) => axisOf(n, done.map((t) => t.params[n]), space[n]));
-    axes.push(axisOf(`${objective.metric} (${objective.mode})`, done.map((t) => t.value), null));
+    const axes = names.map((n) => ty.axisOf(n, done.map((t) => t.params[n]), isLog(space[n])));
+    axes.push(ty.axisOf(`${objective.metric} (${objective.mode})`, done.map((t) => t.value), false));
     const norm = (a, v) => (a.hi === a.lo ? 0.5 : (v - a.lo) / (a.hi - a.lo));
     const last = axes[axes.length - 1];
     const better = (v) => (objective.mode === "min" ? 1 - norm(last, v) : norm(last, v));
@@ -190,7 +162,7 @@
         y: members.flatMap(({i}) => [...axes.map((a) => norm(a, a.values[i])), null]),
         text: members.flatMap((m) => [...xs.map(() => hover(m)), null]),
         hovertemplate: "%{text}<extra></extra>",
-        line: {color: viridis((b + 0.5) / BANDS), width: 2},
+        line: {color: ty.viridis((b + 0.5) / BANDS), width: 2},
       };
     }).filter((t) => t.meta.trials.length);
     traces.push({  // the objective's points, with the colour bar

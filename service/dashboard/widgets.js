@@ -110,6 +110,37 @@
 
   const toNumber = (v) => (typeof v === "number" ? v : null);  // "NaN"… are gaps in a line
 
+  // Viridis (plotly's colour scale of that name), t in 0..1 → an rgb() colour.
+  const VIRIDIS = [[0, [68, 1, 84]], [0.25, [59, 82, 139]], [0.5, [33, 145, 140]],
+                   [0.75, [94, 201, 98]], [1, [253, 231, 37]]];
+
+  function viridis(t) {
+    const u = Math.min(1, Math.max(0, t));
+    const k = VIRIDIS.findIndex(([at]) => at >= u);
+    if (k <= 0) return `rgb(${VIRIDIS[0][1].join(",")})`;
+    const [a, ca] = VIRIDIS[k - 1];
+    const [b, cb] = VIRIDIS[k];
+    const f = (u - a) / (b - a);
+    return `rgb(${ca.map((c, i) => Math.round(c + f * (cb[i] - c))).join(",")})`;
+  }
+
+  // An axis of values for a chart drawn on 0..1 (parallel coordinates): numbers scaled between
+  // their extremes (on log10 when log and all are positive), anything else by level.
+  function axisOf(label, raw, log) {
+    if (raw.every((v) => typeof v === "number")) {
+      log = log && raw.every((v) => v > 0);
+      const values = log ? raw.map(Math.log10) : raw;
+      const lo = Math.min(...values);
+      const hi = Math.max(...values);
+      const at = lo === hi ? [lo] : [lo, lo + (hi - lo) / 2, hi];
+      return {label: log ? `${label} (log)` : label, values, lo, hi,
+              ticks: at.map((v) => [v, ty.fmtValue(log ? 10 ** v : v)])};
+    }
+    const levels = [...new Set(raw.map(String))].sort();
+    const values = raw.map((v) => levels.indexOf(String(v)));
+    return {label, values, lo: 0, hi: levels.length - 1, ticks: levels.map((l, k) => [k, l])};
+  }
+
   // A link to a file the API serves. Followed as it is, it streams straight to disk; that is
   // what happens without a token. With a token (which a link cannot send) the file is fetched
   // with it and saved from memory (Chromium keeps a large blob on disk, not in RAM).
@@ -137,6 +168,6 @@
 
   Object.assign(ty, {
     scroller, fmtValue, fmtBytes, ago, timeCell, people, personCell, sortableTable, plot,
-    toNumber, downloadLink,
+    toNumber, downloadLink, viridis, axisOf,
   });
 })();
