@@ -98,7 +98,8 @@ XDIST_GROUPS = {
 HEAVY_FIRST = [
     "test_slurm.py", "test_slurm_security.py", "test_failover.py", "test_bench_smoke.py",
     "test_queue_live.py", "test_e2e.py", "test_warm_jobs.py", "test_workers.py",
-    "test_fault.py", "test_dashboard.py", "test_cli.py", "test_datasets_e2e.py",
+    "test_fault.py", "test_dashboard.py", "test_dashboard_pages.py", "test_cli.py",
+    "test_datasets_e2e.py",
     "test_warm_security.py", "test_checkpoint.py", "test_script_jobs.py",
     "test_hostile_scripts.py", "test_worker_processes.py", "test_fuzz.py", "test_events.py",
 ]

@@ -6,8 +6,10 @@ from pydantic import BaseModel, Field
 
 from service.api.schemas import UtcDatetime
 from service.domain.sweeps.manage import SweepView, TrialView
+from service.domain.sweeps.series import TrialLine
 from service.domain.sweeps.spec import SweepSpec
 from torchyard_contract.bounds import bounded_text
+from torchyard_contract.records import MetricValue, to_wire
 from torchyard_contract.state import JobState, SweepStateName, TrialOutcomeName
 
 
@@ -88,3 +90,37 @@ class SweepRead(BaseModel):
 class SweepList(BaseModel):
     items: list[SweepRead]
     next_before: int | None = Field(description="pass as ?before= for the next page; null at the end")
+
+
+class TrialSeries(BaseModel):
+    """One trial as the sweep's page shows it: its row and its objective per epoch."""
+
+    job_id: int
+    params: dict[str, bool | int | float | str]
+    state: JobState
+    outcome: TrialOutcomeName | None
+    value: float | None = Field(description="completed trials: the objective at the last epoch")
+    pruned_epoch: int | None = Field(description="a pruned trial: the epoch it was stopped at")
+    reason: str | None
+    x: list[int] = Field(description="epochs, ascending (downsampled to max_points)")
+    y: list[MetricValue] = Field(description="the objective at each epoch, reduced across ranks")
+    points: int = Field(description="epochs with a value before downsampling")
+
+    @classmethod
+    def from_line(cls, line: TrialLine) -> "TrialSeries":
+        t = line.trial
+        return cls(
+            job_id=t.job_id, params=t.params, state=JobState(t.state),
+            outcome=t.outcome,  # type: ignore[arg-type]
+            value=_finite(t.value), pruned_epoch=line.pruned_epoch,
+            reason=bounded_text(t.reason) if t.reason else None,
+            x=line.x, y=[to_wire(v) for v in line.y], points=line.points,
+        )
+
+
+class SweepSeries(BaseModel):
+    """``GET /sweeps/{id}/series``: the sweep (without ``trials``) and a line per trial."""
+
+    sweep: SweepRead
+    max_points: int
+    trials: list[TrialSeries] = Field(description="oldest first")

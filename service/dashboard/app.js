@@ -2,7 +2,9 @@
 // Routes live in the URL hash so they never collide with API paths:
 //   #/?state=&name=&label=   job list with filters
 //   #/jobs/<id>              one job: per-rank curves (live), phases, attempts, divergence, logs
-//   #/submit                 submit a JSON spec
+//   #/submit[?copy=<id>]     submit a JSON spec (pre-filled with a job's spec: "Submit a copy")
+// More pages live in files of their own (sweeps.js, compare.js, resources.js, jobextras.js),
+// loaded after this one: they register routes and job-page panels on window.torchyard.
 // When the server has API tokens, the token pasted by the user (kept in localStorage) is sent as
 // "Authorization: Bearer"; a 401 opens the token form. Who is signed in comes from GET /me; what
 // their role cannot do is not offered (a viewer has no Cancel, Pause or Submit); "Sign out"
@@ -63,6 +65,35 @@
     if (s < 3600) return `${Math.floor(s / 60)} min ${Math.round(s % 60)} s`;
     if (s < 86400) return `${Math.floor(s / 3600)} h ${Math.round((s % 3600) / 60)} min`;
     return `${Math.floor(s / 86400)} d ${Math.round((s % 86400) / 3600)} h`;
+  }
+
+  // Re-drawing a table must not take the keyboard's place away: the control that had focus is
+  // found again in what draw() made by its data-focus key, and focused.
+  function keepFocus(container, draw) {
+    const had = document.activeElement;
+    const key = had && container.contains(had) ? had.dataset.focus : undefined;
+    draw();
+    if (!key) return;
+    const again = container.querySelector(`[data-focus="${CSS.escape(key)}"]`);
+    if (again) again.focus({preventScroll: true});
+  }
+
+  // plotly.js (4.6 MB) is loaded by the first page that draws a chart, not by the shell: the
+  // lists (jobs, sweeps, resources) draw without waiting for it. A page starts it early and
+  // awaits it before its first chart.
+  let plotlyLoad = null;
+  function loadPlotly() {
+    if (window.Plotly) return Promise.resolve(window.Plotly);
+    plotlyLoad = plotlyLoad || new Promise((resolve, reject) => {
+      const script = h("script", {src: "/static/plotly.min.js"});
+      script.addEventListener("load", () => resolve(window.Plotly));
+      script.addEventListener("error", () => {
+        plotlyLoad = null;
+        reject(new Error("the chart library (/static/plotly.min.js) did not load"));
+      });
+      document.head.append(script);
+    });
+    return plotlyLoad;
   }
 
   function stateBadge(state) {
@@ -161,6 +192,19 @@
     return {stop() { stopped = true; clearTimeout(timer); }};
   }
 
+  // What the other files of the dashboard use; they add routes ({path: RegExp, page(match,
+  // query) → {stop()}}), job-page panels (jobId → {top?, section?, update(job), stop()}) and
+  // hooks (listSelect, copiedSpec). Every route is resolved at DOMContentLoaded, once all of them
+  // are loaded.
+  const ext = Object.assign(window.torchyard || {}, {
+    h, api, ApiFailure, poller, showNotice, reportError, stateBadge, parseTime, duration,
+    keepFocus, loadPlotly, PALETTE, DASHES, TERMINAL, POLL_MS, LIST_POLL_MS, SERIES_MAX_POINTS, TOKEN_KEY,
+    canControl,  // false for a viewer: pages offer no Cancel, Pause or Submit
+  });
+  ext.routes = ext.routes || [];
+  ext.jobPanels = ext.jobPanels || [];
+  window.torchyard = ext;
+
   // ---- job list -----------------------------------------------------------------------------
 
   function listPage(query) {
@@ -181,16 +225,27 @@
       location.hash = `#/?${q}`;
     }}, stateSel, nameIn, labelIn, h("button", {type: "submit"}, "Filter"));
     const tbody = h("tbody", {id: "job-rows"});
+    const select = ext.listSelect ? ext.listSelect() : null;  // checkboxes → #/compare
     const table = h("table", {class: "jobs"},
-      h("thead", {}, h("tr", {}, ["ID", "Name", "State", "Owner", "Team", "Progress", "Age",
-                                  "Labels"].map(
-        (c) => h("th", {}, c)))),
+      h("thead", {}, h("tr", {}, select ? h("th", {}, h("span", {class: "sr-only"}, "Select")) : "",
+        ["ID", "Name", "State", "Owner", "Team", "Progress", "Age", "Labels"].map(
+          (c) => h("th", {}, c)))),
       tbody);
     const empty = h("p", {class: "quiet", hidden: true}, "No jobs match.");
-    view.replaceChildren(h("h1", {}, "Jobs"), form, table, empty);
+    // Pages by cursor: ?before=<id> in the URL, so a page can be bookmarked.
+    const pager = h("nav", {class: "pager", "aria-label": "pages"});
+    view.replaceChildren(h("h1", {}, "Jobs"), form, select ? select.bar : "", table, empty, pager);
 
     const params = new URLSearchParams({limit: "100"});
-    for (const k of ["state", "name", "label"]) if (query.get(k)) params.set(k, query.get(k));
+    for (const k of ["state", "name", "label", "before"]) {
+      if (query.get(k)) params.set(k, query.get(k));
+    }
+    const pageLink = (before, text, id) => {
+      const q = new URLSearchParams(query);
+      q.delete("before");
+      if (before) q.set("before", before);
+      return h("a", {href: `#/?${q}`, id}, text);
+    };
 
     return poller(async () => {
       const list = await api(`/jobs?${params}`);
@@ -203,7 +258,9 @@
       }
       showNotice("");
       empty.hidden = jobs.length > 0;
-      tbody.replaceChildren(...jobs.map((j) => {
+      pager.replaceChildren(query.get("before") ? pageLink(null, "← Newest", "page-newest") : "",
+        list.next_before ? pageLink(list.next_before, "Older →", "page-older") : "");
+      keepFocus(tbody, () => tbody.replaceChildren(...jobs.map((j) => {
         const epochs = j.spec.epochs;  // absent for script jobs: they have no built-in epoch count
         const reached = (progress[j.id] && progress[j.id].epoch) || 0;
         const done = epochs ? Math.min(epochs, reached) : reached;
@@ -211,8 +268,9 @@
           ([k, v]) => h("span", {class: "label"}, `${k}=${v}`));
         const created = parseTime(j.created_at);
         return h("tr", {"data-job-id": j.id},
-          h("td", {}, h("a", {href: `#/jobs/${j.id}`}, j.id)),
-          h("td", {}, h("a", {href: `#/jobs/${j.id}`}, j.name)),
+          select ? h("td", {}, select.box(j)) : "",
+          h("td", {}, h("a", {href: `#/jobs/${j.id}`, "data-focus": `id-${j.id}`}, j.id)),
+          h("td", {}, h("a", {href: `#/jobs/${j.id}`, "data-focus": `name-${j.id}`}, j.name)),
           h("td", {}, stateBadge(j.state)),
           h("td", {class: "owner"}, j.owner || ""),
           h("td", {class: "team"}, j.team || ""),
@@ -222,7 +280,7 @@
           h("td", {title: created ? created.toISOString() : ""},
             created ? duration((Date.now() - created) / 1000) : ""),
           h("td", {}, labels));
-      }));
+      })));
     }, LIST_POLL_MS);
   }
 
@@ -335,11 +393,11 @@
     const restarts = s.attempts.filter((a) => a.number > 1);
     const layout = {
       uirevision: `${s.job_id}:${s.name}:${s.level}`,  // keep the user's zoom across updates
-      margin: {l: 60, r: 20, t: 30, b: 45},
+      margin: {l: 60, r: 20, t: 30, b: 95},  // room for the legend below the axis title
       // Whole epochs on the axis while there are few of them (no "epoch 1.5" ticks).
       xaxis: {title: {text: s.level}, dtick: span(s) <= 12 ? 1 : undefined},
       yaxis: {title: {text: s.name}},
-      legend: {orientation: "h", y: -0.2},
+      legend: {orientation: "h", yref: "container", y: 0, yanchor: "bottom"},
       shapes: restarts.map((a) => ({type: "line", xref: "x", yref: "paper", x0: a.first_x,
                                     x1: a.first_x, y0: 0, y1: 1,
                                     line: {color: "#888", dash: "dot", width: 1}})),
@@ -502,6 +560,7 @@
   }
 
   function jobPage(jobId) {
+    loadPlotly().catch(() => {});  // in parallel with the first reads; awaited before drawing
     const view = document.getElementById("view");
     const title = h("h1", {}, `Job ${jobId}`);
     const badge = h("span", {id: "job-state"});
@@ -522,11 +581,13 @@
       h("p", {class: "quiet"}, "Waiting for metrics."));
     const logs = h("div", {id: "logs"});
     const deliveries = h("section", {id: "deliveries", hidden: true});
+    const panels = ext.jobPanels.map((make) => make(jobId));  // jobextras.js: sweep, outputs, spec
     view.replaceChildren(
       h("div", {class: "job-head"}, title, badge, h("span", {class: "spacer"}), pauseBtn,
         resumeBtn, cancelBtn),
       reason,
       excluded,
+      ...panels.map((p) => p.top).filter(Boolean),
       h("section", {class: "chart-section"},
         h("div", {class: "row"}, h("h2", {}, "Per-rank curves"),
           h("label", {}, "metric ", metricSel)),
@@ -536,6 +597,7 @@
         h("section", {}, h("h2", {}, "Divergence"), divergence),
         h("section", {}, h("h2", {}, "Attempts"), attempts)),
       deliveries,
+      ...panels.map((p) => p.section).filter(Boolean),
       h("section", {}, h("h2", {}, "Logs"), logs));
 
     let job = null;
@@ -599,6 +661,7 @@
       renderPhases(phases, job);
       renderAttempts(attempts, job);
       logPanel.update(job);
+      for (const p of panels) p.update(job);
       try {
         renderDeliveries(deliveries, (await api(`/jobs/${jobId}/deliveries`)).items);
       } catch (err) {  // an older server has no such route (404): nothing to show
@@ -628,6 +691,7 @@
           metricSel.replaceChildren(...names.map(
             (n) => h("option", {value: n, selected: n === name}, n)));
         }
+        await loadPlotly();
         drawChart(chart, chartNote, s);
         if (s.lines.length) await refreshSummary(name);
       }
@@ -645,15 +709,16 @@
       poll = poller(tick, POLL_MS);
     });
 
-    return {stop() { poll.stop(); logPanel.stop(); }};
+    return {stop() { poll.stop(); logPanel.stop(); for (const p of panels) p.stop(); }};
   }
 
   // ---- submit -------------------------------------------------------------------------------
 
-  function submitPage() {
+  function submitPage(query) {
     const view = document.getElementById("view");
+    const heading = h("h1", {}, "Submit a job");
     if (!canControl()) {
-      view.replaceChildren(h("h1", {}, "Submit a job"),
+      view.replaceChildren(heading,
         h("p", {class: "quiet"}, `${me.user} is a viewer: viewers read their team's jobs but ` +
           "cannot submit."));
       return {stop() {}};
@@ -681,7 +746,14 @@
       }
     }}, h("label", {for: "spec-json"}, "Job spec (JSON; see docs/spec.md)"),
       text, h("div", {}, h("button", {type: "submit", id: "submit-button"}, "Submit")), errors);
-    view.replaceChildren(h("h1", {}, "Submit a job"), form);
+    view.replaceChildren(heading, form);
+    const from = query.get("copy");  // "Submit a copy" on a job's page
+    if (from && ext.copiedSpec) {
+      ext.copiedSpec(from).then((spec) => {
+        text.value = JSON.stringify(spec, null, 2);
+        heading.textContent = `Submit a copy of job ${from}`;
+      }).catch(reportError);
+    }
     return {stop() {}};
   }
 
@@ -693,10 +765,25 @@
     if (page) page.stop();
     showNotice("");
     const hash = location.hash || "#/";
-    const job = hash.match(/^#\/jobs\/(\d+)$/);
+    const [path, search] = [hash.split("?")[0], hash.split("?")[1] || ""];
+    const query = new URLSearchParams(search);
+    for (const a of document.querySelectorAll("header nav a")) {
+      const here = a.getAttribute("href") === (path === "#/" || path.startsWith("#/jobs") ? "#/"
+        : `#/${path.split("/")[1]}`);
+      if (here) a.setAttribute("aria-current", "page");
+      else a.removeAttribute("aria-current");
+    }
+    for (const r of ext.routes) {
+      const m = path.match(r.path);
+      if (m) {
+        page = r.page(m, query);
+        return;
+      }
+    }
+    const job = path.match(/^#\/jobs\/(\d+)$/);
     if (job) page = jobPage(Number(job[1]));
-    else if (hash === "#/submit") page = submitPage();
-    else page = listPage(new URLSearchParams(hash.split("?")[1] || ""));
+    else if (path === "#/submit") page = submitPage(query);
+    else page = listPage(query);
   }
 
   function setUpToken() {
@@ -731,5 +818,7 @@
 
   setUpToken();
   window.addEventListener("hashchange", route);
-  refreshMe().finally(route);
+  // Once every deferred file ran (DOMContentLoaded comes after them): their routes and panels
+  // are registered by then; who is signed in (GET /me) is known before the first page draws.
+  document.addEventListener("DOMContentLoaded", () => { refreshMe().finally(route); });
 })();

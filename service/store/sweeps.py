@@ -163,6 +163,7 @@ def epoch_values(
     )
     return [
         (j, a, r, e, decode_value(nf) if nf else float(v))
-        for j, a, r, e, v, nf in session.execute(q).tuples().all()
+        # Core rows, not ORM ones (as service.store.series): a 200-trial sweep is 100k rows.
+        for j, a, r, e, v, nf in session.connection().execute(q).tuples().all()
     ]
 

@@ -7,6 +7,7 @@ Chromium comes from Debian (``apt-get install chromium``, done by ``.ci/run``), 
 ``playwright install``; without ``/usr/bin/chromium`` the browser tests are skipped, saying why.
 """
 
+import os
 from pathlib import Path
 
 from tests.conftest import REPO_ROOT
@@ -16,7 +17,8 @@ CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
     "--disable-component-update", "--no-first-run", "--disable-sync",
 ]
-SCREENSHOTS = REPO_ROOT / "test-output" / "dashboard"
+# Screenshots of every page: CI keeps $TORCHYARD_TEST_ARTIFACTS (gitignored test-output/ here).
+SCREENSHOTS = Path(os.environ.get("TORCHYARD_TEST_ARTIFACTS") or REPO_ROOT / "test-output") / "dashboard"
 UI_TIMEOUT_MS = 60_000
 
 # The chart element is plotly's graph div: gd.data holds the traces, each tagged with meta.

@@ -119,7 +119,8 @@ def test_series_route_rejects_bad_input_clearly(api: TestClient) -> None:
 def test_dashboard_shell_and_local_plotly_are_served(api: TestClient) -> None:
     index = api.get("/")
     assert index.status_code == 200 and "text/html" in index.headers["content-type"]
-    assert "/static/plotly.min.js" in index.text and "/static/app.js" in index.text
+    assert "/static/app.js" in index.text
+    assert "/static/plotly.min.js" in api.get("/static/app.js").text, "loaded by app.js"
     assert "http" not in index.text.replace("http-equiv", ""), "no external resources"
     plotly = api.get("/static/plotly.min.js")
     assert plotly.status_code == 200 and "javascript" in plotly.headers["content-type"]

@@ -23,6 +23,7 @@ HEADLINE = {
     "pause": "pause → slots free (p50)",
     "idle": "what one idle server takes",
     "procstart": "warm preload: CPU, as served / plain imports",
+    "dashboard": "big job list: first page drawn",
 }
 
 

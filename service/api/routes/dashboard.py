@@ -17,7 +17,12 @@ from service.api.errors import ApiError
 router = APIRouter(tags=["dashboard"], include_in_schema=False)
 DASHBOARD_DIR = Path(__file__).resolve().parents[2] / "dashboard"
 # Whitelisted by name: no path from the URL ever reaches the file system.
-ASSETS = {"app.js": "text/javascript", "style.css": "text/css", "docs.js": "text/javascript"}
+ASSETS = {
+    "app.js": "text/javascript", "style.css": "text/css", "docs.js": "text/javascript",
+    "widgets.js": "text/javascript", "sweeps.js": "text/javascript", "compare.js": "text/javascript",
+    "resources.js": "text/javascript", "jobextras.js": "text/javascript",
+    "pages.css": "text/css", "favicon.svg": "image/svg+xml",
+}
 PLOTLY_JS = "plotly.min.js"
 # The app's own files change with the server: revalidate (FileResponse sends an ETag). plotly.js
 # changes only with the plotly package: cache it for a day.

@@ -1,4 +1,4 @@
-"""Sweep routes: create, list (cursor), read, cancel (docs/sweeps.md). The trials are jobs: the
+"""Sweep routes: create, list (cursor), read, its chart series, cancel (docs/sweeps.md). The trials are jobs: the
 job routes read and control each one; the sweep driver (``service.domain.sweeps.driver``) makes
 them, in the acting supervisor."""
 
@@ -9,14 +9,17 @@ from fastapi import APIRouter, Query, Response
 from service.api.deps import SWEEP_ID_MAX, CallerDep, SessionDep, SupervisorDep, SweepDep
 from service.api.errors import ERROR_RESPONSES, ApiError
 from service.api.middleware.writegate import WriteSlotDep
-from service.api.sweepschemas import SweepList, SweepRead
+from service.api.sweepschemas import SweepList, SweepRead, SweepSeries, TrialSeries
 from service.domain.sweeps import manage as domain
 from service.domain.sweeps.grid import GRID_POINTS_MAX
+from service.domain.sweeps.series import sweep_lines
 from service.domain.sweeps.spec import SweepSpec
 from service.store import sweeps as store
 from torchyard_contract.state import SweepStateName
 
 router = APIRouter(prefix="/sweeps", tags=["sweeps"])
+SERIES_POINTS_DEFAULT = 500
+SERIES_POINTS_MAX = 20_000
 
 
 @router.post(
@@ -76,6 +79,27 @@ def list_sweeps(
 @router.get("/{sweep_id}", response_model=SweepRead)
 def get_sweep(sweep: SweepDep, session: SessionDep) -> SweepRead:
     return SweepRead.from_view(domain.view(session, sweep))
+
+
+@router.get("/{sweep_id}/series", response_model=SweepSeries)
+def read_sweep_series(
+    found: SweepDep,
+    session: SessionDep,
+    max_points: Annotated[
+        int, Query(ge=16, le=SERIES_POINTS_MAX, description="per trial")
+    ] = SERIES_POINTS_DEFAULT,
+) -> SweepSeries:
+    """The sweep for charts in one read: the sweep (``trials`` empty) and each trial's row with
+    its objective per epoch (reduced across ranks, as the sweep judges it), downsampled to at
+    most ``max_points`` per trial (first, last and extreme points always kept)."""
+    sweep = store.get_sweep(session, found.id)  # SweepDep: 404 for another team's, as for none
+    if sweep is None:
+        raise ApiError(404, "not_found", f"sweep {found.id} not found")
+    v, lines = sweep_lines(session, sweep, max_points)
+    return SweepSeries(
+        sweep=SweepRead.from_view(v, with_trials=False), max_points=max_points,
+        trials=[TrialSeries.from_line(line) for line in lines],
+    )
 
 
 @router.post("/{sweep_id}/cancel", response_model=SweepRead)
