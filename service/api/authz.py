@@ -85,6 +85,7 @@ RULES: dict[tuple[str, str], Rule] = {
     ("GET", f"{_JOB}/stacks"): Rule.team_viewer,
     ("GET", f"{_JOB}/deliveries"): Rule.team_viewer,
     ("GET", "/sweeps/{sweep_id}"): Rule.team_viewer,
+    ("GET", "/sweeps/{sweep_id}/series"): Rule.team_viewer,
     # making things, as the caller's team (issue 47 caps members' priority: see Intake)
     ("POST", "/jobs"): Rule.member,
     ("POST", "/sweeps"): Rule.member,

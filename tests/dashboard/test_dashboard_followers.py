@@ -83,7 +83,7 @@ def test_per_step_only_job_is_charted_and_log_starts_at_the_tail(seeded, page) -
     url, job_id = seeded
     page.goto(f"{url}/#/jobs/{job_id}")
     page.wait_for_function(
-        "() => (document.getElementById('chart').data || []).some(t => t.meta.kind === 'rank')")
+        "() => (document.getElementById('chart')?.data || []).some(t => t.meta.kind === 'rank')")
     ranks = [t for t in chart_traces(page) if t["kind"] == "rank"]
     assert [t["n"] for t in ranks] == [50], "the 50 per-step records, charted by step"
     assert "No \"loss\" records" not in page.locator("#chart-note").inner_text()

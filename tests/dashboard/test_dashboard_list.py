@@ -122,7 +122,7 @@ def _stored_sweep(app: FastAPI, trials: int) -> tuple[int, list[int], list[int]]
         for n in range(1, trials + 1):
             params = {"lr": 10 ** (-4 + 4 * n / trials), "model": ["mlp", "cnn"][n % 2]}
             job = repo.create_job(session, spec.trial_spec(sweep.id, n, params))
-            sweepstore.mark_trial(session, job.id, sweep.id, params)
+            sweepstore.mark_trial(session, job.id, sweep.id, n, params)
             repo.transition(session, job.id, JobState.starting)
             rows += [{"job_id": job.id, "attempt": 1, "rank": 0, "epoch": e,
                       "step": recordstore.EPOCH_STEP, "name": "loss", "value": n / e,

@@ -34,7 +34,7 @@ def _sweep(api: TestClient) -> tuple[int, list[int]]:
         ids = []
         for n, lr in enumerate((0.1, 0.01, 0.5), start=1):
             job = repo.create_job(session, spec.trial_spec(sweep.id, n, {"lr": lr}))
-            sweepstore.mark_trial(session, job.id, sweep.id, {"lr": lr})
+            sweepstore.mark_trial(session, job.id, sweep.id, n, {"lr": lr})
             repo.transition(session, job.id, JobState.starting)
             ids.append(job.id)
         rows = []
