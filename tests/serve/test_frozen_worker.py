@@ -75,28 +75,25 @@ class Conn:
         timeout_s: float = QUICK_S,
     ) -> tuple[int, dict[str, str], Any, float]:
         """(status, headers, JSON body, seconds taken); status ``NO_ANSWER`` after
-        ``timeout_s`` (the connection is then not used again)."""
+        ``timeout_s`` (the connection is then not used again). On a connection already open
+        the request is sent in the task's first step, before anything is awaited."""
         started = time.monotonic()
         if self._writer is None:
             self._reader, self._writer = await asyncio.open_connection("127.0.0.1", self.port)
+        data = json.dumps(body).encode() if body is not None else b""
+        lines = [f"{method} {path} HTTP/1.1", f"Host: 127.0.0.1:{self.port}",
+                 *(f"{k}: {v}" for k, v in (headers or {}).items())]
+        if method == "POST":
+            lines += ["Content-Type: application/json", f"Content-Length: {len(data)}"]
+        self._writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + data)
         try:
-            status, head, payload = await asyncio.wait_for(
-                self._exchange(method, path, body, headers or {}), timeout_s
-            )
+            status, head, payload = await asyncio.wait_for(self._answer(), timeout_s)
         except TimeoutError:
             status, head, payload = NO_ANSWER, {}, None
         return status, head, payload, time.monotonic() - started
 
-    async def _exchange(
-        self, method: str, path: str, body: Any, headers: dict[str, str]
-    ) -> tuple[int, dict[str, str], Any]:
-        assert self._reader is not None and self._writer is not None
-        data = json.dumps(body).encode() if body is not None else b""
-        lines = [f"{method} {path} HTTP/1.1", f"Host: 127.0.0.1:{self.port}",
-                 *(f"{k}: {v}" for k, v in headers.items())]
-        if method == "POST":
-            lines += ["Content-Type: application/json", f"Content-Length: {len(data)}"]
-        self._writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + data)
+    async def _answer(self) -> tuple[int, dict[str, str], Any]:
+        assert self._reader is not None
         head = (await self._reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
         fields = {k.strip().lower(): v.strip() for k, _, v in
                   (line.partition(":") for line in head[1:] if line)}
@@ -306,6 +303,7 @@ def test_a_frozen_worker_holding_the_lock_stalls_no_other_worker(
             submit = asyncio.ensure_future(healthy[BURST].request(
                 "POST", "/jobs", SUBMIT, {"Idempotency-Key": "frozen-submit"},
                 timeout_s=ANSWER_WITHIN_S + 5))
+            await asyncio.sleep(0)  # each task's first step: its request is sent
             # The healthy worker has all of them in hand: waiting for slots and for the lock.
             await asyncio.to_thread(await_requests_read, server.port,
                                     [conn.local_port for conn in healthy[:BURST + 1]])
