@@ -10,6 +10,7 @@
 | ``sharedservers`` | ``shared_server``, ``shared_script_server``, ``add_script`` |
 | ``clusters`` | the Slurm test cluster: ``slurm``, ``slurm_server``, ``module_slurm_server`` |
 | ``jobs`` | ``hooks``, ``every_record``, ``assert_each_record_once``, ``give_token``, ``cli`` |
+| ``connections`` | ``await_requests_read``: a request known to be in a live server's hands |
 
 Helpers stay importable from here (``from tests.conftest import LiveServer, hooks``). A fixture
 several folders use goes in the module of its kind; one a folder uses, in that folder's
@@ -26,6 +27,7 @@ from tests.fixtures.clusters import (  # noqa: E402
     slurm_server_env,
     slurm_state,
 )
+from tests.fixtures.connections import await_requests_read  # noqa: E402
 from tests.fixtures.jobs import (  # noqa: E402
     CLI_TIMEOUT_S,
     assert_each_record_once,
@@ -80,7 +82,7 @@ __all__ = [
     "REPO_ROOT", "SHARED_API_TOKEN", "SHARED_WARM_DIRS", "STORES", "TERMINAL", "WAIT_ROUND_S",
     "XDIST_GROUPS", "LiveServer", "_await_health", "_await_warm_pool", "_cancelled_after",
     "_copy_sqlite", "_kill_left_behind", "_start_server", "_stop_process", "_stop_server",
-    "add_script", "assert_each_record_once", "assert_no_slot_held_twice", "both_stores",
+    "add_script", "assert_each_record_once", "await_requests_read", "assert_no_slot_held_twice", "both_stores",
     "child_environ", "cli", "copy_sqlite", "every_record", "free_port", "give_token", "gone",
     "hooks", "kill_left_behind", "leader_and_standby", "module_slurm_server", "reserve_port",
     "slurm_server_env", "slurm_state", "stop_process",
