@@ -1,12 +1,14 @@
 """A live torchyard server for the benchmarks, and direct database set-up (jobs, bulk records).
 
-``Server.start(home)`` runs the real ``python -m service serve`` on a free loopback port.
-``supervisor=False`` runs ``python -m bench.server HOME PORT`` instead: the same app from
+``Server.start(home)`` runs the real ``python -m service serve`` on a loopback socket bound
+here and handed over (``--fd``: no other program can take the port between the two).
+``supervisor=False`` runs ``python -m bench.server HOME FD`` instead: the same app from
 ``create_app`` under uvicorn, without the supervisor loop, so queued jobs stay queued.
 """
 
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -18,7 +20,6 @@ from typing import Self
 
 import httpx
 
-from service.run.socketport import free_port
 from service.settings.tokens import new_token
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -40,26 +41,27 @@ class Server:
         """``program``: the ``python`` arguments that run the ``torchyard`` command (a
         benchmark's variant of ``-m service``)."""
         home.mkdir(parents=True, exist_ok=True)
-        port = free_port()
+        sock = socket.create_server(("127.0.0.1", 0), backlog=2048)
+        port, fd = sock.getsockname()[1], sock.fileno()
         full_env = {
             **os.environ,
             "TORCHYARD_HOME": str(home),
-            "TORCHYARD_PORT": str(port),
             "TORCHYARD_GPUS": "none",
             "TORCHYARD_CPU_SLOTS": "4",
             "OMP_NUM_THREADS": "1",
             **(env or {}),
         }
         argv = (
-            [sys.executable, *program, "serve", *args]
+            [sys.executable, *program, "serve", "--fd", str(fd), *args]
             if supervisor
-            else [sys.executable, "-m", "bench.server", str(home), str(port)]
+            else [sys.executable, "-m", "bench.server", str(home), str(fd)]
         )
         log = home / f"server-{time.time_ns()}.log"
-        proc = subprocess.Popen(
-            argv, env=full_env, cwd=REPO_ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        with sock:  # ours closes once the server has its copy
+            proc = subprocess.Popen(
+                argv, env=full_env, cwd=REPO_ROOT, stdout=log.open("wb"),
+                stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(fd,),
+            )
         server = cls(url=f"http://127.0.0.1:{port}", home=home, proc=proc, log=log)
         server._wait_healthy()
         return server
@@ -205,7 +207,8 @@ def max_seq(home: Path, job_id: int) -> int:
         conn.close()
 
 
-def _serve_without_supervisor(home: str, port: int) -> None:
+def _serve_without_supervisor(home: str, fd: int) -> None:
+    """The app on the listening socket inherited as ``fd``, without the supervisor loop."""
     import logging
 
     import uvicorn
@@ -214,9 +217,11 @@ def _serve_without_supervisor(home: str, port: int) -> None:
     from service.settings import Settings
 
     logging.basicConfig(level=logging.WARNING)
-    settings = Settings(home=Path(home), port=port)
+    sock = socket.socket(fileno=fd)
+    settings = Settings(home=Path(home), port=sock.getsockname()[1])
     app = create_app(settings, run_supervisor=False)
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+    config = uvicorn.Config(app, log_level="warning")
+    uvicorn.Server(config).run(sockets=[sock])
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ from bench.server import (
     max_seq,
     migrate,
 )
-from service.run.socketport import free_port
 
 INGEST_GOAL = ">= 50,000 records/s (2 cores), both stores"
 SSE_GOAL = "p99 <= 50 ms with 100 streams"
@@ -54,7 +53,7 @@ def _store(name: str, home: Path) -> Iterator[str | None]:
     bindir = pgserver.find_bindir()
     if bindir is None:
         raise LookupError("PostgreSQL is not installed")
-    server = pgserver.start(bindir, free_port())
+    server = pgserver.start(bindir)
     try:
         url = server.create_database()
         from service.store.db import upgrade

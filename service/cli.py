@@ -6,6 +6,7 @@ import logging
 import os
 import socket
 import sys
+from typing import NoReturn
 
 import typer
 from pydantic import ValidationError
@@ -35,7 +36,7 @@ def is_loopback(host: str) -> bool:
     return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     typer.echo(f"torchyard serve: {message}", err=True)
     raise typer.Exit(2)
 
@@ -54,6 +55,12 @@ def serve(
         help="API worker processes sharing the port and the database; one of them (the lease "
         "holder) supervises, the others stand by (docs/operations.md)",
     ),
+    fd: int = typer.Option(
+        None, "--fd", min=0,
+        help="serve on the listening TCP socket inherited as this file descriptor (socket "
+        "activation, e.g. a systemd .socket unit passes its socket as 3); its address "
+        "replaces --host and --port (docs/operations.md)",
+    ),
 ) -> None:
     """Run the API and the supervisor (migrates the database first)."""
     # Off until the app has started: the lifespan freezes what start-up built
@@ -65,6 +72,18 @@ def serve(
     from service.store.db import upgrade
 
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
+    sock = None
+    if fd is not None:
+        if overrides:
+            _fail("--fd takes the address of the socket it names: leave --host and --port out")
+        from service.serve import inherited_socket
+
+        try:
+            sock = inherited_socket(fd)
+        except OSError as exc:
+            _fail(f"--fd {fd}: {exc}")
+        address = sock.getsockname()
+        overrides = {"host": address[0], "port": address[1]}
     try:
         settings = Settings(**overrides)
     except ValidationError as exc:  # inputs are hidden in these errors: no token is echoed
@@ -84,8 +103,12 @@ def serve(
         application = create_app(settings, freeze_heap=True)
     except ValueError as exc:  # e.g. a tokens file that is missing or empty: fail closed
         _fail(str(exc))
+    if sock is not None:
+        typer.echo(f"torchyard serve: listening on {settings.host}:{settings.port} (--fd {fd})",
+                   err=True)
     if workers == 1:
-        serve_app(application, settings.host, settings.port)
+        serve_app(application, settings.host, settings.port,
+                  sockets=[sock] if sock is not None else None)
         return
     # Migrate once here, so the workers' own upgrade at start-up finds nothing to do (several
     # processes migrating at once would race). Each worker builds its app from the environment.
@@ -94,7 +117,7 @@ def serve(
     upgrade(settings.resolved_database_url)
     os.environ.update(TORCHYARD_HOST=settings.host, TORCHYARD_PORT=str(settings.port))
     try:
-        status = run_workers(settings.host, settings.port, workers)
+        status = run_workers(settings.host, settings.port, workers, inherited=sock)
     except OSError as exc:
         _fail(f"cannot listen on {settings.host}:{settings.port}: {exc}")
     raise typer.Exit(status)

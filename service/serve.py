@@ -7,7 +7,9 @@ in docs/benchmarks.md, "Stores and workers"). Here each worker has a listening s
 on the port (``SO_REUSEPORT``) and the kernel spreads new connections over them by address. The
 parent opens all of them before any worker starts, so connections made while a worker is still
 starting wait in its socket instead of all going to the first worker up, and a worker that is
-restarted gets its socket (and the connections waiting in it) back.
+restarted gets its socket (and the connections waiting in it) back. With ``--fd`` (socket
+activation) the inherited socket is the first worker's, and the others get sockets of their own
+on its address where it allows that (``SO_REUSEPORT``); else they all accept from it.
 
 Each worker is a fresh interpreter (``spawn``: nothing of the parent's threads or connections
 is inherited) that builds the app from ``TORCHYARD_*`` (``create_app_from_environment``) and
@@ -73,6 +75,39 @@ def listen_all(host: str, port: int, count: int) -> list[socket.socket]:
     return [listen(host, port) for _ in range(count)]
 
 
+def inherited_socket(fd: int) -> socket.socket:
+    """The listening TCP socket this process inherited as ``fd`` (``torchyard serve --fd``:
+    socket activation, where a service manager binds the port and starts the server with the
+    socket already open, so connections wait in it from the first instant). Raises ``OSError``
+    when ``fd`` is not open, not a socket, or not a listening TCP one."""
+    sock = socket.socket(fileno=fd)  # family and type are read from the descriptor
+    if (sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM
+            or not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)):
+        sock.detach()  # not ours to close
+        raise OSError(f"file descriptor {fd} is not a listening TCP socket")
+    return sock
+
+
+def worker_sockets(inherited: socket.socket, count: int) -> list[socket.socket]:
+    """One socket per worker, the inherited one first. Where it was opened with
+    ``SO_REUSEPORT`` (systemd's ``ReusePort=yes``) the others are new sockets on its address, so
+    the kernel spreads connections over the workers as with ``--port``; otherwise (or where the
+    kernel refuses: a socket opened by another user) every worker accepts from the inherited
+    one."""
+    if inherited.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT):
+        host, port = inherited.getsockname()[:2]
+        siblings: list[socket.socket] = []
+        try:
+            for _ in range(count - 1):
+                siblings.append(listen(host, port))
+            return [inherited, *siblings]
+        except OSError as exc:
+            for sock in siblings:
+                sock.close()
+            logger.warning("--fd: the workers share the inherited socket (%s)", exc)
+    return [inherited] * count
+
+
 def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
 
@@ -90,11 +125,14 @@ def _worker(sock: socket.socket, parent: int) -> None:
     serve(app, sockets=[sock])
 
 
-def run_workers(host: str, port: int, count: int) -> int:
+def run_workers(
+    host: str, port: int, count: int, inherited: socket.socket | None = None,
+) -> int:
     """Run ``count`` workers until SIGTERM/SIGINT; the exit status for the command. Raises
-    ``OSError`` when the port cannot be bound (or something already listens on it)."""
+    ``OSError`` when the port cannot be bound (or something already listens on it).
+    ``inherited``: the listening socket of ``--fd``, served instead of binding ``host:port``."""
     ctx = multiprocessing.get_context("spawn")
-    sockets = listen_all(host, port, count)
+    sockets = worker_sockets(inherited, count) if inherited else listen_all(host, port, count)
     workers: dict[int, BaseProcess] = {}
     stopping = False
     # Where the workers' Prometheus counters are summed; set before the first worker imports

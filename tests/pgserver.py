@@ -2,7 +2,10 @@
 
 The cluster lives in a temp dir owned by the ``postgres`` user when the tests run as root
 (PostgreSQL refuses to run as root); its socket is in that dir and it also listens on
-127.0.0.1 on a free port. ``fsync=off``: a test cluster never needs to survive a power cut.
+127.0.0.1 on a free port. PostgreSQL takes its port from its configuration, so the port is found
+free first and may be taken by another program before the server binds it: then the server
+exits saying so, and is started again on another free port (``PORT_TRIES`` times in all).
+``fsync=off``: a test cluster never needs to survive a power cut.
 Each test gets its own database (``create_database``), so tests never see each other's rows.
 """
 
@@ -11,6 +14,7 @@ import os
 import pwd
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -22,6 +26,9 @@ START_TIMEOUT_S = 30
 STOP_TIMEOUT_S = 15
 # Every live server opens two pools (writer, reader); tests may run several servers on one DB.
 MAX_CONNECTIONS = 300
+PORT_TRIES = 3
+# What the server's log says when its port was bound by another program first.
+PORT_TAKEN = "Address already in use"
 
 
 def find_bindir() -> Path | None:
@@ -104,8 +111,16 @@ def _as_postgres(argv: list[str]) -> list[str]:
     return ["runuser", "-u", "postgres", "--", *argv]
 
 
-def start(bindir: Path, port: int) -> PgServer:
-    """initdb + pg_ctl start on ``port``; raises RuntimeError with the server log on failure."""
+def free_port() -> int:
+    """A port nobody listens on now (the server binds it later: see the module's docstring)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(bindir: Path, port: int | None = None) -> PgServer:
+    """initdb + pg_ctl start on ``port``, else on a free port (another, if that one is taken
+    before the server binds it); raises RuntimeError with the server log on failure."""
     root = Path(tempfile.mkdtemp(prefix="torchyard-pg-"))
     if os.geteuid() == 0:
         pw = pwd.getpwnam("postgres")
@@ -116,6 +131,23 @@ def start(bindir: Path, port: int) -> PgServer:
                       "--auth=trust", "-E", "UTF8", "--no-sync"]),
         check=True, capture_output=True, timeout=START_TIMEOUT_S,
     )
+    tries = 1 if port is not None else PORT_TRIES
+    for attempt in range(1, tries + 1):
+        chosen = port if port is not None else free_port()
+        error = _pg_ctl_start(bindir, root, chosen)
+        if error is None:
+            pid = int((data / "postmaster.pid").read_text().split()[0])
+            return PgServer(root=root, port=chosen, pid=pid, log=log)
+        if PORT_TAKEN not in error or attempt == tries:
+            shutil.rmtree(root, ignore_errors=True)
+            raise RuntimeError(f"PostgreSQL did not start:\n{error[-3000:]}")
+        log.unlink(missing_ok=True)  # port {chosen} was taken meanwhile: again on another
+    raise AssertionError("unreachable")
+
+
+def _pg_ctl_start(bindir: Path, root: Path, port: int) -> str | None:
+    """Start the server of ``root`` on ``port``; None once it runs, else the server's log."""
+    data, log = root / "data", root / "server.log"
     options = (
         f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off "
         f"-c synchronous_commit=off -c full_page_writes=off -c max_connections={MAX_CONNECTIONS}"
@@ -125,9 +157,6 @@ def start(bindir: Path, port: int) -> PgServer:
                       "-w", "-t", str(START_TIMEOUT_S), "start"]),
         capture_output=True, timeout=START_TIMEOUT_S + 5, check=False,
     )
-    if done.returncode != 0:
-        text = log.read_text() if log.exists() else done.stderr.decode()
-        shutil.rmtree(root, ignore_errors=True)
-        raise RuntimeError(f"PostgreSQL did not start:\n{text[-3000:]}")
-    pid = int((data / "postmaster.pid").read_text().split()[0])
-    return PgServer(root=root, port=port, pid=pid, log=log)
+    if done.returncode == 0:
+        return None
+    return log.read_text() if log.exists() else done.stderr.decode()

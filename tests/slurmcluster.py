@@ -26,6 +26,8 @@ NODES = ("n1", "n2")
 CPUS_PER_NODE = 2
 PARTITION = "debug"
 START_TIMEOUT_S = 30.0
+PORT_TRIES = 3
+PORT_TAKEN = "Address already in use"  # what a daemon logs when its port was bound first
 STOP_GRACE_S = 5.0
 
 
@@ -101,7 +103,12 @@ class SlurmCluster:
 
     @classmethod
     def start(cls, root: Path) -> "SlurmCluster":
-        """Start munged, slurmctld and one slurmd per node; wait until every node is idle."""
+        """Start munged, slurmctld and one slurmd per node; wait until every node is idle.
+
+        Slurm takes its ports from ``slurm.conf``, so they are found free first, and another
+        program may bind one before the daemon does: the daemon then exits saying "Address
+        already in use", and the cluster is started again on other ports (``PORT_TRIES`` in
+        all); any other failure raises at once."""
         root.mkdir(parents=True, exist_ok=True)
         for sub in ("munge", "state", "log", *(f"spool/{n}" for n in NODES)):
             (root / sub).mkdir(parents=True, exist_ok=True)
@@ -110,25 +117,45 @@ class SlurmCluster:
         key.write_bytes(os.urandom(1024))
         key.chmod(0o600)
         conf = root / "slurm.conf"
-        ports = {n: _free_port() for n in NODES}
-        conf.write_text(slurm_conf(root, _free_port(), ports, getpass.getuser()))
-        cluster = cls(root=root, conf=conf, env={"SLURM_CONF": str(conf)})
-        env = {**os.environ, **cluster.env}
-        try:
-            cluster._daemon(
-                [_program("munged"), "--force", f"--key-file={key}",
-                 f"--socket={root}/munge/socket", f"--pid-file={root}/munge/munged.pid",
-                 f"--log-file={root}/log/munged.log", f"--seed-file={root}/munge/seed"],
-                root / "munge" / "munged.pid", env,
-            )
-            cluster._daemon([_program("slurmctld"), "-i"], root / "slurmctld.pid", env)
-            for node in NODES:
-                cluster._daemon([_program("slurmd"), "-N", node], root / f"slurmd-{node}.pid", env)
-            cluster._wait_idle()
-        except BaseException:
-            cluster.stop()
-            raise
-        return cluster
+        for attempt in range(1, PORT_TRIES + 1):
+            ports = {n: _free_port() for n in NODES}
+            conf.write_text(slurm_conf(root, _free_port(), ports, getpass.getuser()))
+            cluster = cls(root=root, conf=conf, env={"SLURM_CONF": str(conf)})
+            try:
+                cluster._start_daemons(key)
+                return cluster
+            except Exception:
+                cluster.stop()
+                taken = cluster._port_taken()
+                if taken is None or attempt == PORT_TRIES:
+                    raise
+                for old in [*cluster.pid_files, *(root / "log").iterdir()]:
+                    old.unlink(missing_ok=True)  # the next try starts with none of them
+            except BaseException:
+                cluster.stop()
+                raise
+        raise AssertionError("unreachable")
+
+    def _start_daemons(self, key: Path) -> None:
+        root, env = self.root, {**os.environ, **self.env}
+        self._daemon(
+            [_program("munged"), "--force", f"--key-file={key}",
+             f"--socket={root}/munge/socket", f"--pid-file={root}/munge/munged.pid",
+             f"--log-file={root}/log/munged.log", f"--seed-file={root}/munge/seed"],
+            root / "munge" / "munged.pid", env,
+        )
+        self._daemon([_program("slurmctld"), "-i"], root / "slurmctld.pid", env)
+        for node in NODES:
+            self._daemon([_program("slurmd"), "-N", node], root / f"slurmd-{node}.pid", env)
+        self._wait_idle()
+
+    def _port_taken(self) -> str | None:
+        """The log line of a daemon that found its port taken, if one did."""
+        for log in sorted((self.root / "log").glob("*.log")):
+            for line in log.read_text(errors="replace").splitlines():
+                if PORT_TAKEN in line:
+                    return f"{log.name}: {line}"
+        return None
 
     def _daemon(self, argv: list[str], pid_file: Path, env: dict[str, str]) -> None:
         """Run a daemon that forks into the background and writes ``pid_file``."""
@@ -137,6 +164,8 @@ class SlurmCluster:
                        stdin=subprocess.DEVNULL, capture_output=True)
         deadline = time.monotonic() + START_TIMEOUT_S
         while not _read_pid(pid_file):
+            if (taken := self._port_taken()) is not None:  # it exits without a pid file
+                raise RuntimeError(f"{argv[0]}: its port was taken: {taken}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{argv[0]} wrote no pid file; logs in {self.root / 'log'}")
             time.sleep(0.05)
@@ -144,6 +173,13 @@ class SlurmCluster:
     def _wait_idle(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
+            if (taken := self._port_taken()) is not None:  # it may retry for a while
+                raise RuntimeError(f"a daemon's port was taken: {taken}")
+            for pid_file in self.pid_files:  # a daemon that exited fails the start now
+                pid = _read_pid(pid_file)
+                if pid is None or not _alive(pid):
+                    raise RuntimeError(f"{pid_file.name}: the daemon exited; logs in "
+                                       f"{self.root / 'log'}")
             out = self.run("sinfo", "-h", "-N", "-o", "%N %T", check=False).stdout
             states = dict(line.split() for line in out.splitlines() if line.strip())
             if all(states.get(n) == "idle" for n in NODES):
@@ -171,8 +207,8 @@ class SlurmCluster:
     def stop(self) -> None:
         """Cancel what is queued, then stop each daemon by its pid: SIGTERM → grace → SIGKILL."""
         ctld = self.root / "slurmctld.pid"
-        if ctld in self.pid_files and _read_pid(ctld):
-            self.cancel_all()
+        if ctld in self.pid_files and (pid := _read_pid(ctld)) and _alive(pid):
+            self.cancel_all()  # (a controller that exited would let scancel wait 30 s)
         for pid_file in reversed(self.pid_files):  # slurmd first, munged last
             pid = _read_pid(pid_file)
             if pid:

@@ -182,22 +182,6 @@ class Settings(
         "times this long; the supervisor's own writes wait at most 1 s and retry on its next "
         "pass (docs/operations.md)",
     )
-    test_record_pause_s: float = Field(
-        default=0.0,
-        ge=0,
-        le=600,
-        description="tests only: seconds a record batch holding a metric named `test_pause` "
-        "waits inside its write transaction (holding SQLite's write lock, or the job's record "
-        "lock on PostgreSQL), so a test can freeze the process there; 0 = never",
-    )
-    test_launch_pause_s: float = Field(
-        default=0.0,
-        ge=0,
-        le=600,
-        description="tests only: seconds the supervisor pauses after starting a job's shim and "
-        "before storing its reference, so a test can kill the server inside that window; 0 = "
-        "never",
-    )
     script_dirs: str | None = Field(
         default=None,
         description="directories script jobs may run from, separated by ':' (os.pathsep) or ','; "

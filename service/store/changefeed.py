@@ -57,6 +57,11 @@ class ChangeFeed:
     def version(self, job_id: int) -> int:
         return self._versions.get(job_id, 0)
 
+    def waiting(self, job_id: int) -> int:
+        """How many waiters wait on ``job_id`` now (long polls and streams in their wait)."""
+        with self._lock:
+            return len(self._waiters.get(job_id, ()))
+
     def publish(self, job_ids: Iterable[int]) -> None:
         with self._lock:
             woken = []

@@ -4,6 +4,7 @@ at once (real threads, real event loop)."""
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -11,35 +12,52 @@ from service.api.hotreads import HotReads
 
 
 class Counting:
-    """A read that takes ``seconds`` and counts its calls and its peak concurrency."""
+    """A read that counts its calls and its peak concurrency, and, when ``held``, runs until the
+    test lets it end (``release``): the test decides what overlaps, not a sleep's length."""
 
-    def __init__(self, seconds: float = 0.05) -> None:
-        self.seconds = seconds
+    def __init__(self, held: bool = False) -> None:
         self.calls = 0
         self.running = 0
         self.peak = 0
         self._lock = threading.Lock()
+        self._go = threading.Semaphore(0)
+        self._held = held
 
     def __call__(self, value: object) -> object:
         with self._lock:
             self.calls += 1
             self.running += 1
             self.peak = max(self.peak, self.running)
-        time.sleep(self.seconds)
+        if self._held:
+            assert self._go.acquire(timeout=30), "never released"
         with self._lock:
             self.running -= 1
         if isinstance(value, Exception):
             raise value
         return value
 
+    def release(self, count: int = 1) -> None:
+        self._go.release(count)
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 30) -> None:
+    """Until ``condition()`` holds, yielding to the event loop in between (so every task made
+    before this call has run up to its first wait by the time it returns)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        await asyncio.sleep(0.005)
+
 
 def test_streams_woken_together_share_one_read_per_key() -> None:
-    read = Counting()
+    read = Counting(held=True)
 
     async def main() -> list[object]:
         reads = HotReads()
-        same = [reads.shared(("job", 1, 5), read, "a") for _ in range(100)]
-        other = [reads.shared(("job", 1, 6), read, "b") for _ in range(3)]
+        same = [asyncio.ensure_future(reads.shared(("job", 1, 5), read, "a")) for _ in range(100)]
+        other = [asyncio.ensure_future(reads.shared(("job", 1, 6), read, "b")) for _ in range(3)]
+        await until(lambda: read.running == 2)  # both reads in flight, every caller waiting
+        read.release(2)
         return await asyncio.gather(*same, *other)
 
     results = asyncio.run(main())
@@ -48,7 +66,7 @@ def test_streams_woken_together_share_one_read_per_key() -> None:
 
 
 def test_a_read_is_shared_only_while_in_flight() -> None:
-    read = Counting(0.0)
+    read = Counting()
 
     async def main() -> None:
         reads = HotReads()
@@ -60,14 +78,16 @@ def test_a_read_is_shared_only_while_in_flight() -> None:
 
 
 def test_one_caller_going_away_does_not_cancel_the_read_the_others_await() -> None:
-    read = Counting(0.2)
+    read = Counting(held=True)
 
     async def main() -> tuple[object, bool]:
         reads = HotReads()
         leaving = asyncio.ensure_future(reads.shared("key", read, "x"))
         staying = asyncio.ensure_future(reads.shared("key", read, "x"))
-        await asyncio.sleep(0.05)
+        await until(lambda: read.running == 1)  # the one read in flight, both callers on it
         leaving.cancel()
+        await until(leaving.done)
+        read.release()
         return await staying, leaving.cancelled()
 
     assert asyncio.run(main()) == ("x", True)
@@ -90,11 +110,21 @@ def test_an_error_reaches_every_caller_of_the_shared_read() -> None:
 
 @pytest.mark.parametrize("limit", [1, 3])
 def test_no_more_reads_run_at_once_than_the_bound(limit: int) -> None:
-    read = Counting(0.02)
+    """Reads end only when released, one at a time, each once ``limit`` of them run: without
+    the bound every read would be running by then, as none can end before it is let go."""
+    read = Counting(held=True)
+
+    def all_the_bound_allows(left: int) -> bool:
+        assert read.peak <= limit, f"{read.peak} reads at once, the bound is {limit}"
+        return read.running == min(limit, left)
 
     async def main() -> None:
         reads = HotReads(limit)
-        await asyncio.gather(*(reads.run(read, i) for i in range(20)))
+        tasks = [asyncio.ensure_future(reads.run(read, i)) for i in range(20)]
+        for left in range(20, 0, -1):
+            await until(lambda left=left: all_the_bound_allows(left))  # type: ignore[misc]
+            read.release()
+        await asyncio.gather(*tasks)
 
     asyncio.run(main())
     assert read.calls == 20

@@ -165,7 +165,17 @@ def test_cancel_stops_queued_and_running_trials(server: LiveServer) -> None:
         assert r.status_code == 200 and r.json()["state"] == "cancelled"
         for t in r.json()["trials"]:
             server.wait_for(t["job_id"], {"cancelled"}, timeout_s=60)
-    time.sleep(1.0)  # a driver step after the cancel makes no new trial
+    # A driver step after the cancel makes no new trial: a sweep created now gets its first
+    # trial in such a step (each step advances every running sweep, oldest first), so once it
+    # has one, that step had this sweep's turn first, and made nothing for it.
+    marker = create(server, {
+        "name": "after-cancel", "method": "random", "max_trials": 1, "parallel": 1,
+        "spec": {**BUILTIN, "epochs": 1},
+        "space": {"lr": {"type": "uniform", "low": 0.01, "high": 0.1}},
+    })
+    wait_sweep(server, marker["id"], until=lambda s: len(s["trials"]) >= 1)
+    with server.client() as c:
+        c.post(f"/sweeps/{marker['id']}/cancel")
     after = wait_sweep(server, sweep["id"])
     assert after["state"] == "cancelled" and len(after["trials"]) <= 2
 

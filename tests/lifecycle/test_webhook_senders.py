@@ -28,7 +28,7 @@ from service.store import outbox
 from service.store import repository as repo
 from service.store.db import make_engine, make_session_factory, upgrade
 from service.store.tables import WebhookDelivery
-from tests.conftest import both_stores, free_port
+from tests.conftest import both_stores
 from torchyard_contract.spec import JobSpec
 from torchyard_contract.state import JobState
 
@@ -60,7 +60,7 @@ class Healthy:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 

@@ -28,7 +28,7 @@ from service.store import outbox
 from service.store import repository as repo
 from service.store.db import make_engine, make_session_factory, upgrade
 from service.store.tables import Job, WebhookDelivery
-from tests.conftest import ADOPTS_ONLY, LiveServer, both_stores, free_port, leader_and_standby
+from tests.conftest import ADOPTS_ONLY, LiveServer, both_stores, leader_and_standby, reserve_port
 from torchyard_contract.spec import JobSpec
 from torchyard_contract.state import JobState
 
@@ -71,7 +71,10 @@ class Receiver:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        class Server(ThreadingHTTPServer):
+            allow_reuse_port = True  # beside the port's reservation (tests/fixtures/ports.py)
+
+        self._server = Server(("127.0.0.1", self.port), Handler)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self
 
@@ -120,7 +123,7 @@ class Receiver:
 
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
-    r = Receiver(free_port(), fail_first=2).start()
+    r = Receiver(reserve_port(), fail_first=2).start()
     yield r
     r.stop()
 
@@ -205,7 +208,7 @@ def test_every_state_change_arrives_signed_through_a_failing_receiver(
 def test_a_receiver_down_across_a_server_restart_gets_every_event(
     live_server_factory, tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
-    receiver = Receiver(free_port())  # not listening yet: connections are refused
+    receiver = Receiver(reserve_port())  # not listening yet: connections are refused
     hooks = _hooks_file(tmp_path, receiver.url)
     env = {"TORCHYARD_WEBHOOKS_FILE": str(hooks), **FAST_RETRIES}
     server = live_server_factory(**env)
@@ -315,7 +318,7 @@ def test_a_receiver_down_across_a_leader_failover_gets_every_event(
 ) -> None:
     """Two servers on one PostgreSQL: the leader stores the events and fails to send them; it is
     SIGKILLed; the standby takes the lease and delivers them, under the same webhook-ids."""
-    receiver = Receiver(free_port())  # down: connections are refused
+    receiver = Receiver(reserve_port())  # down: connections are refused
     hooks = _hooks_file(tmp_path, receiver.url)
     leader, standby = leader_and_standby(live_server_factory, TORCHYARD_WEBHOOKS_FILE=str(hooks),
                             **FAST_RETRIES)

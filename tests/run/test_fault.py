@@ -2,6 +2,7 @@
 
 import json
 import signal
+import sqlite3
 import time
 
 import httpx
@@ -15,6 +16,11 @@ from tests.conftest import (
     every_record,
     hooks,
 )
+from torchyard_contract.rundir import RunDir
+
+# The launch window, held open by the database (see the test that uses them).
+WINDOW_TRIGGER = "test_launch_window"
+WINDOW = "the test holds this job in its launch window"
 
 
 def _rank_pids(shim_pid: int) -> dict[int, int]:
@@ -35,6 +41,16 @@ def _wait_records(server: LiveServer, job_id: int, pred, timeout_s: float = 90) 
     while not pred(every_record(server, job_id)):
         assert time.monotonic() < deadline, "records did not arrive"
         time.sleep(0.3)
+
+
+def _await_progress_without_the_server(run: RunDir, timeout_s: float = 60) -> None:
+    """Until a rank's spool (every record it reports, written before it is sent) grows after
+    the server died: the job trains on without it."""
+    size = run.spool_file(0).stat().st_size
+    deadline = time.monotonic() + timeout_s
+    while run.spool_file(0).stat().st_size == size:
+        assert time.monotonic() < deadline, "the job made no progress once the server was gone"
+        time.sleep(0.1)
 
 
 def _assert_gone(pids: list[int]) -> None:
@@ -60,7 +76,7 @@ def test_server_sigkill_and_restart_keeps_job_and_every_record(live_server_facto
     _wait_records(server, job_id, lambda rs: any(r["name"] == "loss" for r in rs))
     server.proc.send_signal(signal.SIGKILL)
     server.proc.wait()
-    time.sleep(2)
+    _await_progress_without_the_server(RunDir.for_job(server.home / "runs", job_id))
     assert psutil.pid_exists(job["pid"]), "the job died with the server"
 
     again = live_server_factory(server.home, server.port, TORCHYARD_TEST_EPOCH_SLEEP_S="0.5",
@@ -101,12 +117,21 @@ def test_server_down_for_the_end_of_a_job(live_server_factory) -> None:  # type:
 def test_server_killed_between_starting_a_shim_and_storing_it_keeps_the_job(live_server_factory) -> None:  # type: ignore[no-untyped-def]
     """The crash window: killed after the shim started and before its reference was stored.
     The restarted server adopts the shim from its claim: the job succeeds, once, every record
-    once (it used to be failed while its shim ran on)."""
+    once (it used to be failed while its shim ran on).
+
+    The server is held inside the window by the database: a trigger (the test's, dropped
+    before the restart) refuses every change to a job that is ``starting``, so the launch's
+    write of the shim's reference fails, after the shim started, and the job stays there."""
     env = {"TORCHYARD_TEST_EPOCH_SLEEP_S": "0.3"}
-    server = live_server_factory(TORCHYARD_TEST_LAUNCH_PAUSE_S="120", **env)
+    server = live_server_factory(**env)
+    db = server.home / "torchyard.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute(f"CREATE TRIGGER {WINDOW_TRIGGER} BEFORE UPDATE ON jobs "
+                     f"WHEN OLD.state = 'starting' BEGIN SELECT RAISE(ABORT, '{WINDOW}'); END")
     with server.client() as c:
         job_id = c.post("/jobs", json={"dataset": "synthetic", "epochs": 4,
                                        "nproc_per_node": 2}).json()["id"]
+    server.await_log(WINDOW, timeout_s=60)  # the reference's write was refused: shim started
     claim = server.home / "runs" / str(job_id) / "claim.json"
     deadline = time.monotonic() + 60
     while not claim.exists():
@@ -117,6 +142,8 @@ def test_server_killed_between_starting_a_shim_and_storing_it_keeps_the_job(live
     assert job["state"] == "starting" and job["pid"] is None  # inside the window
     server.proc.send_signal(signal.SIGKILL)
     server.proc.wait()
+    with sqlite3.connect(db) as conn:
+        conn.execute(f"DROP TRIGGER {WINDOW_TRIGGER}")
     shim = json.loads(claim.read_text())["pid"]
     assert psutil.pid_exists(shim)
 

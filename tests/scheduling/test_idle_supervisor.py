@@ -5,6 +5,8 @@ A server mostly waits for work; before this, each 0.2 s pass opened a write tran
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from fastapi.testclient import TestClient
@@ -13,54 +15,55 @@ from sqlalchemy.engine import Engine
 
 from service.app import create_app
 from service.settings import Settings
-from service.store import queue as queuerepo
 
 POLL_S = 0.05
 WRITES = ("BEGIN IMMEDIATE", "INSERT", "UPDATE", "DELETE")
+# The one read of an idle pass (``Supervisor._idle``: anything unfinished?), first in each pass.
+IDLE_CHECK = "SELECT (EXISTS (SELECT * FROM jobs WHERE"
+IDLE_PASSES = 3
 
 
-def _supervisor_statements(seconds: float, client: TestClient) -> list[str]:
-    """The SQL the supervisor's thread ran during ``seconds`` (after a first idle pass)."""
-    _await_first_publish(client)
+@contextmanager
+def _supervisor_statements() -> Iterator[list[str]]:
+    """The SQL the supervisor's thread runs while the block runs (from before it starts)."""
     seen: list[str] = []
 
     def record(conn, cursor, statement, parameters, context, executemany) -> None:  # type: ignore[no-untyped-def]
         if threading.current_thread().name == "torchyard-supervisor":
             seen.append(" ".join(statement.split())[:60])
 
-    time.sleep(3 * POLL_S)  # a pass or so more: reads only from here on
     event.listen(Engine, "before_cursor_execute", record)
     try:
-        time.sleep(seconds)
+        yield seen
     finally:
         event.remove(Engine, "before_cursor_execute", record)
-    return seen
 
 
-def _await_first_publish(client: TestClient, timeout_s: float = 30) -> None:
-    """Until the supervisor has taken the lease and published its first (empty) queue: the
-    writes of a term's start, not of an idle pass (on a loaded host they came after a fixed
-    0.15 s wait, inside the window: 4 xdist workers on 2 cores, 2026-12-07)."""
+def _idle_passes(seen: list[str], passes: int, timeout_s: float = 60) -> list[list[str]]:
+    """The statements of the first ``passes`` idle passes, each from its idle check to the next
+    one (plain ``BEGIN``s left out), once the loop has run them: everything the term's first,
+    full pass did (recovery, the first publish, a clean-up) is before the first idle check."""
     deadline = time.monotonic() + timeout_s
-    while True:
-        with client.app.state.session_factory() as session:
-            if (queuerepo.snapshot_version(session) or 0) > 0:
-                return
-        assert time.monotonic() < deadline, "no queue snapshot published"
+    while len(checks := [i for i, s in enumerate(seen) if s.startswith(IDLE_CHECK)]) <= passes:
+        assert time.monotonic() < deadline, f"{len(checks)} idle passes in {timeout_s} s: {seen}"
         time.sleep(POLL_S)
+    ran = list(seen)
+    bounds = zip(checks[:passes], checks[1:passes + 1], strict=True)
+    return [[s for s in ran[a:b] if s != "BEGIN"] for a, b in bounds]
 
 
 def test_an_idle_pass_is_one_read_and_a_busy_one_still_acts(tmp_path: Path) -> None:
     settings = Settings(home=tmp_path / "home", cpu_slots=2, gpus="none",
                         poll_interval_s=POLL_S, warm_ranks=False)
-    with TestClient(create_app(settings)) as client:
-        seconds = 1.5
-        idle = _supervisor_statements(seconds, client)
-        assert not [s for s in idle if s.upper().startswith(WRITES)], idle
-        # One read per pass (at most seconds / POLL_S of them), plus a scheduling pass every 2 s;
-        # a read transaction's plain BEGIN is not counted.
-        reads = [s for s in idle if s != "BEGIN"]
-        assert 0 < len(reads) <= seconds / POLL_S + 6, reads
+    with _supervisor_statements() as seen, TestClient(create_app(settings)) as client:
+        passes = _idle_passes(seen, IDLE_PASSES)
+        first_pass = seen[:seen.index(passes[0][0])]
+        assert any(s.upper().startswith(WRITES) for s in first_pass), \
+            "the term's first pass wrote (it published the empty queue) before the idle ones"
+        for statements in passes:
+            assert not [s for s in statements if s.upper().startswith(WRITES)], passes
+            # Its idle check, and at most one more read: the scheduling pass of every 2 s.
+            assert 1 <= len(statements) <= 2, passes
         # Not idle: a job that can never start (3 slots on a 2-slot host) is refused at submit,
         # so a startable one is queued; the supervisor then writes (it launches, or fails it).
         job = client.post("/jobs", json={"dataset": "synthetic", "epochs": 1,

@@ -3,7 +3,7 @@ change, under the lease; other processes read it at most once a second; a depose
 cannot overwrite it."""
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -41,7 +41,8 @@ def engines(url: str) -> Iterator[tuple[Engine, Engine]]:
 
 
 def _supervisor(
-    tmp_path: Path, url: str, engines: tuple[Engine, Engine], lease: Lease
+    tmp_path: Path, url: str, engines: tuple[Engine, Engine], lease: Lease,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Supervisor:
     settings = Settings(home=tmp_path / "home", cpu_slots=1, gpus="none", database_url=url)
     return Supervisor(
@@ -51,6 +52,7 @@ def _supervisor(
         inventory=make_inventory("none", 1),
         executor=LocalExecutor(),
         lease=lease,
+        clock=clock,
     )
 
 
@@ -80,11 +82,16 @@ def test_encoding_round_trips_and_names_each_reason_once() -> None:
 def test_published_once_per_change_and_read_by_a_standby(
     tmp_path: Path, url: str, engines: tuple[Engine, Engine]
 ) -> None:
+    now = [100.0]  # both supervisors' clock for the snapshot, moved by hand
+
+    def clock() -> float:
+        return now[0]
+
     # A long lease: no renewal thread runs here.
     leader = _supervisor(tmp_path, url, engines, Lease(make_session_factory(engines[0]), 60,
-                                                       owner="a"))
+                                                       owner="a"), clock)
     standby = _supervisor(tmp_path, url, engines, Lease(make_session_factory(engines[0]), 60,
-                                                        owner="b"))
+                                                        owner="b"), clock)
     factory = make_session_factory(engines[1])
     assert standby.queue_status(5) is None and _version(factory) == 0  # the migration's empty row
     _lead(leader)
@@ -94,13 +101,14 @@ def test_published_once_per_change_and_read_by_a_standby(
     assert leader.queue_status(5) == first[5]  # the leader answers from memory at once
     leader._publish_waiting()
     assert _version(factory) == 1
-    assert standby.queue_status(5) is None  # what it read a moment ago, kept for MAX_AGE_S
-    time.sleep(MAX_AGE_S)
+    now[0] += MAX_AGE_S - 0.01
+    assert standby.queue_status(5) is None  # what it read at first, kept for MAX_AGE_S
+    now[0] += 0.01
     assert standby.queue_status(5) == first[5] and standby.queue_status(6) == first[6]
     assert standby.queue_status(4) is None
 
     # An equal result (a new pass that changed nothing) is not written again.
-    time.sleep(PUBLISH_MIN_S)
+    now[0] += PUBLISH_MIN_S
     leader._set_waiting(dict(first))
     leader._publish_waiting()
     assert _version(factory) == 1
@@ -111,9 +119,10 @@ def test_published_once_per_change_and_read_by_a_standby(
     leader._publish_waiting()
     assert _version(factory) == 2
     leader._set_waiting({})
+    now[0] += PUBLISH_MIN_S - 0.01
     leader._publish_waiting()
     assert _version(factory) == 2 and SnapshotReader(factory).current() == second
-    time.sleep(PUBLISH_MIN_S)
+    now[0] += 0.01
     leader._publish_waiting()  # the next tick
     assert _version(factory) == 3 and SnapshotReader(factory).current() == {}
 
@@ -126,10 +135,13 @@ def test_a_deposed_supervisor_cannot_overwrite_the_snapshot(
     stalled = _supervisor(tmp_path, url, engines, Lease(make_session_factory(engines[0]), TTL_S,
                                                         owner="a", clock=lambda: 0.0))
     _lead(stalled)
-    time.sleep(TTL_S + 0.1)
     successor = _supervisor(tmp_path, url, engines, Lease(make_session_factory(engines[0]),
                                                           TTL_S, owner="b"))
-    _lead(successor)
+    deadline = time.monotonic() + TTL_S + 10
+    while not successor.lease.renew():  # once the stalled one's lease expired in the database
+        assert time.monotonic() < deadline, "never taken over"
+        time.sleep(0.05)
+    assert successor._lead() and successor.acting
     current = {5: Waiting(1, "needs 1 CPU slot; 0 free")}
     successor._set_waiting(current)
     successor._publish_waiting()

@@ -353,10 +353,18 @@ def test_shutdown_interrupts_finishing_and_the_next_start_completes_it(api: Test
     finisher = _finisher(api)
     finisher.start()
     finisher.enqueue(job_id, 0)
-    time.sleep(0.5)
+    deadline = time.monotonic() + 60
+    while True:  # until it is part way through the spool: its first chunks are stored
+        with api.app.state.session_factory() as session:
+            if stored_records(session, job_id):
+                break
+        assert time.monotonic() < deadline, "the finisher never stored a chunk"
+        time.sleep(0.02)
     started = time.monotonic()
     finisher.stop()
     assert time.monotonic() - started < 3, "a restart does not wait for a spool"
+    with api.app.state.session_factory() as session:
+        assert 0 < stored_records(session, job_id) < 100_000, "it was stopped part way"
     assert api.get(f"/jobs/{job_id}").json()["state"] == "starting", "not terminal half-read"
     _finisher(api).finish(job_id, 0)  # what the next start's recovery does
     assert api.get(f"/jobs/{job_id}").json()["state"] == "succeeded"

@@ -1,27 +1,32 @@
 """A worker frozen (SIGSTOP) while it holds a database lock stalls no other worker.
 
 ``torchyard serve --workers 2`` on SQLite and on PostgreSQL: one worker is frozen inside a record
-batch's transaction (``TORCHYARD_TEST_RECORD_PAUSE_S`` holds it there, so the freeze lands while
-the lock is held: SQLite's write lock, or the job's record lock on PostgreSQL). The other worker
-keeps answering ``/healthz`` and reads at once, even with more record posts waiting than it has
-threads; writes that need the held lock are answered 503 with ``Retry-After`` within the lock
-timeout (bounded slots plus the lock wait), never hang; and after SIGCONT every retried batch
-lands exactly once. Below that, the pieces: the lock waits of ``service.store.db`` and the reporter's
-handling of ``Retry-After``.
+batch's transaction, holding its lock (SQLite's write lock, or the job's record lock on
+PostgreSQL). The test freezes it there by watching the lock, not by a pause in the product: on
+PostgreSQL it holds the job's record lock itself until the worker's batch waits for it, freezes
+the worker, then lets the lock go to it (``pg_locks`` shows the frozen worker's transaction
+holding it); on SQLite it freezes the worker the moment ``/proc/locks`` shows it holding the
+write lock, and keeps it frozen if it still does (else thaws it and tries another batch). The
+other worker keeps answering ``/healthz`` and reads at once, even with more record posts waiting
+than it has threads (awaited as read by it, ``await_requests_read``); writes that need the held
+lock are answered 503 with ``Retry-After`` within the lock timeout (bounded slots plus the lock
+wait), never hang; and after SIGCONT every retried batch lands exactly once. Below that, the
+pieces: the lock waits of ``service.store.db`` and the reporter's handling of ``Retry-After``.
 """
 
 import asyncio
 import json
 import math
 import os
-import re
 import signal
 import sqlite3
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 from sqlalchemy import text
 
@@ -33,6 +38,7 @@ from service.store import repository as repo
 from service.store.db import is_busy, make_engine, make_session_factory, upgrade, with_lock_timeout
 from service.store.records import RecordIn
 from tests.conftest import LiveServer, both_stores, every_record
+from tests.fixtures.connections import await_requests_read
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.spec import JobSpec
 from torchyard_contract.state import JobState
@@ -41,9 +47,9 @@ from worker.env import WorkerEnv
 from worker.reporter import Reporter
 
 LOCK_TIMEOUT_S = 2.0
-# The paused batch holds its lock this long; the test freezes its worker well inside it, and
-# thaws it after it ran out, so the batch commits (or is retried) at once after SIGCONT.
-PAUSE_S = 6.0
+# Batches posted to catch the SQLite worker inside one (each ~50 ms long; about half are caught).
+CATCH_TRIES = 40
+BALLAST = 999  # records beside the batch's loss: a transaction long enough to be seen
 # Record posts sent at once to the healthy worker: more than Starlette's 40 threads.
 BURST = 45
 # A slot wait plus a lock wait, each at most the lock timeout; then scheduling slack.
@@ -69,28 +75,25 @@ class Conn:
         timeout_s: float = QUICK_S,
     ) -> tuple[int, dict[str, str], Any, float]:
         """(status, headers, JSON body, seconds taken); status ``NO_ANSWER`` after
-        ``timeout_s`` (the connection is then not used again)."""
+        ``timeout_s`` (the connection is then not used again). On a connection already open
+        the request is sent in the task's first step, before anything is awaited."""
         started = time.monotonic()
         if self._writer is None:
             self._reader, self._writer = await asyncio.open_connection("127.0.0.1", self.port)
+        data = json.dumps(body).encode() if body is not None else b""
+        lines = [f"{method} {path} HTTP/1.1", f"Host: 127.0.0.1:{self.port}",
+                 *(f"{k}: {v}" for k, v in (headers or {}).items())]
+        if method == "POST":
+            lines += ["Content-Type: application/json", f"Content-Length: {len(data)}"]
+        self._writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + data)
         try:
-            status, head, payload = await asyncio.wait_for(
-                self._exchange(method, path, body, headers or {}), timeout_s
-            )
+            status, head, payload = await asyncio.wait_for(self._answer(), timeout_s)
         except TimeoutError:
             status, head, payload = NO_ANSWER, {}, None
         return status, head, payload, time.monotonic() - started
 
-    async def _exchange(
-        self, method: str, path: str, body: Any, headers: dict[str, str]
-    ) -> tuple[int, dict[str, str], Any]:
-        assert self._reader is not None and self._writer is not None
-        data = json.dumps(body).encode() if body is not None else b""
-        lines = [f"{method} {path} HTTP/1.1", f"Host: 127.0.0.1:{self.port}",
-                 *(f"{k}: {v}" for k, v in headers.items())]
-        if method == "POST":
-            lines += ["Content-Type: application/json", f"Content-Length: {len(data)}"]
-        self._writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + data)
+    async def _answer(self) -> tuple[int, dict[str, str], Any]:
+        assert self._reader is not None
         head = (await self._reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
         fields = {k.strip().lower(): v.strip() for k, _, v in
                   (line.partition(":") for line in head[1:] if line)}
@@ -100,6 +103,11 @@ class Conn:
     async def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
+
+    @property
+    def local_port(self) -> int:
+        assert self._writer is not None, "not connected"
+        return self._writer.get_extra_info("sockname")[1]
 
 
 async def _by_role(port: int, supervisor_conns: int) -> tuple[list[Conn], list[Conn]]:
@@ -118,12 +126,118 @@ async def _by_role(port: int, supervisor_conns: int) -> tuple[list[Conn], list[C
     raise AssertionError(f"connections: {len(sup)} to the supervisor, {len(standby)} standby")
 
 
-def _batch(step: int, *, pause: bool = False) -> dict:
+def _batch(step: int, *, ballast_from: int | None = None) -> dict:
+    """Step ``step``'s loss; with ``ballast_from``, ``BALLAST`` more records (named ``ballast``,
+    steps from there on), so that its transaction lasts long enough to be caught in."""
     record = {"attempt": 1, "rank": 0, "epoch": None, "step": step, "time": time.time()}
     records = [{**record, "name": "loss", "value": 1.0 / (step + 1)}]
-    if pause:
-        records.append({**record, "name": "test_pause", "value": 0.0})
+    if ballast_from is not None:
+        records += [{**record, "step": ballast_from + i, "name": "ballast", "value": 0.0}
+                    for i in range(BALLAST)]
     return {"records": records}
+
+
+def _worker_of(server: LiveServer, conn: Conn) -> int:
+    """The pid of the worker process serving ``conn`` (its end of the connection)."""
+    for worker in psutil.Process(server.proc.pid).children():
+        for c in worker.net_connections(kind="tcp"):
+            if c.laddr.port == server.port and c.raddr and c.raddr.port == conn.local_port:
+                return worker.pid
+    raise AssertionError("no worker holds the connection")
+
+
+def _sqlite_write_lock_holders(db: Path) -> set[int]:
+    """The processes holding SQLite's write lock on ``db``: in WAL mode an fcntl lock on byte
+    120 of its ``-shm`` file (WALINDEX_LOCK_OFFSET + WAL_WRITE_LOCK), listed in /proc/locks."""
+    inode = os.stat(f"{db}-shm").st_ino
+    holders = set()
+    with open("/proc/locks") as locks:
+        for line in locks:
+            fields = line.split()
+            if fields[1] == "->":
+                continue  # a waiter, not a holder
+            kind, mode, pid, file, start = fields[1], fields[3], fields[4], fields[5], fields[6]
+            if kind == "POSIX" and mode == "WRITE" and start == "120" \
+                    and int(file.rsplit(":", 1)[1]) == inode:
+                holders.add(int(pid))
+    return holders
+
+
+def _stopped(pid: int) -> None:
+    deadline = time.monotonic() + 10
+    while psutil.Process(pid).status() != psutil.STATUS_STOPPED:
+        assert time.monotonic() < deadline, f"pid {pid} did not stop"
+        time.sleep(0.001)
+
+
+def _freeze_when_holding(db: Path, pid: int, answered: threading.Event) -> bool:
+    """SIGSTOP ``pid`` the moment it holds the write lock on ``db``; True if it still does once
+    stopped (then it stays frozen), else it is thawed; False if the request was answered first."""
+    while not answered.is_set():
+        if pid in _sqlite_write_lock_holders(db):
+            os.kill(pid, signal.SIGSTOP)
+            _stopped(pid)
+            if pid in _sqlite_write_lock_holders(db):
+                return True
+            os.kill(pid, signal.SIGCONT)  # between its lock and our signal it committed
+    return False
+
+
+async def _freeze_inside_a_sqlite_batch(
+    db: Path, conn: Conn, pid: int, path: str, auth: dict[str, str],
+) -> asyncio.Future:
+    """Batches (step 0's loss and ballast) on ``conn`` until its worker ``pid`` is frozen holding
+    the write lock inside one; that batch's request, answered once the worker thaws."""
+    for attempt in range(CATCH_TRIES):
+        answered = threading.Event()
+        request = asyncio.ensure_future(conn.request(
+            "POST", path, _batch(0, ballast_from=1000 * (attempt + 1)), auth, timeout_s=120))
+        request.add_done_callback(lambda _done, answered=answered: answered.set())
+        if await asyncio.to_thread(_freeze_when_holding, db, pid, answered):
+            return request
+        status, _h, body, _s = await request
+        assert status == 200, (status, body)
+    raise AssertionError(f"the worker was never caught holding the lock in {CATCH_TRIES} batches")
+
+
+def _record_lock_waits(cur: Any, job_id: int, granted: bool) -> list[int]:
+    """Backends holding (``granted``) or waiting for the job's record lock (PostgreSQL)."""
+    cur.execute("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = %s "
+                "AND objid = %s AND objsubid = 2 AND granted = %s",
+                (recordstore._RECORDS_LOCK_CLASS, job_id, granted))
+    return [row[0] for row in cur.fetchall()]
+
+
+async def _freeze_inside_a_postgresql_batch(
+    url: str, job_id: int, conn: Conn, pid: int, path: str, auth: dict[str, str],
+) -> asyncio.Future:
+    """The job's record lock, held here, handed to the worker ``pid`` frozen meanwhile: its batch
+    waits for the lock, it is frozen while it waits, the lock is let go, and PostgreSQL grants
+    it to the frozen worker's waiting transaction. That batch's request, answered once thawed."""
+    import psycopg
+
+    holder = psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"))
+    watcher = psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"),
+                              autocommit=True)
+    try:
+        holder.execute("SELECT pg_advisory_xact_lock(%s, %s)",
+                       (recordstore._RECORDS_LOCK_CLASS, job_id))
+        request = asyncio.ensure_future(conn.request("POST", path, _batch(0), auth, timeout_s=120))
+        deadline = time.monotonic() + 30
+        with watcher.cursor() as cur:
+            while not (waiting := _record_lock_waits(cur, job_id, granted=False)):
+                assert time.monotonic() < deadline, "the worker's batch never waited for the lock"
+                await asyncio.sleep(0.005)
+            os.kill(pid, signal.SIGSTOP)  # within its lock wait (LOCK_TIMEOUT_S): it holds on
+            await asyncio.to_thread(_stopped, pid)
+            holder.rollback()  # the lock goes to the frozen worker's transaction
+            while _record_lock_waits(cur, job_id, granted=True) != waiting:
+                assert time.monotonic() < deadline, "the lock never went to the frozen worker"
+                await asyncio.sleep(0.005)
+        return request
+    finally:
+        holder.close()
+        watcher.close()
 
 
 def _running_job(url: str, slots: int) -> tuple[int, str]:
@@ -143,14 +257,6 @@ def _running_job(url: str, slots: int) -> tuple[int, str]:
             return job.id, token
     finally:
         engine.dispose()
-
-
-def _paused_pid(log: Path, timeout_s: float = 20) -> int:
-    deadline = time.monotonic() + timeout_s
-    while (found := re.search(r"test pause of .* \(pid (\d+)\)", log.read_text())) is None:
-        assert time.monotonic() < deadline, "no batch paused inside its transaction"
-        time.sleep(0.02)
-    return int(found[1])
 
 
 def _post_until_stored(server: LiveServer, path: str, body: dict, headers: dict[str, str]
@@ -173,24 +279,23 @@ def test_a_frozen_worker_holding_the_lock_stalls_no_other_worker(
         _args=("--workers", "2"),
         TORCHYARD_LEASE_TTL_S="60",  # no takeover while one is frozen: the roles stay put
         TORCHYARD_DB_LOCK_TIMEOUT_S=str(LOCK_TIMEOUT_S),
-        TORCHYARD_TEST_RECORD_PAUSE_S=str(PAUSE_S),
         TORCHYARD_WARM_RANKS="false",  # no job is launched here: no warm pool to start
     )
-    deadline = time.monotonic() + 30
-    while "supervises, generation" not in server.log.read_text():
-        assert time.monotonic() < deadline, "no supervisor"
-        time.sleep(0.1)
-    job_id, token = _running_job(database_url or f"sqlite:///{server.home / 'torchyard.db'}", 4)
+    server.await_log("supervises, generation")
+    db = server.home / "torchyard.db"
+    job_id, token = _running_job(database_url or f"sqlite:///{db}", 4)
     auth = {"Authorization": f"Bearer {token}"}
     records_path = f"/jobs/{job_id}/records"
     answers: dict[str, Any] = {}
 
     async def freeze_one_and_use_the_other() -> None:
         healthy, standby = await _by_role(server.port, BURST + 4)
-        paused = asyncio.ensure_future(standby[0].request(
-            "POST", records_path, _batch(0, pause=True), auth, timeout_s=120))
-        pid = await asyncio.to_thread(_paused_pid, server.log)
-        os.kill(pid, signal.SIGSTOP)
+        pid = _worker_of(server, standby[0])
+        if database_url is None:
+            paused = await _freeze_inside_a_sqlite_batch(db, standby[0], pid, records_path, auth)
+        else:
+            paused = await _freeze_inside_a_postgresql_batch(
+                database_url, job_id, standby[0], pid, records_path, auth)
         try:
             burst = [asyncio.ensure_future(conn.request(
                 "POST", records_path, _batch(step), auth, timeout_s=ANSWER_WITHIN_S + 5))
@@ -198,7 +303,10 @@ def test_a_frozen_worker_holding_the_lock_stalls_no_other_worker(
             submit = asyncio.ensure_future(healthy[BURST].request(
                 "POST", "/jobs", SUBMIT, {"Idempotency-Key": "frozen-submit"},
                 timeout_s=ANSWER_WITHIN_S + 5))
-            await asyncio.sleep(0.5)  # the burst now waits for slots and for the lock
+            await asyncio.sleep(0)  # each task's first step: its request is sent
+            # The healthy worker has all of them in hand: waiting for slots and for the lock.
+            await asyncio.to_thread(await_requests_read, server.port,
+                                    [conn.local_port for conn in healthy[:BURST + 1]])
             reads = {}
             paths = ("/healthz", "/jobs", f"/jobs/{job_id}/metrics")
             for conn, path in zip(healthy[BURST + 1:], paths, strict=False):
@@ -239,7 +347,7 @@ def test_a_frozen_worker_holding_the_lock_stalls_no_other_worker(
     status, _h, body, _s = answers["paused"]
     assert status in (200, 503), (status, body)
     if status == 503:
-        _post_until_stored(server, records_path, _batch(0, pause=False), auth)
+        _post_until_stored(server, records_path, _batch(0), auth)
     for step in range(1, BURST + 1):
         stored = _post_until_stored(server, records_path, _batch(step), auth)
         assert stored.status_code == 200, stored.text
@@ -336,7 +444,14 @@ def test_an_idle_postgresql_transaction_is_ended_and_its_locks_freed(
     writes = make_session_factory(engine)
     paused = writes()
     recordstore.insert_records(paused, job_id, _records(job_id))  # takes the record lock, then idles
-    time.sleep(0.5 * 3 + 1.0)
+    backend = paused.connection().connection.driver_connection.info.backend_pid
+    with engine.connect() as watcher:  # until PostgreSQL ended the idle one (3 lock timeouts)
+        deadline = time.monotonic() + 30
+        while watcher.execute(text("SELECT count(*) FROM pg_stat_activity WHERE pid = :p"),
+                              {"p": backend}).scalar_one():
+            assert time.monotonic() < deadline, "the idle transaction was never ended"
+            time.sleep(0.05)
+            watcher.rollback()  # a fresh snapshot of pg_stat_activity each time
     with writes() as session:  # not blocked: the idle one was ended
         recordstore.insert_records(session, job_id, _records(job_id))
         session.commit()
@@ -348,7 +463,7 @@ def test_an_idle_postgresql_transaction_is_ended_and_its_locks_freed(
 
 
 def test_the_finisher_waits_out_a_busy_database_instead_of_failing_the_job(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A job that ended while another process held the write lock ends as its outcome says,
     once the lock is free, not ``failed`` for the finisher's lock wait."""
@@ -366,8 +481,12 @@ def test_the_finisher_waits_out_a_busy_database_instead_of_failing_the_job(
     finisher.start()
     try:
         finisher.enqueue(job_id, 0)
-        time.sleep(1.0)  # it met the lock at least once
-        assert finisher.is_pending(job_id)
+        deadline = time.monotonic() + 30
+        while not [r for r in caplog.records if r.name == "service.domain.loop.finisher"
+                   and f"job {job_id}: finishing again" in r.getMessage()]:
+            assert time.monotonic() < deadline, "the finisher never met the held lock"
+            time.sleep(0.05)
+        assert finisher.is_pending(job_id)  # it met the lock, and waits to try again
         holder.execute("ROLLBACK")
         deadline = time.monotonic() + 10
         while finisher.is_pending(job_id):

@@ -26,16 +26,26 @@ def factory(tmp_path: Path, database_url: str | None) -> Iterator[sessionmaker[S
 
 
 def test_one_holder_and_a_takeover_only_after_expiry(factory: sessionmaker[Session]) -> None:
-    a, b = Lease(factory, TTL_S, owner="a"), Lease(factory, TTL_S, owner="b")
+    now = [0.0]  # a's clock, moved by hand: its own deadline is tested apart from the database's
+    a = Lease(factory, TTL_S, owner="a", clock=lambda: now[0])
+    b = Lease(factory, TTL_S, owner="b")
     assert a.renew() and a.held() and a.generation == 1
     assert not b.renew() and not b.held()
+    renewed = time.monotonic()
     assert a.renew() and a.generation == 1  # a renewal keeps the generation
-    # a stops renewing (paused, cut off): it stops acting first, then b may take over.
-    time.sleep(TTL_S - MARGIN_S + 0.05)
+    # a stops renewing (paused, cut off): it stops acting MARGIN_S before its lease expires...
+    now[0] = TTL_S - MARGIN_S - 0.01
+    assert a.held()
+    now[0] = TTL_S - MARGIN_S
     assert not a.held()
+    # ... and b takes over only once the database says the lease expired.
     assert not b.renew(), "taken over before the holder's lease expired"
-    time.sleep(MARGIN_S + 0.1)
-    assert b.renew() and b.held() and b.generation == 2
+    deadline = time.monotonic() + TTL_S + 10
+    while not b.renew():
+        assert time.monotonic() < deadline, "never taken over"
+        time.sleep(0.05)
+    assert time.monotonic() - renewed >= TTL_S - 0.05, "taken over before the lease's TTL"
+    assert b.held() and b.generation == 2
     assert not a.renew() and not a.held()
     with factory() as s:
         row = leaserepo.lease_row(s)
@@ -50,9 +60,11 @@ def test_a_deposed_holder_cannot_write_under_the_fence(factory: sessionmaker[Ses
     with factory() as s:
         assert frozen.fence(s)
         s.rollback()
-    time.sleep(TTL_S + 0.1)
     b = Lease(factory, TTL_S, owner="b")
-    assert b.renew()
+    deadline = time.monotonic() + TTL_S + 10
+    while not b.renew():  # once the frozen one's lease expired in the database
+        assert time.monotonic() < deadline, "never taken over"
+        time.sleep(0.05)
     assert frozen.held()  # its clock stopped; the database is the judge
     with factory() as s:
         assert not frozen.fence(s)

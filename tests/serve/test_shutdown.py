@@ -4,7 +4,9 @@ Issue 17, finding 5: uvicorn waits for open requests before the app shuts down, 
 ``submit --follow`` client held a restart for as long as its job ran. ``service.api.drain``.
 """
 
+import json
 import signal
+import socket
 import threading
 import time
 
@@ -14,6 +16,7 @@ from httpx_sse import connect_sse
 from service.api.drain import SHUTDOWN_GRACE_S
 from service.run.torchrun import ProcessGroupHandle
 from tests.conftest import LiveServer
+from tests.fixtures.connections import await_requests_read
 
 SPEC = {"name": "drain", "dataset": "digits", "epochs": 2, "nproc_per_node": 1}
 
@@ -34,9 +37,18 @@ def test_sigterm_ends_streams_and_long_polls_within_the_grace(live_server_factor
                 stream_open.set()
         outcome["stream"] = kinds
 
+    # The long poll on a connection of our own: the test must know its port (below).
+    waiter = socket.create_connection(("127.0.0.1", server.port))
+    waiter.settimeout(400)
+    waiter.sendall(f"GET /jobs/{job_id}/wait?timeout=300 HTTP/1.1\r\n"
+                   f"Host: 127.0.0.1:{server.port}\r\nConnection: close\r\n\r\n".encode())
+
     def long_poll() -> None:
-        r = httpx.get(f"{server.url}/jobs/{job_id}/wait", params={"timeout": 300}, timeout=400)
-        outcome["wait"] = (r.status_code, r.json()["state"])
+        answer = b""
+        while chunk := waiter.recv(65536):
+            answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        outcome["wait"] = (int(head.split()[1]), json.loads(body)["state"])
 
     shim_pid = None
     threads = [threading.Thread(target=follow), threading.Thread(target=long_poll)]
@@ -44,7 +56,8 @@ def test_sigterm_ends_streams_and_long_polls_within_the_grace(live_server_factor
         t.start()
     try:
         assert stream_open.wait(30), "the event stream sent nothing"
-        time.sleep(0.5)  # the long poll is in its loop too
+        # The long poll is in the server's hands (it read the request), not still in transit.
+        await_requests_read(server.port, [waiter.getsockname()[1]])
         shim_pid = client.get(f"/jobs/{job_id}").json()["pid"]
         started = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
@@ -55,6 +68,7 @@ def test_sigterm_ends_streams_and_long_polls_within_the_grace(live_server_factor
             assert not t.is_alive(), "a client is still connected after the server exited"
     finally:
         client.close()
+        waiter.close()
         # The job outlives the server by design; this test does not restart it: stop it here.
         if shim_pid:
             ProcessGroupHandle(pid=shim_pid).terminate(0)

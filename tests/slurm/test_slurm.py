@@ -29,6 +29,7 @@ from tests.conftest import (
 )
 from tests.slurmcluster import NODES, SlurmCluster
 from tests.worker.tinymnist import write_tiny_mnist
+from torchyard_contract.rundir import RunDir
 
 API_TOKEN = "slurm-tests-api-token-0123456789"
 
@@ -210,7 +211,12 @@ def test_server_sigkill_and_restart_readopts_by_slurm_job_id(
     _wait_records(server, job_id, lambda rs: any(r["name"] == "loss" for r in rs))
     os.killpg(server.proc.pid, signal.SIGKILL)
     server.proc.wait()
-    time.sleep(1)
+    # It trains on without the server: a rank's spool (each record, before it is sent) grows.
+    spool = RunDir.for_job(server.home / "runs", job_id).spool_file(0)
+    size, deadline = spool.stat().st_size, time.monotonic() + 60
+    while spool.stat().st_size == size:
+        assert time.monotonic() < deadline, "the job made no progress once the server was gone"
+        time.sleep(0.1)
     assert _job_processes(server, job_id), "the job died with the server"
 
     again = slurm_server(server.home, server.port, TORCHYARD_TEST_EPOCH_SLEEP_S="0.5")

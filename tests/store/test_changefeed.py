@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.store import repository as repo
-from service.store.changefeed import LISTENING_FALLBACK_S, ChangeFeed
+from service.store.changefeed import LISTENING_FALLBACK_S, ChangeFeed, note_change
 from service.store.db import make_engine, make_session_factory
 from tests.conftest import both_stores
 from torchyard_contract.state import JobState
@@ -38,23 +38,47 @@ def test_other_jobs_and_timeouts_do_not_wake() -> None:
     feed = ChangeFeed()
 
     async def scenario() -> bool:
-        seen = feed.version(1)
-        threading.Timer(0.05, feed.publish, args=([2],)).start()
-        return await feed.wait(1, seen, timeout=0.3)
+        waiter = asyncio.ensure_future(feed.wait(1, feed.version(1), timeout=0.3))
+        while not feed.waiting(1):  # it waits now: another job's change comes while it does
+            await asyncio.sleep(0.001)
+        await asyncio.to_thread(feed.publish, [2])
+        return await waiter
 
     assert asyncio.run(scenario()) is False
+    assert feed.version(2) == 1 and feed.waiting(1) == 0
+
+
+# A job id no job has: its changes are markers that every earlier commit was heard.
+MARKER_JOB = 10**9
+
+
+def _all_heard(api: TestClient) -> None:
+    """Until this process's feed has heard everything committed before now: a change of
+    ``MARKER_JOB`` is committed and awaited as told here and, on PostgreSQL, as heard back
+    through ``LISTEN``. Notifications arrive in commit order, so an earlier commit's (or a
+    rolled-back transaction's, had one been sent) would have arrived before it."""
+    feed: ChangeFeed = api.app.state.changes
+    before = feed.version(MARKER_JOB)
+    with api.app.state.session_factory() as session:
+        note_change(session, MARKER_JOB)
+        session.commit()
+    told = before + (2 if feed.listening else 1)  # here at once; through LISTEN on PostgreSQL
+    deadline = time.monotonic() + 30
+    while feed.version(MARKER_JOB) < told:
+        assert time.monotonic() < deadline, "the marker's commit was never heard back"
+        time.sleep(0.01)
 
 
 @both_stores
 def test_a_commit_tells_the_feed_and_a_rollback_does_not(api: TestClient) -> None:
     feed: ChangeFeed = api.app.state.changes
     job_id = api.post("/jobs", json=SMALL).json()["id"]
-    time.sleep(0.3)  # on PostgreSQL the submit is also heard back through LISTEN: let it land
+    _all_heard(api)  # on PostgreSQL the submit is heard back through LISTEN as well
     before = feed.version(job_id)
     with api.app.state.session_factory() as session:
         assert repo.transition(session, job_id, JobState.starting)
         session.rollback()
-    time.sleep(0.3)
+    _all_heard(api)  # a commit after the rollback was heard: the rollback would have been first
     assert feed.version(job_id) == before
     assert api.post(f"/jobs/{job_id}/cancel").json()["state"] == "cancelled"
     assert feed.version(job_id) > before
@@ -66,6 +90,7 @@ def test_a_commit_in_another_process_wakes_wait_through_listen_notify(
 ) -> None:
     """Another server's commit (here: its own engine and feed) reaches this one's long poll far
     sooner than its fallback re-read would."""
+    feed: ChangeFeed = api.app.state.changes
     job_id = api.post("/jobs", json=SMALL).json()["id"]
     other_engine = make_engine(database_url)
     other = make_session_factory(other_engine, ChangeFeed())
@@ -78,7 +103,10 @@ def test_a_commit_in_another_process_wakes_wait_through_listen_notify(
 
     poller = threading.Thread(target=long_poll)
     poller.start()
-    time.sleep(LISTENING_FALLBACK_S + 0.5)  # past the first fallback re-read: a quiet wait now
+    deadline = time.monotonic() + 30
+    while not feed.waiting(job_id):  # the long poll read the job and waits to be told
+        assert time.monotonic() < deadline, "the long poll never waited on the feed"
+        time.sleep(0.01)
     committed = time.monotonic()
     with other() as session:
         assert repo.transition(session, job_id, JobState.cancelled, reason="from elsewhere")
@@ -86,5 +114,6 @@ def test_a_commit_in_another_process_wakes_wait_through_listen_notify(
     poller.join(timeout=30)
     other_engine.dispose()
     assert answer["job"]["state"] == "cancelled"  # type: ignore[index]
+    # Well inside the wait's fallback re-read (it just began): told, not found by re-reading.
     woke_after = time.monotonic() - committed
-    assert woke_after < 1.0, f"answered {woke_after:.2f} s after the commit"
+    assert woke_after < min(1.0, LISTENING_FALLBACK_S / 2), f"answered {woke_after:.2f} s after"

@@ -250,7 +250,17 @@ def test_two_workers_start_one_warm_server(two_workers: LiveServer) -> None:
     assert path.startswith(str(two_workers.home.resolve())) and len(path) > 108
     status = ask(path, {"op": "status"})
     assert status is not None
-    time.sleep(3 * 1.0)  # a few more checks of both pools: neither starts another
+    # Both workers' pools check in with this one server (each becomes one of its owners), so
+    # neither has a reason to start another: then there is no other.
+    workers = {p.pid for p in psutil.Process(two_workers.proc.pid).children()
+               if any("spawn_main" in arg for arg in p.cmdline())}  # not a resource tracker
+    assert len(workers) == 2, workers
+    deadline = time.monotonic() + 30
+    while not workers <= set(status["owners"]):
+        assert time.monotonic() < deadline, (workers, status["owners"])
+        time.sleep(0.2)
+        status = ask(path, {"op": "status"})
+        assert status is not None
     assert _warm_servers(path) == [status["pid"]]
     assert lock_holder(os.path.dirname(path)) == status["pid"]
     roles = {_fresh_get(two_workers, "/healthz").json()["role"] for _ in range(30)}

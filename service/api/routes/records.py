@@ -12,9 +12,6 @@ that cannot get its lock (SQLite's write lock, the job's record lock on PostgreS
 reporter's retry lands it once.
 """
 
-import logging
-import os
-import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
@@ -30,11 +27,7 @@ from service.domain.records.ingest import RecordsRefused, accept_records
 from service.store import repository as repo
 from service.store.records import RecordIn
 
-logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/jobs", tags=["workers"])
-# Tests only: a batch holding a record of this name waits TORCHYARD_TEST_RECORD_PAUSE_S inside
-# its transaction (see ``_test_pause``).
-TEST_PAUSE_METRIC = "test_pause"
 
 
 async def _record_batch(request: Request) -> list[RecordIn]:
@@ -104,17 +97,6 @@ def post_records(
         error = {409: "conflict", 503: "unavailable"}.get(refused.status, "invalid_request")
         message = f"{refused.field}: {refused.message}" if refused.field else refused.message
         raise ApiError(refused.status, error, message, headers) from None
-    _test_pause(request.app.state.settings.test_record_pause_s, job_id, records)
     session.commit()
     request.app.state.telemetry.records_ingested.inc(added)
     return IngestResult(accepted=added, duplicates=len(records) - added)
-
-
-def _test_pause(pause_s: float, job_id: int, records: list[RecordIn]) -> None:
-    """Tests only (``TORCHYARD_TEST_RECORD_PAUSE_S``): hold the batch's lock (SQLite's write lock,
-    the job's record lock on PostgreSQL) for ``pause_s``, saying so in the log with this
-    process's pid, so a test can freeze this process while it holds the lock."""
-    if pause_s and any(r.name == TEST_PAUSE_METRIC for r in records):
-        logger.warning("job %s: test pause of %gs holding the record lock (pid %d)",
-                       job_id, pause_s, os.getpid())
-        time.sleep(pause_s)

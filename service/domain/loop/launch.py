@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -231,8 +230,6 @@ class Launcher:
             ctx.queue_changed()
             return
         ctx.watched.refs[job.id] = ref
-        if ctx.settings.test_launch_pause_s:  # tests: a window to kill the server in
-            time.sleep(ctx.settings.test_launch_pause_s)
         if not ctx.lease.fence(session):
             # The next supervisor adopts the attempt loop from its claim (torchyard_contract.claim).
             session.rollback()

@@ -28,6 +28,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -93,6 +94,8 @@ class Supervisor:
     loop_session_factory: sessionmaker[Session] | None = None
     # Who supervises (``service.domain.lease``); built from the settings when not given.
     lease: Lease | None = None
+    # What the queue snapshot's intervals are measured on (its publishing and its reads).
+    clock: Callable[[], float] = time.monotonic
     _stop: threading.Event = field(default_factory=threading.Event)
     _wake: threading.Event = field(default_factory=threading.Event)
     # Last scheduling pass of this term: queued job id → position and reason; None before the
@@ -143,7 +146,7 @@ class Supervisor:
         self.sweep_driver = SweepDriver(self.ctx, self.intake)
         self.cleanup = Cleanup(self.settings, self.session_factory,
                                before_delete=self.sweeps.settle)
-        self._snapshot = SnapshotReader(self.ctx.read_sessions)
+        self._snapshot = SnapshotReader(self.ctx.read_sessions, clock=self.clock)
         # The webhook outbox is sent from threads of its own, only while this process acts.
         self.webhooks = Dispatcher(self.settings, loop_sessions, self.ctx.read_sessions,
                                    self.lease)
@@ -359,7 +362,7 @@ class Supervisor:
         waiting = self._waiting
         if waiting is None or waiting is self._published or waiting == self._published:
             return
-        now = time.monotonic()
+        now = self.clock()
         if now - self._published_at < PUBLISH_MIN_S:
             return
         with self.ctx.loop_sessions() as session:

@@ -273,6 +273,7 @@ class Server:
             "served": self.served,
             "refused": self.refused,
             "draining": self.draining,
+            "owners": sorted(self.owners),  # the torchyard processes it serves (``status``)
             "cuda_initialized": bool(torch is not None and torch.cuda.is_initialized()),
             "preloaded": sorted(m for m in preload.PRELOADED if m in sys.modules),
             "idle_pids": sorted(self.idle),
