@@ -8,7 +8,12 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from service.settings.groups import PackageSettings, SlurmSettings, WebhookSettings
+from service.settings.groups import (
+    PackageSettings,
+    SlurmSettings,
+    TrackingSettings,
+    WebhookSettings,
+)
 from service.settings.tokens import hash_token
 
 API_TOKEN_MIN_CHARS = 16
@@ -27,7 +32,7 @@ def split_dirs(value: str | None) -> list[str]:
     return [p.strip() for p in value.replace(",", os.pathsep).split(os.pathsep) if p.strip()]
 
 
-class Settings(SlurmSettings, PackageSettings, WebhookSettings, BaseSettings):
+class Settings(SlurmSettings, PackageSettings, WebhookSettings, TrackingSettings, BaseSettings):
     """Everything the service can be configured with. Built by ``Settings()`` at the edge only."""
 
     # hide_input_in_errors: a refused token must not be echoed into logs.

@@ -7,11 +7,19 @@ from sqlalchemy.orm import Session
 
 from service.store.changefeed import note_change
 from service.store.repository import job_state
-from service.store.tables import Allocation, Job, JobLabel, MetricRecord, WebhookDelivery
+from service.store.tables import (
+    Allocation,
+    Job,
+    JobLabel,
+    MetricRecord,
+    TrackingExport,
+    WebhookDelivery,
+)
 from torchyard_contract.state import TERMINAL_STATES, JobState
 
 # Every table that holds rows of a job besides ``jobs``; deleting a job empties each of them.
-JOB_OWNED_TABLES: tuple[type, ...] = (MetricRecord, JobLabel, Allocation, WebhookDelivery)
+JOB_OWNED_TABLES: tuple[type, ...] = (
+    MetricRecord, JobLabel, Allocation, WebhookDelivery, TrackingExport)
 
 
 def delete_record_batch(session: Session, job_id: int, limit: int) -> int:

@@ -1,10 +1,15 @@
-"""A job's artifacts: the files it left in ``TORCHYARD_OUTPUT_DIR`` and its checkpoints.
+"""A job's artifacts: the files it left in ``TORCHYARD_OUTPUT_DIR``, its checkpoints, and the
+TensorBoard event files the server writes for it.
 
 What a job wrote is hostile. Contract:
 
 * :func:`list_artifacts` walks the output directory (and ``RUN_DIR/checkpoints`` as
-  ``checkpoints/...``) without following any symlink and lists regular files only: a symlink,
-  a FIFO, a socket or a device is never listed. Sorted by path; ``after`` is the cursor.
+  ``checkpoints/...``, ``RUN_DIR/tensorboard`` as ``tensorboard/...``) without following any
+  symlink and lists regular files only: a symlink, a FIFO, a socket or a device is never listed.
+  Sorted by path; ``after`` is the cursor. ``checkpoints/`` is reserved (the output directory's
+  own is not listed); ``tensorboard/`` is shared: the server's event files and the output
+  directory's own ``tensorboard/`` folder are listed together, the server's first where a path
+  is in both.
 * :func:`open_artifact` opens one by its listed path, one component at a time relative to the
   directory's descriptor with ``O_NOFOLLOW`` (a symlink anywhere on the way is refused, even one
   swapped in after listing), non-blocking (a FIFO never blocks the server), and answers only a
@@ -20,6 +25,7 @@ from pathlib import Path
 from torchyard_contract.rundir import RunDir
 
 CHECKPOINTS_PREFIX = "checkpoints"  # a top-level name of the listing reserved for them
+TENSORBOARD_PREFIX = "tensorboard"  # the server's event files, beside the outputs' own folder
 
 
 class ArtifactNotFound(LookupError):
@@ -34,7 +40,9 @@ class Artifact:
 
 
 def _roots(run: RunDir) -> list[tuple[str, Path]]:
-    return [("", run.output_dir), (f"{CHECKPOINTS_PREFIX}/", run.checkpoints_dir)]
+    """Where the listing's paths come from, the first holding a path winning."""
+    return [(f"{TENSORBOARD_PREFIX}/", run.tensorboard_dir),
+            (f"{CHECKPOINTS_PREFIX}/", run.checkpoints_dir), ("", run.output_dir)]
 
 
 def _walk(root: Path, prefix: str) -> list[Artifact]:
@@ -62,10 +70,11 @@ def _walk(root: Path, prefix: str) -> list[Artifact]:
 
 
 def list_artifacts(run: RunDir, after: str | None, limit: int) -> list[Artifact]:
-    items: list[Artifact] = []
+    found: dict[str, Artifact] = {}
     for prefix, root in _roots(run):
-        items += _walk(root, prefix)
-    items.sort(key=lambda a: a.path)
+        for item in _walk(root, prefix):
+            found.setdefault(item.path, item)
+    items = sorted(found.values(), key=lambda a: a.path)
     if after is not None:
         items = [a for a in items if a.path > after]
     return items[:limit]
@@ -80,12 +89,30 @@ def _parts(path: str) -> list[str]:
     return parts
 
 
+def output_files(run: RunDir) -> list[Artifact]:
+    """The output directory's own files (no checkpoints, no server event files), by path."""
+    return sorted(_walk(run.output_dir, ""), key=lambda a: a.path)
+
+
 def open_artifact(run: RunDir, path: str) -> tuple[int, os.stat_result]:
     """An open read-only descriptor of the artifact and its stat (the caller closes it)."""
     parts = _parts(path)
-    root = run.output_dir
     if parts[0] == CHECKPOINTS_PREFIX and len(parts) > 1:
-        root, parts = run.checkpoints_dir, parts[1:]
+        return _open_in(run.checkpoints_dir, parts[1:], path)
+    if parts[0] == TENSORBOARD_PREFIX and len(parts) > 1:
+        try:
+            return _open_in(run.tensorboard_dir, parts[1:], path)
+        except ArtifactNotFound:
+            pass  # the output directory's own tensorboard/ folder
+    return _open_in(run.output_dir, parts, path)
+
+
+def open_output(run: RunDir, path: str) -> tuple[int, os.stat_result]:
+    """As :func:`open_artifact`, for a path of :func:`output_files` (the output directory)."""
+    return _open_in(run.output_dir, _parts(path), path)
+
+
+def _open_in(root: Path, parts: list[str], path: str) -> tuple[int, os.stat_result]:
     try:
         fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError:

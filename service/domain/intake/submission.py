@@ -26,6 +26,7 @@ from service.domain.intake.scriptpath import (
 from service.domain.intake.secretstore import SecretRefused
 from service.domain.queue.inventory import Inventory
 from service.domain.queue.placement import capacity_shortfall, resource_kind
+from service.domain.tracking import enrolment as tracking
 from service.settings import Settings
 from service.settings import webhookfile as webhookconf
 from service.store import repository as repo
@@ -99,6 +100,7 @@ class Intake:
                 raise SubmitRejected("invalid_request", f"resume_from: job {spec.resume_from} not found")
             try:
                 job = repo.create_job(session, spec, idempotency_key, webhooks)
+                tracking.enrol_job(session, self.settings, job, spec)
                 session.commit()
             except IntegrityError:
                 # Another request with the same key won the race between lookup and insert.
@@ -115,6 +117,9 @@ class Intake:
         check of a sweep's trials, ``service.domain.sweeps.manage``)."""
         if not self.executor_queues_jobs:
             check_local(spec, self.inventory)
+        refused = tracking.refusal(spec, self.settings)
+        if refused is not None:
+            raise SubmitRejected("invalid_request", refused)
         if spec.is_script:  # refuse what could never launch; resolved again at launch
             self._check_script(spec)
 

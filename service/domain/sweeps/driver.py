@@ -50,6 +50,7 @@ from service.domain.sweeps.spec import (
     grid_points,
     grid_values,
 )
+from service.domain.tracking import enrolment as tracking
 from service.settings import Settings
 from service.settings import webhookfile as webhookconf
 from service.store import repository as repo
@@ -350,6 +351,7 @@ class SweepDriver:
                 webhooks = None  # an endpoint since removed from the file: the trial runs untold
             job = repo.create_job(session, job_spec, webhooks=webhooks)
             store.mark_trial(session, job.id, sweep.id, params)
+            tracking.enrol_job(session, self.ctx.settings, job, job_spec)
             st.trials[job.id] = trial
             live.append(job)
             made += 1

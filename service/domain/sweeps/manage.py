@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.domain.intake.admission import admit
 from service.domain.intake.submission import Intake
 from service.domain.sweeps.spec import SweepSpec, extremes
+from service.domain.tracking import enrolment as tracking
 from service.store import repository as repo
 from service.store import sweeps as store
 from service.store.tables import Job, Sweep
@@ -153,6 +154,7 @@ class Sweeps:
         with self.sessions() as session:
             sweep = store.create_sweep(
                 session, spec.name, spec.spec.priority, spec.model_dump(mode="json"))
+            tracking.enrol_sweep(session, self.intake.settings, sweep, spec.spec)
             session.commit()
             session.refresh(sweep)
         self.changed()
