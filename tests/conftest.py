@@ -87,6 +87,8 @@ XDIST_GROUPS = {
     "test_slurm.py": "slurm", "test_slurm_security.py": "slurm",
     "test_slurm_pending_cancel.py": "slurm",
     "test_failover.py": "failover",
+    # One MLflow tracking server per worker: the tracking files share one (tests/tracking).
+    "test_mlflow_export.py": "tracking", "test_export_restarts.py": "tracking",
     # Their plain torchrun groups share one warm server (tests/worker/conftest.py).
     "test_checkpoint.py": "rungroup", "test_worker_unit.py": "rungroup",
     **{name: name for name in (
@@ -97,6 +99,7 @@ XDIST_GROUPS = {
 # Files by their tests' total duration, longest first (``--durations=0`` on 2 cores).
 HEAVY_FIRST = [
     "test_slurm.py", "test_slurm_security.py", "test_failover.py", "test_bench_smoke.py",
+    "test_mlflow_export.py", "test_export_restarts.py",
     "test_queue_live.py", "test_e2e.py", "test_warm_jobs.py", "test_workers.py",
     "test_fault.py", "test_dashboard.py", "test_cli.py", "test_datasets_e2e.py",
     "test_warm_security.py", "test_checkpoint.py", "test_script_jobs.py",

@@ -77,6 +77,9 @@ class Exporter:
     _pool: ThreadPoolExecutor | None = None
     _http: httpx.Client | None = None
     _generation: int | None = None
+    # Rows whose event files could not be written (export id → the job's last seq then): tried
+    # again when more records come or the job ends, and said once in the log.
+    _unwritable: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.tensorboard = TensorBoardExporter(self.settings.runs_dir, self.sessions,
@@ -147,7 +150,7 @@ class Exporter:
             live = {p.export.id for p in pending}
             with self._lock:
                 busy = set(self._inflight)
-            for export_id in set(self.tensorboard._writers) - live - busy:
+            for export_id in self.tensorboard.held() - live - busy:
                 self.tensorboard.forget(export_id)
         handed = 0
         for item in pending:
@@ -160,6 +163,7 @@ class Exporter:
         return handed
 
     def _forget_all(self) -> None:
+        self._unwritable.clear()
         self.tensorboard.forget()
         if self.runs is not None:
             self.runs.forget()
@@ -170,8 +174,14 @@ class Exporter:
             return False
         if not self.settings.tensorboard:
             return True  # turned off since: the row is told so
+        ended = item.state in _TERMINAL
+        failed_at = self._unwritable.get(e.id)
+        if failed_at is not None and item.last_seq <= failed_at and not ended:
+            return False
         written = self.tensorboard.written_through(e.id)
-        return written is None or item.last_seq > written or item.state in _TERMINAL
+        if written is None:  # files are made with the first record (or at the end)
+            return item.last_seq > 0 or ended
+        return item.last_seq > written or ended
 
     def _mlflow_work(self, item: Pending) -> bool:
         e = item.export
@@ -212,16 +222,22 @@ class Exporter:
 
     def _export_tensorboard(self, item: Pending) -> bool:
         e = item.export
-        if not self.settings.tensorboard:
-            self._write(e.id, tensorboard_done=True)
+        nothing = item.last_seq == 0 and self.tensorboard.written_through(e.id) is None
+        if not self.settings.tensorboard or (nothing and item.state in _TERMINAL):
+            self._write(e.id, tensorboard_done=True)  # off since, or over without a record
             return True
         try:
-            return self.tensorboard.step(e)
+            written = self.tensorboard.step(e)
         except OSError as exc:  # the run directory is gone or the job made it unusable
-            logger.warning("job %s: TensorBoard files not written: %s", e.job_id, exc)
+            if e.id not in self._unwritable:
+                logger.warning("job %s: TensorBoard files not written: %s", e.job_id, exc)
+            self._unwritable[e.id] = item.last_seq
             if item.state in _TERMINAL:
                 self._write(e.id, tensorboard_done=True)  # nothing more will come
+                self._unwritable.pop(e.id, None)
             return False
+        self._unwritable.pop(e.id, None)
+        return written
 
     def _export_mlflow(self, item: Pending) -> bool:
         e = item.export

@@ -84,6 +84,8 @@ class RunExporter:
         """One step of a job's run: create it, send the next batch (or re-send the unknown
         one), follow the job's status, or close the run once the job is over and everything
         is in. True if it did something (the exporter comes back soon)."""
+        if row.mlflow_done:
+            return False
         with self.read_sessions() as session:
             job = store.job(session, row.job_id or 0)
             if job is None:
@@ -249,6 +251,8 @@ class RunExporter:
     # --- sweeps -----------------------------------------------------------------------------
     def step_sweep(self, row: TrackingExport) -> bool:
         """Create a sweep's parent run; once the sweep ended, tag its best trial and close."""
+        if row.mlflow_done:
+            return False
         with self.read_sessions() as session:
             sweep = store.sweep(session, row.sweep_id or 0)
             if sweep is None:

@@ -45,6 +45,10 @@ class TensorBoardExporter:
         writer = self._writers.get(export_id)
         return writer.seq if writer is not None else None
 
+    def held(self) -> set[int]:
+        """The rows this process has a writer for."""
+        return set(self._writers)
+
     def forget(self, export_id: int | None = None) -> None:
         """Close one row's writer (or all): the next step rewrites its files from the start."""
         ids = list(self._writers) if export_id is None else [export_id]
