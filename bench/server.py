@@ -205,6 +205,12 @@ def max_seq(home: Path, job_id: int) -> int:
         conn.close()
 
 
+# ``python -m bench.server`` with this set also runs the tracking exporter (the supervisor's
+# MLflow and TensorBoard threads, ``service.domain.tracking.exporter``) beside the routes, as
+# the supervising process does: bench/tracking.py measures ingestion with and without it.
+TRACKING_ENV = "BENCH_TRACKING_EXPORTER"
+
+
 def _serve_without_supervisor(home: str, port: int) -> None:
     import logging
 
@@ -216,6 +222,14 @@ def _serve_without_supervisor(home: str, port: int) -> None:
     logging.basicConfig(level=logging.WARNING)
     settings = Settings(home=Path(home), port=port)
     app = create_app(settings, run_supervisor=False)
+    if os.environ.get(TRACKING_ENV):
+        from service.domain.lease import Lease
+        from service.domain.tracking.exporter import Exporter
+
+        lease = Lease(app.state.session_factory, settings.lease_ttl_s)
+        lease.start()
+        Exporter(settings, app.state.session_factory, app.state.read_session_factory, lease,
+                 best_trial=lambda _session, _sweep: None).start()
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 

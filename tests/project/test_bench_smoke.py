@@ -23,6 +23,7 @@ HEADLINE = {
     "pause": "pause → slots free (p50)",
     "idle": "what one idle server takes",
     "procstart": "warm preload: CPU, as served / plain imports",
+    "tracking": "stored → in MLflow p99",
 }
 
 

@@ -31,6 +31,7 @@ from tests.tracking.exports import (
 from tests.tracking.mlflowserver import MlflowReader, MlflowServer, params, tags
 
 TOKEN = "tracking-tests-api-token-0123456789"
+MLFLOW_TOKEN = "mlflow-bearer-token-never-shown-0123"  # sent to MLflow, which ignores it here
 MAX_ARTIFACT_BYTES = 4096
 QUICK = {"dataset": "synthetic", "synthetic_samples": 64, "batch_size": 32, "device": "cpu",
          "checkpoint_every": 0}
@@ -83,6 +84,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, _migrated_sqlite: Path,
         "TORCHYARD_PUBLIC_URL": f"http://127.0.0.1:{port}",
         "TORCHYARD_SCRIPT_DIRS": str(root / "scripts"), "TORCHYARD_API_TOKENS": TOKEN,
         "TORCHYARD_MLFLOW_MAX_ARTIFACT_BYTES": str(MAX_ARTIFACT_BYTES),
+        "TORCHYARD_MLFLOW_TOKEN": MLFLOW_TOKEN,
     }, port)
     yield live
     _stop_server(live)
@@ -123,6 +125,12 @@ def test_a_two_rank_job_is_one_run_with_every_point_once(
                   env={"TORCHYARD_TOKEN": TOKEN})
     assert fetched.returncode == 0, fetched.stderr
     assert_event_files_hold(tmp_path / "tb" / f"digits-ddp-{job_id}", every_record(server, job_id))
+    # The MLflow token is a server secret: in no answer, no log line, no file of the job's.
+    with server.client() as c:
+        assert MLFLOW_TOKEN not in c.get(f"/jobs/{job_id}").text
+    assert MLFLOW_TOKEN not in server.log.read_text()
+    run_dir = server.home / "runs" / str(job_id)
+    assert not [f for f in run_dir.rglob("*") if f.is_file() and MLFLOW_TOKEN.encode() in f.read_bytes()]
 
 
 def test_a_script_job_with_log_outputs_uploads_them_byte_for_byte(

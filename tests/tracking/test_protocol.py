@@ -3,7 +3,7 @@ point it is sent (MLflow's file store does; its SQL stores happen to drop exact 
 the live tests alone could not fail on a re-sent batch): a batch whose answer was lost is sent
 again less what the run's history holds, and each point lands once. Also the pure parts: the
 mean is the dashboard's, batches do not change the points, a spec's ``mlflow`` is refused
-where the server has no tracking server.
+where the server has no tracking server, the exporter yields while the server is busy.
 """
 
 import json
@@ -20,6 +20,7 @@ from fastapi.testclient import TestClient
 
 from service.domain.lease import Lease
 from service.domain.records.downsample import epoch_mean
+from service.domain.tracking.budget import CpuBudget
 from service.domain.tracking.mlflowclient import MlflowClient, MlflowError
 from service.domain.tracking.points import MeanFold, rank_point
 from service.domain.tracking.runexport import RunExporter
@@ -204,3 +205,23 @@ def test_mlflow_in_a_spec_is_refused_where_the_server_has_no_tracking_server(
     assert job.status_code == 201, job.text
     assert job.json()["spec"]["mlflow"] is False
     assert api.get(f"/jobs/{job.json()['id']}").json()["mlflow"] is None
+
+
+def test_the_exporter_yields_while_the_process_is_busy() -> None:
+    clock, process = [0.0], [0.0]
+    budget = CpuBudget(process_time=lambda: process[0], clock=lambda: clock[0])
+    assert budget.allows() and not budget.held_back
+    # A window in which the rest of the process (the routes) took 0.9 s of a core's second.
+    clock[0], process[0] = 1.0, 0.9
+    assert budget.allows() and budget.held_back
+    budget.spend(0.01)
+    clock[0], process[0] = 1.1, 0.99
+    assert not budget.allows()  # 10 % of a core: over the 5 % it may take while busy
+    clock[0] = 1.5
+    assert budget.allows()  # 2 %
+    # A quiet window: the exporter takes what it needs.
+    clock[0], process[0] = 2.5, 1.2
+    assert budget.allows() and not budget.held_back
+    budget.spend(0.5)
+    clock[0], process[0] = 2.6, 1.7
+    assert budget.allows()

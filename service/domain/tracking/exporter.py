@@ -7,7 +7,9 @@ the supervisor's loop and off the record-ingestion path.
   outbox is fenced by the lease; a new term starts from what is stored (folds refolded,
   TensorBoard files rewritten).
 * **Never in the way.** Ranks post records as before and ``POST /records`` stores them and
-  answers; the exporter reads them later by ``seq`` cursor. A job never waits for MLflow.
+  answers; the exporter reads them later by ``seq`` cursor. A job never waits for MLflow, and
+  while the server process is busy the exporter takes a small share of its CPU
+  (``service.domain.tracking.budget``) and catches up later.
 * **Retries** of a row whose MLflow call failed wait ``RETRY_FIRST_S``, doubling up to
   ``RETRY_MAX_S`` (plus up to 10 % jitter), for as long as it takes: the row says why
   (``GET /jobs/{id}``: ``mlflow.state`` ``error: …``) and nothing is lost meanwhile. TensorBoard
@@ -20,6 +22,7 @@ there), the TensorBoard ones ``service.domain.tracking.tbexport``.
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -30,6 +33,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.domain.lease import Lease
 from service.domain.tracking import naming
+from service.domain.tracking.budget import CpuBudget
 from service.domain.tracking.mlflowclient import MlflowClient, MlflowError
 from service.domain.tracking.runexport import Deposed, RunExporter
 from service.domain.tracking.tbexport import TensorBoardExporter
@@ -80,6 +84,7 @@ class Exporter:
     # Rows whose event files could not be written (export id → the job's last seq then): tried
     # again when more records come or the job ends, and said once in the log.
     _unwritable: dict[int, int] = field(default_factory=dict)
+    _budget: CpuBudget = field(default_factory=CpuBudget)
 
     def __post_init__(self) -> None:
         self.tensorboard = TensorBoardExporter(self.settings.runs_dir, self.sessions,
@@ -94,7 +99,7 @@ class Exporter:
             token = self.settings.mlflow_token
             client = MlflowClient(uri, self._http, token.get_secret_value() if token else None)
             self.runs = RunExporter(self.settings, client, self.sessions, self.read_sessions,
-                                    self.lease, self.best_trial)
+                                    self.lease, self.best_trial, stopping=self._stop)
 
     @property
     def enabled(self) -> bool:
@@ -154,6 +159,8 @@ class Exporter:
                 self.tensorboard.forget(export_id)
         handed = 0
         for item in pending:
+            if not self._budget.allows():
+                break  # the process is busy: the rest waits for the next round
             with self._lock:
                 if item.export.id in self._inflight or not self._has_work(item):
                     continue
@@ -203,6 +210,7 @@ class Exporter:
 
     def _export(self, item: Pending) -> None:
         progress = False
+        started = time.thread_time()
         try:
             if self._tensorboard_work(item):
                 progress |= self._export_tensorboard(item)
@@ -215,6 +223,7 @@ class Exporter:
             logger.log(level, "tracking: export %s (job %s, sweep %s) failed: %r",
                        item.export.id, item.export.job_id, item.export.sweep_id, exc)
         finally:
+            self._budget.spend(time.thread_time() - started)
             with self._lock:
                 self._inflight.discard(item.export.id)
             if progress:
