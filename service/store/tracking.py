@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Row, func, or_, select, update
+from sqlalchemy import Row, and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from service.store.clock import utcnow
@@ -41,16 +41,30 @@ class Pending:
     last_seq: int  # the job's newest record; 0 for a sweep
 
 
+# MLflow statuses of a run that a queued job leaves as they are.
+_RESTING_STATUSES = ("SCHEDULED", "RUNNING")
+
+
 def unfinished(session: Session, limit: int) -> list[Pending]:
     """Rows not done, sweeps first (their runs are their trials' parents), then oldest first,
-    at most ``limit``, each with its job's state and newest record (an index lookup each)."""
+    at most ``limit``, each with its job's state and newest record (an index lookup each).
+
+    Rows of queued jobs with nothing to send are left out: a queue of thousands of jobs costs
+    the exporter's scan nothing until they run (a queued job's run is made, SCHEDULED, once)."""
     e = TrackingExport
-    newest = (select(func.max(MetricRecord.seq)).where(MetricRecord.job_id == e.job_id)
-              .scalar_subquery())
+    newest = func.coalesce(
+        select(func.max(MetricRecord.seq)).where(MetricRecord.job_id == e.job_id)
+        .scalar_subquery(), 0)
+    resting = and_(  # never NULL (a sweep's row has no job): NOT NULL would drop the row
+        Job.state.is_not(None), Job.state == "queued", e.sent_seq == e.acked_seq,
+        newest <= e.acked_seq,
+        or_(e.mlflow.is_(False), e.mlflow_done,
+            and_(e.run_id.is_not(None), e.status.in_(_RESTING_STATUSES))),
+    )
     q = (
         select(e, Job.state, Job.running_at, Sweep.state, newest)
         .outerjoin(Job, Job.id == e.job_id).outerjoin(Sweep, Sweep.id == e.sweep_id)
-        .where(e.done.is_(False))
+        .where(e.done.is_(False), ~resting)
         .order_by(e.sweep_id.is_(None), e.id).limit(limit)
     )
     return [

@@ -30,6 +30,7 @@ from service.store import repository as repo
 from service.store import tracking as store
 from service.store.db import make_engine, make_session_factory, upgrade
 from service.store.records import RecordIn
+from tests.conftest import both_stores
 from torchyard_contract.spec import JobSpec
 from torchyard_contract.state import JobState
 
@@ -134,14 +135,16 @@ def test_the_mean_is_the_dashboards_and_batching_does_not_change_the_points() ->
 
 
 @pytest.fixture
-def sessions(tmp_path: Path) -> Any:
-    url = f"sqlite:///{tmp_path / 'a.db'}"
+def sessions(tmp_path: Path, database_url: str | None) -> Any:
+    """Sessions on a migrated database: SQLite, or a new PostgreSQL one (``both_stores``)."""
+    url = database_url or f"sqlite:///{tmp_path / 'a.db'}"
     upgrade(url)
     engine = make_engine(url)
     yield make_session_factory(engine)
     engine.dispose()
 
 
+@both_stores
 def test_a_batch_whose_answer_was_lost_is_sent_again_less_what_mlflow_has(
     sessions: Any, tmp_path: Path,
 ) -> None:
@@ -225,3 +228,40 @@ def test_the_exporter_yields_while_the_process_is_busy() -> None:
     budget.spend(0.5)
     clock[0], process[0] = 2.6, 1.7
     assert budget.allows()
+
+
+@both_stores
+def test_the_outbox_lists_unfinished_rows_sweeps_first_and_is_done_when_each_export_is(
+    sessions: Any,
+) -> None:
+    with sessions() as session:
+        job = repo.create_job(session, JobSpec(name="a"))
+        store.add_export(session, job_id=job.id, mlflow=True, tensorboard=True, experiment="e")
+        recordstore.insert_records(session, job.id, [RecordIn(1, 0, 1, None, "loss", 0.5, 1.0)])
+        store.add_export(session, sweep_id=9, mlflow=True, tensorboard=False, experiment="e")
+        session.commit()
+        job_id = job.id
+    with sessions() as session:
+        pending = store.unfinished(session, 10)
+        assert [p.export.sweep_id for p in pending] == [9, None]  # the sweep's run first
+        assert pending[0].state is None  # no such sweep
+        row = pending[1]
+        assert (row.state, row.ran, row.last_seq > 0) == ("queued", False, True)
+        store.update_export(session, row.export.id, mlflow_done=True)
+        session.commit()
+        assert not store.export_of_job(session, job_id).done  # its event files are not
+        store.update_export(session, row.export.id, tensorboard_done=True, error="a\nb  c")
+        session.commit()
+        done = store.export_of_job(session, job_id)
+        assert done.done and done.error == "a b c"
+        assert [p.export.sweep_id for p in store.unfinished(session, 10)] == [9]
+        # A queued job whose run is made and SCHEDULED, with nothing to send, is not scanned.
+        queued = repo.create_job(session, JobSpec(name="q"))
+        store.add_export(session, job_id=queued.id, mlflow=True, tensorboard=True,
+                         experiment="e")
+        session.commit()
+        assert [p.export.job_id for p in store.unfinished(session, 10)] == [None, queued.id]
+        store.update_export(session, store.export_of_job(session, queued.id).id, run_id="r",
+                            status="SCHEDULED")
+        session.commit()
+        assert [p.export.job_id for p in store.unfinished(session, 10)] == [None]

@@ -324,6 +324,7 @@ class Supervisor:
     def _queue_changed(self) -> None:
         self._queue_dirty = True
         self._wake.set()
+        self.tracking.wake()  # a new job's run is made now, not at the exporter's next poll
 
     def _schedule(self) -> None:
         """One scheduling pass (``service.domain.loop.scheduling``), when the queue or the free

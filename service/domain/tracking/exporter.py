@@ -48,6 +48,9 @@ from torchyard_contract.state import TERMINAL_STATES
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.25
+# After rounds that found nothing to do the poll slows down, doubling up to this (a job's new
+# records then wait at most this long; a submit in this process wakes it at once).
+IDLE_POLL_S = 1.0
 CONCURRENCY = 4
 SCAN_LIMIT = 1000
 RETRY_FIRST_S = 0.5
@@ -130,16 +133,20 @@ class Exporter:
         self._wake.set()
 
     def _run(self) -> None:
+        poll_s = POLL_S
         while not self._stop.is_set():
+            handed = 0
             try:
-                self.export_due()
+                handed = self.export_due()
             except Exception as exc:  # nothing may end the thread
                 if is_busy(exc):
                     logger.warning("tracking: database busy, trying again: %s",
                                    getattr(exc, "orig", exc))
                 else:
                     logger.exception("tracking: a round failed")
-            self._wake.wait(POLL_S)
+            poll_s = POLL_S if handed or self._inflight else min(poll_s * 2, IDLE_POLL_S)
+            if self._wake.wait(poll_s):
+                poll_s = POLL_S
             self._wake.clear()
 
     def export_due(self) -> int:
