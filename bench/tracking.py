@@ -107,7 +107,7 @@ def _latency(server: Server, job_id: int, token: str, mlflow_url: str, count: in
 
 def run(smoke: bool) -> list[Row]:
     writers, batch_size = 4, 1000
-    batches = 2 if smoke else 10
+    batches = 2 if smoke else 20
     count = 10 if smoke else 200
     with tempfile.TemporaryDirectory(prefix="bench-tracking-") as tmp:
         root = Path(tmp)

@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 
 from service.domain.lease import Lease
 from service.domain.records.downsample import epoch_mean
-from service.domain.tracking.budget import CpuBudget
+from service.domain.tracking.budget import WINDOW_S, CpuBudget
 from service.domain.tracking.mlflowclient import MlflowClient, MlflowError
 from service.domain.tracking.points import MeanFold, rank_point
 from service.domain.tracking.runexport import RunExporter
@@ -211,22 +211,23 @@ def test_mlflow_in_a_spec_is_refused_where_the_server_has_no_tracking_server(
 
 
 def test_the_exporter_yields_while_the_process_is_busy() -> None:
+    w = WINDOW_S
     clock, process = [0.0], [0.0]
     budget = CpuBudget(process_time=lambda: process[0], clock=lambda: clock[0])
     assert budget.allows() and not budget.held_back
-    # A window in which the rest of the process (the routes) took 0.9 s of a core's second.
-    clock[0], process[0] = 1.0, 0.9
+    # A window in which the rest of the process (the routes) took 90 % of a core.
+    clock[0], process[0] = w, 0.9 * w
     assert budget.allows() and budget.held_back
-    budget.spend(0.01)
-    clock[0], process[0] = 1.1, 0.99
+    budget.spend(0.01 * w)
+    clock[0], process[0] = 1.1 * w, 1.0 * w
     assert not budget.allows()  # 10 % of a core: over the 5 % it may take while busy
-    clock[0] = 1.5
+    clock[0] = 1.5 * w
     assert budget.allows()  # 2 %
     # A quiet window: the exporter takes what it needs.
-    clock[0], process[0] = 2.5, 1.2
+    clock[0], process[0] = 2.5 * w, 1.2 * w
     assert budget.allows() and not budget.held_back
-    budget.spend(0.5)
-    clock[0], process[0] = 2.6, 1.7
+    budget.spend(0.5 * w)
+    clock[0], process[0] = 2.6 * w, 1.7 * w
     assert budget.allows()
 
 

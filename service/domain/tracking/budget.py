@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-WINDOW_S = 1.0
+WINDOW_S = 0.25  # short: a burst of records is met within a quarter second
 BUSY_SHARE = 0.5  # of one core, the rest of the process: then the exporter is held back
 BUSY_EXPORT_SHARE = 0.05  # of one core, the exporter's own while the process is busy
 
