@@ -207,6 +207,12 @@ def max_seq(home: Path, job_id: int) -> int:
         conn.close()
 
 
+# ``python -m bench.server`` with this set also runs the tracking exporter (the supervisor's
+# MLflow and TensorBoard threads, ``service.domain.tracking.exporter``) beside the routes, as
+# the supervising process does: bench/tracking.py measures ingestion with and without it.
+TRACKING_ENV = "BENCH_TRACKING_EXPORTER"
+
+
 def _serve_without_supervisor(home: str, fd: int) -> None:
     """The app on the listening socket inherited as ``fd``, without the supervisor loop."""
     import logging
@@ -220,6 +226,14 @@ def _serve_without_supervisor(home: str, fd: int) -> None:
     sock = socket.socket(fileno=fd)
     settings = Settings(home=Path(home), port=sock.getsockname()[1])
     app = create_app(settings, run_supervisor=False)
+    if os.environ.get(TRACKING_ENV):
+        from service.domain.lease import Lease
+        from service.domain.tracking.exporter import Exporter
+
+        lease = Lease(app.state.session_factory, settings.lease_ttl_s)
+        lease.start()
+        Exporter(settings, app.state.session_factory, app.state.read_session_factory, lease,
+                 best_trial=lambda _session, _sweep: None).start()
     config = uvicorn.Config(app, log_level="warning")
     uvicorn.Server(config).run(sockets=[sock])
 

@@ -154,6 +154,7 @@ def create_app_from_environment() -> FastAPI:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # as ``torchyard serve`` (service.cli)
     shared = os.environ.get(PROMETHEUS_DIR_VARIABLE)
     return create_app(Settings(), prometheus_multiprocess_dir=Path(shared) if shared else None,
                       freeze_heap=True)

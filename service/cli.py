@@ -99,6 +99,9 @@ def serve(
         typer.echo(f"torchyard serve: WARNING: {settings.host!r} is served WITHOUT API tokens "
                    "(--insecure)", err=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # httpx logs every request at INFO: a line per MLflow call of every exported job, several a
+    # second; the exporter and the webhook sender log their outcomes themselves.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         application = create_app(settings, freeze_heap=True)
     except ValueError as exc:  # e.g. a tokens file that is missing or empty: fail closed

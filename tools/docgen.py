@@ -74,7 +74,11 @@ def _resolve(prop: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _variants(prop: dict[str, Any], defs: dict[str, Any]) -> list[dict[str, Any]]:
-    return [_resolve(p, defs) for p in prop.get("anyOf", [prop])]
+    """The alternatives of a field, a nested ``anyOf``/``oneOf`` (a tagged union) flattened."""
+    out = []
+    for p in prop.get("anyOf", prop.get("oneOf", [prop])):
+        out += _variants(p, defs) if ("anyOf" in p or "oneOf" in p) else [_resolve(p, defs)]
+    return out
 
 
 def _type_name(schema: dict[str, Any], list_word: str) -> str:

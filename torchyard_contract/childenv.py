@@ -11,10 +11,11 @@ from torchyard_contract import envnames
 
 # Never passed on to a job's shim or ranks (jobs run user code; see docs/security.md).
 # TORCHYARD_TOKEN is the CLI's (a server started from an operator's shell may have it); a
-# database URL may carry a password.
+# database URL may carry a password, and so may the MLflow server's URL beside its token.
 SECRET_ENV_VARS = frozenset(
     {"TORCHYARD_API_TOKENS", "TORCHYARD_API_TOKENS_FILE", "TORCHYARD_TOKEN",
-     "TORCHYARD_SECRETS_FILE", "TORCHYARD_DATABASE_URL"}
+     "TORCHYARD_SECRETS_FILE", "TORCHYARD_DATABASE_URL", "TORCHYARD_MLFLOW_TOKEN",
+     "TORCHYARD_MLFLOW_TRACKING_URI"}
 )
 # The server's processes' own state: prometheus-client's multiprocess directory
 # (``serve --workers``; upper case, and the lower-case name older releases read). A job that

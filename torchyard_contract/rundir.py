@@ -83,6 +83,12 @@ class RunDir:
         return self.root / "outputs"
 
     @property
+    def tensorboard_dir(self) -> Path:
+        """TensorBoard event files the server writes from the stored records
+        (``service.domain.tracking``); served as ``artifacts/tensorboard/...``."""
+        return self.root / "tensorboard"
+
+    @property
     def attempts_dir(self) -> Path:
         return self.root / "attempts"
 

@@ -50,6 +50,7 @@ from torchyard_contract.spec_types import (
     keys_by_name_pattern,
     refuse_coercion,
 )
+from torchyard_contract.tracking import MlflowField
 
 
 class JobSpec(BaseModel):
@@ -258,6 +259,12 @@ class JobSpec(BaseModel):
         "of this job's state changes (running, succeeded, failed, cancelled, restarted, paused); an "
         "unknown name is 422. URLs never come from a spec (docs/webhooks.md)",
     )
+    mlflow: MlflowField = Field(
+        default=None,
+        description="export to the server's MLflow tracking server (TORCHYARD_MLFLOW_TRACKING_URI; "
+        "docs/tracking.md): null = as every job there; false = not this job; true or "
+        "{experiment, log_outputs} = this job, with those options (422 where the server has none)",
+    )
     nonfinite_patience: int | None = Field(
         default=1,
         ge=1,
@@ -323,7 +330,7 @@ class JobSpec(BaseModel):
         schema = handler(core_schema)
         target = handler.resolve_ref_schema(schema)
         if handler.mode == "serialization":
-            optional = BUILTIN_ONLY_FIELDS | {"nnodes", "package", *SLURM_FIELDS}
+            optional = BUILTIN_ONLY_FIELDS | {"nnodes", "package", "mlflow", *SLURM_FIELDS}
             target["required"] = [n for n in cls.model_fields if n not in optional]
             target["title"] = "JobSpecOutput"  # generators name classes by title: no clash
         else:  # the model validators' rules, so a schema-valid spec is one they accept
@@ -350,7 +357,7 @@ class JobSpec(BaseModel):
         if isinstance(data, dict):
             if data.get("nnodes") == 1:
                 data.pop("nnodes")
-            for name in (*SLURM_FIELDS, "package"):
+            for name in (*SLURM_FIELDS, "package", "mlflow"):
                 if data.get(name) is None:
                     data.pop(name, None)
         if self.is_script and isinstance(data, dict):

@@ -131,6 +131,19 @@ class AttemptRead(BaseModel):
         return False if v is None else v
 
 
+class MlflowExportRead(BaseModel):
+    """A job's MLflow export (docs/tracking.md)."""
+
+    run_id: str | None = Field(description="the MLflow run; null until it is made")
+    experiment: str | None = Field(description="the MLflow experiment of the run")
+    state: str = Field(
+        pattern=r"^(pending \d+|exported|error: .*)$",
+        description="'pending N': N records not in MLflow yet ('pending 0': the run is still "
+        "to be made or closed); 'exported': every record stored so far is in the run and its "
+        "status follows the job's; 'error: …': the last try failed (it is retried)",
+    )
+
+
 class JobRead(BaseModel):
     """A job. Phase times (UTC): ``created_at`` queued, ``started_at`` launched (resources
     given, shim started), ``running_at`` rendezvous done and rank 0 set up, ``first_metric_at``
@@ -176,6 +189,9 @@ class JobRead(BaseModel):
                               "bootstrap tokens); null for jobs older than users and teams")
     team: str | None = Field(default=None, description="the team it belongs to (its members "
                              "control it, its viewers read it); null: admins only")
+    mlflow: MlflowExportRead | None = Field(
+        default=None, description="GET /jobs/{id} only: its MLflow run and the export's state; "
+        "null when the job is not exported to MLflow (and in lists)")
 
     @classmethod
     def from_row(cls, job: Job, waiting: Waiting | None = None) -> "JobRead":

@@ -35,6 +35,7 @@ from service.client.options import (
 from service.client.pausing import pause, resume
 from service.client.specfile import load_spec_file, parse_pairs, yaml_value
 from service.client.sweep import sweep_app
+from service.client.tensorboard import tensorboard
 from service.client.workdir import pack
 
 LOG_POLL_S = 0.5
@@ -329,6 +330,7 @@ def summary(
 
 COMMANDS: list[Callable[..., None]] = [
     submit, jobs, show, metrics, logs, stacks, cancel, wait, summary, artifacts, delete,
+    tensorboard,
 ]
 
 

@@ -8,7 +8,12 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from service.settings.groups import PackageSettings, SlurmSettings, WebhookSettings
+from service.settings.groups import (
+    PackageSettings,
+    SlurmSettings,
+    TrackingSettings,
+    WebhookSettings,
+)
 from service.settings.identity import IdentitySettings
 from service.settings.tokens import hash_token
 
@@ -29,7 +34,8 @@ def split_dirs(value: str | None) -> list[str]:
 
 
 class Settings(
-    SlurmSettings, PackageSettings, WebhookSettings, IdentitySettings, BaseSettings
+    SlurmSettings, PackageSettings, WebhookSettings, TrackingSettings, IdentitySettings,
+    BaseSettings,
 ):
     """Everything the service can be configured with. Built by ``Settings()`` at the edge only."""
 

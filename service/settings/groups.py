@@ -1,10 +1,11 @@
-"""Settings of the optional parts (Slurm, packages and clean-up, webhooks), one class each;
+"""Settings of the optional parts (Slurm, packages and clean-up, webhooks, tracking), one class each;
 :class:`service.settings.Settings` combines them, so every field is still read once from
 ``TORCHYARD_*`` and injected as one object."""
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator
 
 from service.settings.webhookfile import read_endpoints
 from torchyard_contract.spec_types import SLURM_CONSTRAINT_PATTERN, SLURM_NAME_PATTERN
@@ -148,3 +149,47 @@ class WebhookSettings(BaseModel):
         if value is not None:
             read_endpoints(value)  # raises WebhookConfigError (a ValueError) naming the problem
         return value
+
+
+class TrackingSettings(BaseModel):
+    """Exports of every job's metrics to MLflow and TensorBoard (docs/tracking.md)."""
+
+    mlflow_tracking_uri: str | None = Field(
+        default=None, max_length=2048,
+        description="http(s):// URL of an MLflow tracking server: every job becomes an MLflow "
+        "run (unless its spec says mlflow: false), exported by the supervisor from the stored "
+        "records; unset = no MLflow export (docs/tracking.md)",
+    )
+    mlflow_token: SecretStr | None = Field(
+        default=None, max_length=4096,
+        description="bearer token sent to the MLflow tracking server (Authorization header); a "
+        "server secret: never logged, shown or passed to jobs",
+    )
+    mlflow_max_artifact_bytes: int = Field(
+        default=1024**3, ge=0, le=1024**4,
+        description="most bytes of a job's output directory uploaded to its MLflow run when its "
+        "spec says mlflow.log_outputs; files past it are skipped and a tag says which",
+    )
+    tensorboard: bool = Field(
+        default=True,
+        description="write every job's scalars as TensorBoard event files under its run "
+        "directory (RUN_DIR/tensorboard, served as GET /jobs/{id}/artifacts/tensorboard/...) "
+        "while it runs; false turns it off (docs/tracking.md)",
+    )
+    test_tracking_pause_s: float = Field(
+        default=0.0, ge=0, le=600,
+        description="tests only: seconds the MLflow exporter waits after a batch of metrics was "
+        "sent and before it records that MLflow acknowledged it, so a test can kill the server "
+        "inside that window; 0 = never",
+    )
+
+    @field_validator("mlflow_tracking_uri")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("TORCHYARD_MLFLOW_TRACKING_URI: an http:// or https:// URL of an "
+                             "MLflow tracking server")
+        return value.strip().rstrip("/")

@@ -8,13 +8,13 @@ from sqlalchemy.orm import Session
 from service.store.changefeed import note_change
 from service.store.outbox import delete_finished_deliveries
 from service.store.repository import job_state
-from service.store.tables import Allocation, Job, JobLabel, MetricRecord
+from service.store.tables import Allocation, Job, JobLabel, MetricRecord, TrackingExport
 from torchyard_contract.state import TERMINAL_STATES, JobState
 
 # Every table that holds rows of a job besides ``jobs`` and the webhook outbox; deleting a job
 # empties each of them. Of the outbox only the finished deliveries go: pending ones are still
 # sent, then removed (``service.store.outbox``).
-JOB_OWNED_TABLES: tuple[type, ...] = (MetricRecord, JobLabel, Allocation)
+JOB_OWNED_TABLES: tuple[type, ...] = (MetricRecord, JobLabel, Allocation, TrackingExport)
 
 
 def delete_record_batch(session: Session, job_id: int, limit: int) -> int:

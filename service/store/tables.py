@@ -337,3 +337,50 @@ class AuditEntry(Base):
     target: Mapped[str | None] = mapped_column(String(100))
     status: Mapped[int] = mapped_column(Integer)
     client: Mapped[str | None] = mapped_column(String(64))
+
+
+class TrackingExport(Base):
+    """The tracking outbox: one row per job (or sweep) whose records are exported to MLflow
+    and/or TensorBoard (``service.domain.tracking``), written in the transaction that creates
+    the job or sweep; the acting supervisor exports from the stored records by ``seq`` cursor.
+
+    ``acked_seq``: every record of the job with ``seq`` up to it is in the MLflow run.
+    ``sent_seq`` > ``acked_seq``: a batch up to it was handed to MLflow and its outcome is not
+    known (a crash, a timeout): before anything else it is sent again less what MLflow's metric
+    history already holds (docs/tracking.md). ``status``: the MLflow status last set.
+    ``mlflow_done`` / ``tensorboard_done``: nothing more to export (the job or sweep is over and
+    everything is out); ``done`` when both are. Times are UTC, like the jobs' own."""
+
+    __tablename__ = "tracking_exports"
+    __table_args__ = (
+        Index("ix_tracking_exports_due", "done", "next_try_at"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(Int64, primary_key=True, autoincrement=True)
+    job_id: Mapped[int | None] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE"), unique=True)
+    # No foreign key: sweeps are never deleted (as ``Job.sweep_id``).
+    sweep_id: Mapped[int | None] = mapped_column(Integer, unique=True)
+    mlflow: Mapped[bool] = mapped_column(Boolean)
+    tensorboard: Mapped[bool] = mapped_column(Boolean)
+    experiment: Mapped[str | None] = mapped_column(String(256))
+    log_outputs: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # A random id in the run's tags: a run whose creation was sent but not answered is found
+    # by it (runs/search) instead of being created twice.
+    export_key: Mapped[str] = mapped_column(String(32))
+    experiment_id: Mapped[str | None] = mapped_column(String(64))
+    run_id: Mapped[str | None] = mapped_column(String(64))
+    # Where MLflow keeps the run's artifacts (``mlflow-artifacts:/…`` when its server proxies them).
+    artifact_uri: Mapped[str | None] = mapped_column(String(1024))
+    acked_seq: Mapped[int] = mapped_column(Int64, default=0, server_default="0")
+    sent_seq: Mapped[int] = mapped_column(Int64, default=0, server_default="0")
+    status: Mapped[str | None] = mapped_column(String(16))
+    mlflow_done: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    tensorboard_done: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    done: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # The last MLflow failure (null after a success), how many in a row, and the next try.
+    error: Mapped[str | None] = mapped_column(Text)
+    failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    next_try_at: Mapped[datetime] = mapped_column(DateTime)
+    created_at: Mapped[datetime] = mapped_column(DateTime)

@@ -24,6 +24,7 @@ HEADLINE = {
     "idle": "what one idle server takes",
     "procstart": "warm preload: CPU, as served / plain imports",
     "dashboard": "big job list: first page drawn",
+    "tracking": "stored → in MLflow p99",
 }
 
 

@@ -37,7 +37,7 @@ SERVER_ONLY = {
     "TORCHYARD_API_TOKENS", "TORCHYARD_API_TOKENS_FILE", "TORCHYARD_TOKEN", "TORCHYARD_URL",
     "TORCHYARD_HOME", "TORCHYARD_HOST", "TORCHYARD_PORT", "TORCHYARD_SCRIPT_DIRS",
     "TORCHYARD_CPU_SLOTS", "TORCHYARD_GPUS", "TORCHYARD_DATA_DIRS", "TORCHYARD_STOP_GRACE_S",
-    "TORCHYARD_ALLOWED_HOSTS",
+    "TORCHYARD_ALLOWED_HOSTS", "TORCHYARD_MLFLOW_TOKEN",
 }
 
 
@@ -59,6 +59,7 @@ def test_a_rank_inherits_nothing_server_only(
         TORCHYARD_API_TOKENS_FILE=str(tokens_file), TORCHYARD_SECRETS_FILE=str(secrets),
         TORCHYARD_DATABASE_URL=f"sqlite:///{home / 'store.db'}",
         TORCHYARD_TOKEN="the-cli-token-0123456789", TORCHYARD_URL="http://127.0.0.1:1",
+        TORCHYARD_MLFLOW_TOKEN="the-mlflow-token-0123456789",
         OPERATOR_NOTE="an ordinary variable of the operator's",
     )
     with server.client() as c:

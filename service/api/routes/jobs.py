@@ -26,11 +26,19 @@ from service.api.errors import ERROR_RESPONSES, ApiError
 from service.api.hotreads import HotReads
 from service.api.middleware.auth import get_principal
 from service.api.middleware.writegate import WriteSlotDep
-from service.api.schemas import AttemptRead, JobList, JobRead, MetricRead, MetricsPage
+from service.api.schemas import (
+    AttemptRead,
+    JobList,
+    JobRead,
+    MetricRead,
+    MetricsPage,
+    MlflowExportRead,
+)
 from service.domain.files.cleanup import JobLive, JobNotFound
 from service.domain.intake.submission import SubmitRejected
 from service.domain.loop.pauses import PauseRefused
 from service.domain.loop.supervisor import Supervisor
+from service.domain.tracking.view import mlflow_export
 from service.store import records as recordstore
 from service.store import repository as repo
 from service.store.tables import Job
@@ -134,8 +142,14 @@ def list_jobs(
 
 
 @router.get("/{job_id}", response_model=JobRead)
-def get_job(job: JobDep, supervisor: SupervisorDep) -> JobRead:
-    return _job_read(job, supervisor)
+def get_job(job: JobDep, supervisor: SupervisorDep, session: SessionDep) -> JobRead:
+    """The job, with its MLflow export when it has one (``mlflow``)."""
+    read = _job_read(job, supervisor)
+    export = mlflow_export(session, job.id)
+    if export is not None:
+        read.mlflow = MlflowExportRead(run_id=export.run_id, experiment=export.experiment,
+                                       state=export.state)
+    return read
 
 
 def _job_read(job: Job, supervisor: Supervisor) -> JobRead:

@@ -1,7 +1,9 @@
 """Listing a job's artifacts a page at a time, at the cost of the page, not of the job's files.
 
 The listing is one sorted tree: the job's output directory, with ``RUN_DIR/checkpoints`` as its
-top-level ``checkpoints/`` (the output directory's own entry of that name is never listed).
+top-level ``checkpoints/`` and the server's TensorBoard event files (``RUN_DIR/tensorboard``) as
+its ``tensorboard/`` (the output directory's own entries of those names are not listed;
+``service.domain.files.artifacts.reserved_roots``).
 Paths are sorted as strings, names written as ``service.domain.files.artifactnames`` writes
 them; ``after`` (the cursor) is any string, and a page holds the paths after it.
 
@@ -35,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from service.domain.files.artifactnames import listed_name
-from service.domain.files.artifacts import CHECKPOINTS_PREFIX, served
+from service.domain.files.artifacts import job_uid, owner_under, reserved_roots, served
 from torchyard_contract.rundir import RunDir
 
 logger = logging.getLogger(__name__)
@@ -66,7 +68,7 @@ class _Entry(NamedTuple):  # a tuple: compared (and sorted) by its key, made fas
     key: str  # the listed name, with "/" after a directory's: keys sort as paths do
     name: str  # as os.scandir gave it
     is_dir: bool
-    checkpoints: bool = False  # the top-level checkpoints/ (RUN_DIR/checkpoints)
+    reserved: str = ""  # a reserved top-level name (checkpoints, tensorboard): its own directory
 
 
 @dataclass
@@ -95,6 +97,7 @@ class _Walk:
     def __init__(self, run: RunDir, after: str | None, limit: int, owner_uid: int,
                  max_examined: int) -> None:
         self.run, self.after, self.limit = run, after, limit
+        self.roots = reserved_roots(run)
         self.owner_uid, self.max_examined = owner_uid, max_examined
         self.items: list[Artifact] = []
         self.skipped = self.examined = self.judged = 0
@@ -122,11 +125,12 @@ class _Walk:
                 top.entries, top.truncated = self._read(top_fd, "", top=True)
             except _TooLarge:
                 self.skipped += 1
-        key = f"{CHECKPOINTS_PREFIX}/"
-        if (self.run.checkpoints_dir.is_dir() and self._after_cursor(key)
-                and not (top.truncated and key > top.entries[0].key)):  # else a later page's
-            top.entries.append(_Entry(key, CHECKPOINTS_PREFIX, True, True))
-            top.entries.sort(reverse=True)
+        for name, directory in self.roots.items():
+            key = f"{name}/"
+            if (directory.is_dir() and self._after_cursor(key)
+                    and not (top.truncated and key > top.entries[0].key)):  # a later page's
+                top.entries.append(_Entry(key, name, True, name))
+        top.entries.sort(reverse=True)
         stack, fd = [top], top_fd
         try:
             while stack:
@@ -205,10 +209,10 @@ class _Walk:
                         key += "/"
                         if after is None or prefix + key > after or after.startswith(
                                 prefix + key):
-                            if not (top and name == CHECKPOINTS_PREFIX):  # RUN_DIR/checkpoints
+                            if not (top and name in self.roots):  # RUN_DIR's own
                                 yield _Entry(key, name, True)
                     elif (after is None or prefix + key > after) and not (
-                            top and name == CHECKPOINTS_PREFIX):
+                            top and name in self.roots):
                         yield _Entry(key, name, False)
         finally:
             self.examined += n
@@ -217,8 +221,8 @@ class _Walk:
                beyond: bool) -> tuple[int, _Level] | None:
         """Open and read a directory; None where it is gone, replaced or too large."""
         try:
-            if entry.checkpoints:
-                child = os.open(self.run.checkpoints_dir, _DIR_FLAGS)
+            if entry.reserved:
+                child = os.open(self.roots[entry.reserved], _DIR_FLAGS)
             else:
                 child = os.open(entry.name, _DIR_FLAGS, dir_fd=fd)
         except FileNotFoundError:
@@ -262,8 +266,21 @@ class _Walk:
         except OSError:
             self.skipped += 1
             return False
-        if not served(st, self.owner_uid):
+        if not served(st, owner_under(path.partition("/")[0], self.owner_uid)):
             self.skipped += 1
             return False
         self.items.append(Artifact(path, st.st_size, st.st_mtime))
         return True
+
+
+def output_files(run: RunDir) -> Iterator[Artifact]:
+    """Every served file of the output directory itself (not ``checkpoints/``, not the server's
+    ``tensorboard/``), page by page: what ``log_outputs`` uploads to MLflow."""
+    owner, after = job_uid(run), None
+    reserved = tuple(f"{name}/" for name in reserved_roots(run))
+    while True:
+        page = list_artifacts(run, after, 1000, owner)
+        yield from (item for item in page.items if not item.path.startswith(reserved))
+        if page.next_after is None:
+            return
+        after = page.next_after

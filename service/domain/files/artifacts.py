@@ -3,7 +3,8 @@
 What a job wrote is hostile. Contract:
 
 * :func:`served` says what may be served: a regular file with one link, owned by the uid the
-  job runs as (:func:`job_uid`): only what the job's own user could have written, never a hard
+  job runs as (:func:`job_uid`; in ``tensorboard/``, the server's event files, the server's
+  own: :func:`owner_under`): only what the job's own user could have written, never a hard
   link to a file of the server or of another job (whoever made the link). A symlink, a FIFO, a
   socket or a device is never served. The listing (``service.domain.files.artifactlisting``)
   lists only what this serves.
@@ -19,11 +20,25 @@ What a job wrote is hostile. Contract:
 
 import os
 import stat
+from pathlib import Path
 
 from service.domain.files.artifactnames import name_bytes
 from torchyard_contract.rundir import RunDir
 
 CHECKPOINTS_PREFIX = "checkpoints"  # a top-level name of the listing reserved for them
+# The server's TensorBoard event files (``service.domain.tracking``), reserved as checkpoints/ is.
+TENSORBOARD_PREFIX = "tensorboard"
+
+
+def reserved_roots(run: RunDir) -> dict[str, Path]:
+    """The listing's reserved top-level names and the directories they stand for."""
+    return {CHECKPOINTS_PREFIX: run.checkpoints_dir, TENSORBOARD_PREFIX: run.tensorboard_dir}
+
+
+def owner_under(top: str, owner_uid: int) -> int:
+    """Whose files are served under the top-level name ``top``: the server's own in
+    ``tensorboard/`` (it writes them), the job's everywhere else."""
+    return os.geteuid() if top == TENSORBOARD_PREFIX else owner_uid
 
 
 class ArtifactNotFound(LookupError):
@@ -56,11 +71,30 @@ def _parts(path: str) -> list[bytes]:
 
 
 def open_artifact(run: RunDir, path: str, owner_uid: int) -> tuple[int, os.stat_result]:
-    """An open read-only descriptor of the artifact and its stat (the caller closes it)."""
+    """An open read-only descriptor of the artifact and its stat (the caller closes it).
+    ``checkpoints/…`` and ``tensorboard/…`` are read from their own directories (a path of the
+    output directory's own ``tensorboard/`` folder that the server's does not hold is read from
+    the output directory)."""
     parts = _parts(path)
-    root = run.output_dir
-    if parts[0] == CHECKPOINTS_PREFIX.encode() and len(parts) > 1:
-        root, parts = run.checkpoints_dir, parts[1:]
+    top = parts[0].decode("utf-8", "surrogateescape")
+    roots = reserved_roots(run)
+    if top in roots and len(parts) > 1:
+        try:
+            return _open_in(roots[top], parts[1:], path, owner_under(top, owner_uid))
+        except ArtifactNotFound:
+            if top != TENSORBOARD_PREFIX:
+                raise
+    return _open_in(run.output_dir, parts, path, owner_uid)
+
+
+def open_output(run: RunDir, path: str) -> tuple[int, os.stat_result]:
+    """As :func:`open_artifact`, in the output directory only (what ``log_outputs`` uploads)."""
+    return _open_in(run.output_dir, _parts(path), path, job_uid(run))
+
+
+def _open_in(
+    root: Path, parts: list[bytes], path: str, owner_uid: int
+) -> tuple[int, os.stat_result]:
     try:
         fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError:

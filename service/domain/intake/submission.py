@@ -36,6 +36,7 @@ from service.domain.intake.scriptpath import (
 from service.domain.intake.secretstore import SecretRefused
 from service.domain.queue.inventory import Inventory
 from service.domain.queue.placement import capacity_shortfall, resource_kind
+from service.domain.tracking import enrolment as tracking
 from service.settings import Settings
 from service.settings import webhookfile as webhookconf
 from service.store import identity as identitystore
@@ -161,8 +162,10 @@ class Intake:
         self, session: Session, vetted: Vetted, idempotency_key: str | None, caller: Caller,
     ) -> Job:
         """The one insert of a job (``repository.create_job``), after :meth:`_vet_admitted`."""
-        return repo.create_job(session, vetted.spec, idempotency_key, vetted.webhooks,
-                               owner=caller.user, team=caller.team)
+        job = repo.create_job(session, vetted.spec, idempotency_key, vetted.webhooks,
+                              owner=caller.user, team=caller.team)
+        tracking.enrol_job(session, self.settings, job, vetted.spec)  # its export, if any
+        return job
 
     def check_priority(self, spec: JobSpec, caller: Caller) -> None:
         """The hook of issue 47 ("Fair shares"): a member may not submit above their team's
@@ -173,6 +176,9 @@ class Intake:
         ``caller`` (also the check of a sweep's trials, ``service.domain.sweeps.manage``)."""
         if not self.executor_queues_jobs:
             check_local(spec, self.inventory)
+        refused = tracking.refusal(spec, self.settings)
+        if refused is not None:
+            raise SubmitRejected("invalid_request", refused)
         if spec.is_script:  # refuse what could never launch; resolved again at launch
             self._check_script(spec, caller)
 

@@ -8,7 +8,8 @@ ones and mark started ones running (``service.domain.loop.reaping``: resources a
 own), then advance the sweeps (``service.domain.sweeps.driver``: new trials, pruning), then run a
 scheduling pass (``service.domain.loop.scheduling``: priority, FIFO, gang allocation, backfill behind a
 reservation; launches through ``service.domain.loop.launch``). The webhook outbox is sent by
-``service.domain.webhooks.delivery`` on threads of its own. Submissions go through
+``service.domain.webhooks.delivery`` on threads of its own; every job's records go to MLflow and
+TensorBoard through ``service.domain.tracking.exporter``, likewise. Submissions go through
 ``service.domain.intake.submission``; each lease term starts with ``service.domain.loop.recovery``. Each step,
 and each job within a step, is isolated: whatever one job left in its run directory cannot stop
 the loop. It is the only code that allocates resources, so two jobs never share one. Routes call
@@ -49,7 +50,8 @@ from service.domain.queue import scheduler
 from service.domain.queue.inventory import Inventory
 from service.domain.queue.snapshot import PUBLISH_MIN_S, SnapshotReader, encode
 from service.domain.sweeps.driver import SweepDriver
-from service.domain.sweeps.manage import Sweeps
+from service.domain.sweeps.manage import Sweeps, view
+from service.domain.tracking.exporter import Exporter
 from service.domain.webhooks.delivery import Dispatcher
 from service.executor.base import Executor, NodeRow
 from service.settings import Settings
@@ -58,7 +60,7 @@ from service.store import queue as queuerepo
 from service.store import repository as repo
 from service.store import sweeps as sweepstore
 from service.store.db import is_busy
-from service.store.tables import Job
+from service.store.tables import Job, Sweep
 from torchyard_contract.spec import JobSpec
 from torchyard_contract.state import JobState
 
@@ -150,6 +152,9 @@ class Supervisor:
         # The webhook outbox is sent from threads of its own, only while this process acts.
         self.webhooks = Dispatcher(self.settings, loop_sessions, self.ctx.read_sessions,
                                    self.lease)
+        # Every job's records to MLflow and TensorBoard, from threads of their own likewise.
+        self.tracking = Exporter(self.settings, loop_sessions, self.ctx.read_sessions,
+                                 self.lease, best_trial=_best_trial)
 
     @property
     def acting(self) -> bool:
@@ -224,6 +229,7 @@ class Supervisor:
         self.executor.watch(self._wake.set)  # reap at once when a job ends, not a poll later
         self.finisher.start()
         self.webhooks.start()
+        self.tracking.start()
         if self.ctx.lease.renew():
             try:
                 self._begin_term()
@@ -245,6 +251,7 @@ class Supervisor:
         self.scheduling.close()
         self.finisher.stop()
         self.webhooks.stop()
+        self.tracking.stop()
         self.ctx.lease.stop(release=True)
 
     def _run(self) -> None:
@@ -338,6 +345,7 @@ class Supervisor:
     def _queue_changed(self) -> None:
         self._queue_dirty = True
         self._wake.set()
+        self.tracking.wake()  # a new job's run is made now, not at the exporter's next poll
 
     def _schedule(self) -> None:
         """One scheduling pass (``service.domain.loop.scheduling``), when the queue or the free
@@ -371,3 +379,9 @@ class Supervisor:
             queuerepo.write_snapshot(session, encode(waiting))
             session.commit()
         self._published, self._published_at = waiting, now
+
+
+def _best_trial(session: Session, sweep: Sweep) -> int | None:
+    """The job id of an ended sweep's best trial (``service.domain.sweeps.manage``), or None."""
+    best = view(session, sweep).best
+    return best.job_id if best is not None else None

@@ -24,6 +24,7 @@ from service.domain.intake.pathguard import PathRefused
 from service.domain.intake.submission import Intake, SubmitRejected
 from service.domain.sweeps.outcome import final_value, outcome, trial_epochs
 from service.domain.sweeps.spec import SweepSpec, extremes
+from service.domain.tracking import enrolment as tracking
 from service.store import repository as repo
 from service.store import sweeps as store
 from service.store.tables import Sweep, SweepTrial
@@ -144,6 +145,7 @@ class Sweeps:
             sweep = store.create_sweep(
                 session, spec.name, spec.spec.priority, spec.model_dump(mode="json"),
                 owner=caller.user, team=caller.team)
+            tracking.enrol_sweep(session, self.intake.settings, sweep, spec.spec)
             session.commit()
             session.refresh(sweep)
         self.changed()
