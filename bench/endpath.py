@@ -10,7 +10,7 @@ installed (the ``bench`` extra does not pull it: it is large). Runs alternate, s
 hit all of them.
 
 The end path of each torchyard job, from the script's last statement: the torchrun agent's exit
-(the probe's ``atexit``), the shim's attempt record closed (``attempts/1.json`` ``ended_at``),
+(the probe's ``atexit``), the attempt loop's attempt record closed (``attempts/1.json`` ``ended_at``),
 its outcome written (``exit.json`` ``ended_at``), the job terminal in the database
 (``ended_at``) and the client's ``/wait`` answered.
 

@@ -68,7 +68,7 @@ def measure(server: Server, job_id: int, token: str, writers: int, batches: int,
     threads = [threading.Thread(target=write, args=(w,)) for w in range(writers)]
     for t in threads:
         t.start()
-    # The server and its worker processes (``--workers``), if any.
+    # The server and its API processes (``--workers``), if any.
     server_procs = [psutil.Process(server.proc.pid)]
     server_procs += server_procs[0].children(recursive=True)
     start_gate.wait()

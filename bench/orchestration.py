@@ -1,12 +1,12 @@
 """Orchestration overhead: one training run by plain ``torchrun`` and as a torchyard job.
 
-Same worker, spec, ranks and seed both ways: (a) ``python -m torch.distributed.run`` of
+Same rank program, spec, ranks and seed both ways: (a) ``python -m torch.distributed.run`` of
 ``python -m worker --spec spec.json`` with torchrun's defaults, timed from ``Popen`` to exit;
 (b) ``POST /jobs`` to a live ``torchyard serve``, timed from the POST to the client seeing
 ``succeeded`` (``GET /jobs/<id>`` every ``CLIENT_POLL_S``). Runs alternate a, b, a, b, ...
 
 Start-up phases come from the probe in ``bench/probe`` (a ``sitecustomize`` on ``PYTHONPATH`` in
-both cases, so both pay its cost): when the shim, the torchrun agent and the ranks were exec'd,
+both cases, so both pay its cost): when the attempt loop, the torchrun agent and the ranks were exec'd,
 when each rank had torch imported, finished rendezvous, loaded data, built the model (``ready``)
 and took its first step; plus the job's own recorded times. Each phase is the slowest rank's.
 Goals: wall-time ratio b/a <= 1.03; start (to every rank's first step) within 0.25 s of (a).
@@ -121,11 +121,11 @@ def run_job(server: Server, epochs: int) -> dict[str, object]:
         t = _ts(job.get(key))
         if t is not None:
             phases[label] = t - t0
-    shim = _phase(events, "shim", "exec")
-    if shim is not None:
-        phases["shim exec'd"] = shim - t0
+    loop = _phase(events, "attempt loop", "exec")
+    if loop is not None:
+        phases["attempt loop exec'd"] = loop - t0
     attempts = json.loads((run_dir / "attempts" / "1.json").read_text())
-    phases["shim started torchrun"] = attempts["started_at"] - t0
+    phases["attempt loop started torchrun"] = attempts["started_at"] - t0
     phases.update(_rank_phases(events, t0))
     exits = [e["t"] for e in events if e["role"] == "rank" and e["event"] == "exit"]
     if exits:
@@ -134,7 +134,7 @@ def run_job(server: Server, epochs: int) -> dict[str, object]:
     if agent_exit is not None:
         phases["torchrun agent exit"] = agent_exit - t0
     outcome = json.loads((run_dir / "exit.json").read_text())
-    phases["shim wrote exit.json"] = outcome["ended_at"] - t0
+    phases["attempt loop wrote exit.json"] = outcome["ended_at"] - t0
     ended = _ts(job.get("ended_at"))
     if ended is not None:
         phases["job ended (ended_at)"] = ended - t0

@@ -15,7 +15,7 @@ CPU seconds of a child process (user + system, ``RUSAGE_CHILDREN``), medians ove
   SIGTERM: with a warm server of its own (the server's CPU and the warm server's, read before it
   drains) and with ``TORCHYARD_WARM_DIR`` naming the directory of another server's, already
   running (the server's CPU alone: it imports no torch);
-* a job's shim (``python -m service.run.attemptloop``, standby or not): its imports as shipped
+* a job's attempt loop (``python -m service.run.attemptloop``, spare or not): its imports as shipped
   (retry rules at the first failure, attempt-file schemas at the first read) and eager, as
   before;
 * beside them, a bare interpreter (``python -c pass``): the floor of any process start.
@@ -112,9 +112,9 @@ def run(smoke: bool) -> list[Row]:
         "agent, fastexit": [py, "-m", "service.run.fastexit", "-m", "torch.distributed.run",
                             "--help"],
         "agent, plain": [py, "-m", "torch.distributed.run", "--help"],
-        "shim, as shipped": [py, "-c", "import service.run.attemptloop"],
+        "attempt loop, as shipped": [py, "-c", "import service.run.attemptloop"],
         # As before: the retry rules imported with the loop, the attempt models built at import.
-        "shim, eager": [py, "-c", "import service.run.attemptloop, service.run.retrydecision; "
+        "attempt loop, eager": [py, "-c", "import service.run.attemptloop, service.run.retrydecision; "
                         "from torchyard_contract import runfiles as r; "
                         "[m.model_rebuild(force=True) for m in (r.AttemptFile, r.Outcome)]"],
     }
@@ -147,9 +147,9 @@ def run(smoke: bool) -> list[Row]:
         Row("procstart", "cold torchrun agent: CPU, fastexit / plain",
             round(med["agent, fastexit"] / med["agent, plain"], 3), "x", "< 1",
             f"{med['agent, fastexit']:.2f} vs {med['agent, plain']:.2f} CPU s; {note}"),
-        Row("procstart", "a job's shim, its imports: CPU, as shipped / eager",
-            round(med["shim, as shipped"] / med["shim, eager"], 3), "x", "< 1",
-            f"{med['shim, as shipped']:.2f} vs {med['shim, eager']:.2f} CPU s (eager: the retry "
+        Row("procstart", "a job's attempt loop, its imports: CPU, as shipped / eager",
+            round(med["attempt loop, as shipped"] / med["attempt loop, eager"], 3), "x", "< 1",
+            f"{med['attempt loop, as shipped']:.2f} vs {med['attempt loop, eager']:.2f} CPU s (eager: the retry "
             f"rules and the attempt models' schemas at import, as before); {note}"),
         Row("procstart", "torchyard serve start: CPU, as shipped / collector on",
             round(med["server, as shipped"] / med["server, collector on"], 3), "x", "< 1",

@@ -98,9 +98,9 @@ class Server:
 
 
 def wait_job_processes_gone(home: Path, job_id: int, timeout_s: float = 30.0) -> None:
-    """Until the job's shim has exited: a job the database calls ended (a cancel is terminal at
+    """Until the job's attempt loop has exited: a job the database calls ended (a cancel is terminal at
     once) still runs for up to the stop grace, and its ranks write in its run directory meanwhile
-    (a temp home removed under them fails with ENOTEMPTY). The shim is the job's subreaper and
+    (a temp home removed under them fails with ENOTEMPTY). The attempt loop is the job's subreaper and
     stops every process below it before it exits (``service.run.attemptloop``); it is found by the
     pid and start time of the claim it wrote first thing."""
     from service.executor.reference import claim_reference, decode_reference
@@ -109,13 +109,13 @@ def wait_job_processes_gone(home: Path, job_id: int, timeout_s: float = 30.0) ->
     from torchyard_contract.rundir import RunDir
 
     reference = claim_reference(read_claim(RunDir.for_job(home / "runs", job_id)) or {})
-    shim = decode_reference(reference) if reference is not None else None
-    if shim is None:
+    loop = decode_reference(reference) if reference is not None else None
+    if loop is None:
         return
     deadline = time.monotonic() + timeout_s
-    while same_process(*shim):
+    while same_process(*loop):
         if time.monotonic() > deadline:
-            raise RuntimeError(f"job {job_id}: its shim (pid {shim[0]}) outlived {timeout_s} s")
+            raise RuntimeError(f"job {job_id}: its attempt loop (pid {loop[0]}) outlived {timeout_s} s")
         time.sleep(0.05)
 
 
@@ -137,7 +137,7 @@ BENCH_RANKS = 64  # the largest nproc_per_node: writers may use any rank below i
 def insert_running_job(
     home: Path, url: str | None = None, *, adopt_me: bool = False
 ) -> tuple[int, str]:
-    """A running job of ``BENCH_RANKS`` ranks with a known worker token, as the supervisor leaves
+    """A running job of ``BENCH_RANKS`` ranks with a known job token, as the supervisor leaves
     a launched one, so the records route takes its batches (a terminal job's are refused). Start
     the server with ``supervisor=False``: its recovery would find no process and end the job;
     or ``adopt_me``: the job's process is this one (the recovery adopts it and it stays running).

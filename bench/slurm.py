@@ -70,11 +70,11 @@ def run_once(server: Server, nnodes: int, nproc: int) -> dict[str, float]:
         raise RuntimeError(f"job {job_id} {job['state']}: {job['reason']}")
     created = _ts(job["created_at"]) or t0
     phases = {label: t - created for key, label in PHASES if (t := _ts(job.get(key)))}
-    # When the attempt loop (the shim: on Slurm, the batch script) started the first attempt's
+    # When the attempt loop (the attempt loop: on Slurm, the batch script) started the first attempt's
     # torchrun (locally) or srun (Slurm): what comes before it is the executor's own cost.
     attempts = job.get("attempts") or []
     if attempts and attempts[0].get("started_at"):
-        phases["submit → attempt 1 launched by the shim"] = attempts[0]["started_at"] - created
+        phases["submit → attempt 1 launched by the attempt loop"] = attempts[0]["started_at"] - created
     phases["submit → first metric (client saw it)"] = seen_metric or float("nan")
     return phases
 

@@ -1,7 +1,7 @@
 """Stacks on demand: ``GET /jobs/<id>/stacks`` of a running 8-rank job, wall time (issue 25).
 
 A script job whose 8 ranks loop (a heartbeat, a short sleep) on a real server with 8 CPU slots;
-the figure is the request's wall time as a client sees it: the shim's next poll (≤ 0.2 s), one
+the figure is the request's wall time as a client sees it: the attempt loop's next poll (≤ 0.2 s), one
 ``py-spy dump`` per rank in parallel, the answer through the run directory.
 """
 
@@ -79,6 +79,6 @@ def run(smoke: bool) -> list[Row]:
         Row("stacks", f"{ranks} ranks on demand: wall (median)", statistics.median(walls), "s",
             GOAL, what),
         Row("stacks", f"{ranks} ranks on demand: wall (max)", max(walls), "s", GOAL, what),
-        Row("stacks", f"{ranks} ranks: sampling in the shim (p50)", percentile(took, 50), "s", "",
+        Row("stacks", f"{ranks} ranks: sampling in the attempt loop (p50)", percentile(took, 50), "s", "",
             "py-spy dump of every rank, in parallel"),
     ]

@@ -4,8 +4,8 @@
 its working directory, 2 ranks: ``POST /jobs`` → every rank's first statement for a torchyard
 script job with warm ranks and cold, against plain ``torchrun --standalone`` and plain ``python
 script.py`` (both from ``Popen``). The four runs alternate, so load changes hit all of them.
-Each job also reports its own phases: ``started_at`` (launched), the shim's exec (from the
-probe's ``/proc`` start time), ``attempts/1.json`` ``started_at`` (the shim starting torchrun).
+Each job also reports its own phases: ``started_at`` (launched), the attempt loop's exec (from the
+probe's ``/proc`` start time), ``attempts/1.json`` ``started_at`` (the attempt loop starting torchrun).
 
 (b) The built-in trainer, digits + mlp, 2 ranks: ``POST`` → ``first_metric_at``, warm vs cold.
 
@@ -84,12 +84,12 @@ def _run_job(server: Server, spec: dict, until: str) -> dict[str, float]:
     run_dir = server.home / "runs" / str(job_id)
     out = {"started_at": (_ts(job["started_at"]) or 0) - t0}
     events = _probe(run_dir)
-    shim = _phase(events, "shim", "exec")
-    if shim is not None:
-        out["shim exec'd"] = shim - t0
+    loop = _phase(events, "attempt loop", "exec")
+    if loop is not None:
+        out["attempt loop exec'd"] = loop - t0
     attempt = json.loads((run_dir / "attempts" / "1.json").read_text())
-    out["shim started torchrun"] = attempt["started_at"] - t0
-    # The process the shim starts: torchrun's agent (cold) or the relay in front of it (warm).
+    out["attempt loop started torchrun"] = attempt["started_at"] - t0
+    # The process the attempt loop starts: torchrun's agent (cold) or the relay in front of it (warm).
     agent = [e["t"] for e in events if e["role"] in ("agent", "relay") and e["event"] == "exec"]
     if agent:
         out["torchrun exec'd"] = min(agent) - t0
@@ -153,7 +153,7 @@ def run(smoke: bool) -> list[Row]:
         rows += _summary("startup", f"plain {label}: Popen -> first statement", values)
     for side in ("warm", "cold"):
         runs = results[side]
-        for phase in ("started_at", "shim exec'd", "shim started torchrun", "torchrun exec'd"):
+        for phase in ("started_at", "attempt loop exec'd", "attempt loop started torchrun", "torchrun exec'd"):
             values = [r[phase] for r in runs if phase in r]
             if values:
                 rows.append(Row("startup", f"torchyard {side} phase: {phase}",

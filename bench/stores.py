@@ -1,7 +1,7 @@
-"""SQLite and PostgreSQL side by side, with one and two API workers (``serve --workers``).
+"""SQLite and PostgreSQL side by side, with one and two API processes (``serve --workers``).
 
 For each store: record ingestion (4 writers x 1000-record batches, as ``bench.ingest``) with 1
-and 2 workers; 200 pollers every 0.5 s with a writer (as ``bench.polling``) on 2 workers; and
+and 2 API processes; 200 pollers every 0.5 s with a writer (as ``bench.polling``) on 2; and
 commit → SSE event: 100 ``/events`` streams on one job while a writer posts one record every
 50 ms; each record carries its send time, so the latency is *POST sent → event received* on
 every stream (an upper bound of commit → event: it includes the POST's own parsing and commit).
@@ -195,37 +195,37 @@ def _bench_store(store: str, smoke: bool, only_sse: bool = False) -> list[Row]:
     pollers, poll_s = (10, 1.0) if smoke else (200, 20.0)
     streams, sse_s = (5, 1.0) if smoke else (100, 10.0)
     rows: list[Row] = []
-    for workers in (1, 2):
+    for processes in (1, 2):
         with tempfile.TemporaryDirectory(prefix=f"bench-{store}-") as tmp, \
                 _store(store, Path(tmp)) as url:
             home = Path(tmp)
             env = {"TORCHYARD_DATABASE_URL": url} if url else {}
             job_id, token = insert_running_job(home, url, adopt_me=True)
-            args = ("--workers", str(workers)) if workers > 1 else ()
+            args = ("--workers", str(processes)) if processes > 1 else ()
             with Server.start(home, env=env, args=args) as server:
-                if only_sse and workers == 2:
+                if only_sse and processes == 2:
                     continue
                 measure(server, job_id, token, 1, 1, 10, first_rank=BENCH_RANKS - 1)  # warm-up
                 m = measure(server, job_id, token, 4, batches, 1000)
                 assert m["errors"] == 0 and m["records"] == m["expected"], m
                 rows += [
-                    Row("stores", f"{store}, {workers} worker(s): ingest records/s",
+                    Row("stores", f"{store}, {processes} API process(es): ingest records/s",
                         m["records_per_s"], "rec/s", INGEST_GOAL,
                         f"4 writers x {batches} x 1000; POST p99 {m['p99_ms']:.0f} ms"),
-                    Row("stores", f"{store}, {workers} worker(s): records per server CPU-s",
+                    Row("stores", f"{store}, {processes} API process(es): records per server CPU-s",
                         m["records_per_server_cpu_s"], "rec/cpu-s", "",
                         "torchyard processes only"),
                 ]
-                if workers == 2:
+                if processes == 2:
                     paced = asyncio.run(_concurrent(
                         server, job_id, token, pollers, poll_s, POLL_INTERVAL_S, m["records"]
                     ))
                     rows += [
-                        Row("stores", f"{store}, 2 workers: {pollers} pollers p99",
+                        Row("stores", f"{store}, 2 API processes: {pollers} pollers p99",
                             paced["p99_ms"], "ms", POLL_GOAL,
                             f"every {POLL_INTERVAL_S} s, {poll_s:g} s, writer "
                             f"{paced['written_per_s']:.0f} rec/s; p50 {paced['p50_ms']:.1f} ms"),
-                        Row("stores", f"{store}, 2 workers: {pollers} pollers errors",
+                        Row("stores", f"{store}, 2 API processes: {pollers} pollers errors",
                             paced["errors"], "", "0"),
                     ]
                     burst = asyncio.run(_concurrent(  # caught up: the writer went on
@@ -233,7 +233,7 @@ def _bench_store(store: str, smoke: bool, only_sse: bool = False) -> list[Row]:
                         _max_seq(home, url, job_id), together=True,
                     ))
                     rows.append(Row(
-                        "stores", f"{store}, 2 workers: {pollers} pollers starting together p99",
+                        "stores", f"{store}, 2 API processes: {pollers} pollers starting together p99",
                         burst["p99_ms"], "ms", "", f"{poll_s / 2:g} s; p50 "
                         f"{burst['p50_ms']:.1f} ms; {burst['errors']} errors; the first burst queues",
                     ))

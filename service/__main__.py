@@ -10,5 +10,5 @@ from service.cli import main  # noqa: E402
 
 gc.enable()
 
-if __name__ == "__main__":  # not when a spawned worker process imports it
+if __name__ == "__main__":  # not when a spawned API process imports it
     main()

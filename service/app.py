@@ -37,7 +37,7 @@ def create_app(
     freeze_heap: bool = False,
 ) -> FastAPI:
     """The app. Migrations run and the supervisor starts (after recovery) when it starts up.
-    ``prometheus_multiprocess_dir``: this app is one of several worker processes whose
+    ``prometheus_multiprocess_dir``: this app is one of several API processes whose
     Prometheus counters are summed there (``service.api.routes.prometheus.Telemetry``).
     ``freeze_heap``: the process serves this one app for its lifetime (``torchyard serve``):
     at start-up, freeze the heap and turn the cyclic collector on (its caller turned it off
@@ -70,7 +70,7 @@ def create_app(
         read_session_factory=read_session_factory,
         inventory=make_inventory(settings.gpus, settings.cpu_slots, detect_gpus),
         executor=executor,
-        api_url=api_url or settings.api_url_for_workers(),
+        api_url=api_url or settings.api_url_for_ranks(),
     )
     if run_supervisor:
         # Refuse to start rather than accept jobs that could not run (ValueError, named).
@@ -96,7 +96,7 @@ def create_app(
         # Everything built so far (the app, its routes and schemas, SQLAlchemy's and pydantic's
         # caches: most of the heap) lives as long as the process: keep it out of the cyclic
         # collector's full passes, which otherwise stalled every request ~0.1 s now and then
-        # (docs/benchmarks.md, "Stores and workers"). Frozen without a collection first: the
+        # (docs/benchmarks.md, "Stores and API processes"). Frozen without a collection first: the
         # start-up leaves ~1,100 unreachable objects behind, while a full pass over its ~190,000
         # cost 0.08 CPU s of every start (measured).
         if freeze_heap:
@@ -149,7 +149,7 @@ def warm_pool_size(settings: Settings) -> int:
 
 
 def create_app_from_environment() -> FastAPI:
-    """The app of one ``torchyard serve --workers N`` worker process, from ``TORCHYARD_*`` and
+    """The app of one ``torchyard serve --workers N`` API process, from ``TORCHYARD_*`` and
     the parent's ``PROMETHEUS_MULTIPROC_DIR`` (``service.serve``)."""
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -52,7 +52,7 @@ def serve(
     ),
     workers: int = typer.Option(
         1, min=1, max=64,
-        help="API worker processes sharing the port and the database; one of them (the lease "
+        help="API processes sharing the port and the database; one of them (the lease "
         "holder) supervises, the others stand by (docs/operations.md)",
     ),
     fd: int = typer.Option(
@@ -113,14 +113,14 @@ def serve(
         serve_app(application, settings.host, settings.port,
                   sockets=[sock] if sock is not None else None)
         return
-    # Migrate once here, so the workers' own upgrade at start-up finds nothing to do (several
-    # processes migrating at once would race). Each worker builds its app from the environment.
-    from service.serve import run_workers
+    # Migrate once here, so the API processes' own upgrade at start-up finds nothing to do
+    # (several migrating at once would race). Each builds its app from the environment.
+    from service.serve import run_api_processes
 
     upgrade(settings.resolved_database_url)
     os.environ.update(TORCHYARD_HOST=settings.host, TORCHYARD_PORT=str(settings.port))
     try:
-        status = run_workers(settings.host, settings.port, workers, inherited=sock)
+        status = run_api_processes(settings.host, settings.port, workers, inherited=sock)
     except OSError as exc:
         _fail(f"cannot listen on {settings.host}:{settings.port}: {exc}")
     raise typer.Exit(status)

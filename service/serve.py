@@ -1,23 +1,28 @@
 """``torchyard serve --workers N``: N API processes, each with its own listening socket.
 
-Why not ``uvicorn --workers``: its workers share one listening socket, and whichever is awake
-in ``accept`` takes a whole burst of connections. Keep-alive clients then stay on that worker:
-200 dashboards that connected at once all landed on one of two workers (12.1 vs 0.8 CPU-seconds
-in docs/benchmarks.md, "Stores and workers"). Here each worker has a listening socket of its own
-on the port (``SO_REUSEPORT``) and the kernel spreads new connections over them by address. The
-parent opens all of them before any worker starts, so connections made while a worker is still
-starting wait in its socket instead of all going to the first worker up, and a worker that is
-restarted gets its socket (and the connections waiting in it) back. With ``--fd`` (socket
-activation) the inherited socket is the first worker's, and the others get sockets of their own
-on its address where it allows that (``SO_REUSEPORT``); else they all accept from it.
+(The flag keeps uvicorn's word; in torchyard's code and docs these are *API processes*, and
+"worker" names only the rank-side package ``worker/``.)
 
-Each worker is a fresh interpreter (``spawn``: nothing of the parent's threads or connections
-is inherited) that builds the app from ``TORCHYARD_*`` (``create_app_from_environment``) and
-serves it through ``DrainingServer``, so streams and long polls end within the grace on
-shutdown as with one process. Their Prometheus counters are summed across them
-(``PROMETHEUS_MULTIPROC_DIR``, a fresh directory per run). The parent only watches: SIGTERM/SIGINT go to every worker; a
-worker that dies is started again, unless workers keep dying (then the parent stops them all and
-exits 1); a worker whose parent died gets SIGTERM (``PR_SET_PDEATHSIG``) and drains.
+Why not ``uvicorn --workers``: its processes share one listening socket, and whichever is awake
+in ``accept`` takes a whole burst of connections. Keep-alive clients then stay on that process:
+200 dashboards that connected at once all landed on one of two processes (12.1 vs 0.8
+CPU-seconds in docs/benchmarks.md, "Stores and API processes"). Here each API process has a
+listening socket of its own on the port (``SO_REUSEPORT``) and the kernel spreads new
+connections over them by address. The parent opens all of them before any process starts, so
+connections made while one is still starting wait in its socket instead of all going to the
+first one up, and a process that is restarted gets its socket (and the connections waiting in
+it) back. With ``--fd`` (socket activation) the inherited socket is the first process's, and
+the others get sockets of their own on its address where it allows that (``SO_REUSEPORT``);
+else they all accept from it.
+
+Each API process is a fresh interpreter (``spawn``: nothing of the parent's threads or
+connections is inherited) that builds the app from ``TORCHYARD_*``
+(``create_app_from_environment``) and serves it through ``DrainingServer``, so streams and long
+polls end within the grace on shutdown as with one process. Their Prometheus counters are summed
+across them (``PROMETHEUS_MULTIPROC_DIR``, a fresh directory per run). The parent only watches:
+SIGTERM/SIGINT go to every API process; one that dies is started again, unless they keep dying
+(then the parent stops them all and exits 1); one whose parent died gets SIGTERM
+(``PR_SET_PDEATHSIG``) and drains.
 """
 
 import gc
@@ -44,7 +49,7 @@ from service.run import proctree
 logger = logging.getLogger(__name__)
 
 BACKLOG = 2048  # uvicorn's default
-# More deaths than workers within this window: something is wrong with every worker (the port
+# More deaths than API processes within this window: something is wrong with every one (the port
 # is taken, the database unreachable); restarting would only loop.
 RESTART_WINDOW_S = 30.0
 STOP_TIMEOUT_S = SHUTDOWN_GRACE_S + 10.0
@@ -88,11 +93,11 @@ def inherited_socket(fd: int) -> socket.socket:
     return sock
 
 
-def worker_sockets(inherited: socket.socket, count: int) -> list[socket.socket]:
-    """One socket per worker, the inherited one first. Where it was opened with
+def process_sockets(inherited: socket.socket, count: int) -> list[socket.socket]:
+    """One socket per API process, the inherited one first. Where it was opened with
     ``SO_REUSEPORT`` (systemd's ``ReusePort=yes``) the others are new sockets on its address, so
-    the kernel spreads connections over the workers as with ``--port``; otherwise (or where the
-    kernel refuses: a socket opened by another user) every worker accepts from the inherited
+    the kernel spreads connections over the processes as with ``--port``; otherwise (or where the
+    kernel refuses: a socket opened by another user) every process accepts from the inherited
     one."""
     if inherited.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT):
         host, port = inherited.getsockname()[:2]
@@ -104,7 +109,7 @@ def worker_sockets(inherited: socket.socket, count: int) -> list[socket.socket]:
         except OSError as exc:
             for sock in siblings:
                 sock.close()
-            logger.warning("--fd: the workers share the inherited socket (%s)", exc)
+            logger.warning("--fd: the API processes share the inherited socket (%s)", exc)
     return [inherited] * count
 
 
@@ -112,8 +117,8 @@ def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
-def _worker(sock: socket.socket, parent: int) -> None:
-    """One worker process: the app from the environment, served on its socket. ``parent``: the
+def _api_process(sock: socket.socket, parent: int) -> None:
+    """One API process: the app from the environment, served on its socket. ``parent``: the
     pid that started it (read there: by the time this runs it may already be gone)."""
     if not proctree.die_with_parent(signal.SIGTERM, parent):
         return  # the parent died before the death signal was armed
@@ -125,30 +130,30 @@ def _worker(sock: socket.socket, parent: int) -> None:
     serve(app, sockets=[sock])
 
 
-def run_workers(
+def run_api_processes(
     host: str, port: int, count: int, inherited: socket.socket | None = None,
 ) -> int:
-    """Run ``count`` workers until SIGTERM/SIGINT; the exit status for the command. Raises
+    """Run ``count`` API processes until SIGTERM/SIGINT; the exit status for the command. Raises
     ``OSError`` when the port cannot be bound (or something already listens on it).
     ``inherited``: the listening socket of ``--fd``, served instead of binding ``host:port``."""
     ctx = multiprocessing.get_context("spawn")
-    sockets = worker_sockets(inherited, count) if inherited else listen_all(host, port, count)
-    workers: dict[int, BaseProcess] = {}
+    sockets = process_sockets(inherited, count) if inherited else listen_all(host, port, count)
+    processes: dict[int, BaseProcess] = {}
     stopping = False
-    # Where the workers' Prometheus counters are summed; set before the first worker imports
+    # Where the processes' Prometheus counters are summed; set before the first one imports
     # prometheus-client (it reads the variable then). Fresh per run: old counts are not ours.
     metrics_dir = tempfile.mkdtemp(prefix="torchyard-prometheus-")
     os.environ[PROMETHEUS_DIR_VARIABLE] = metrics_dir
 
     def start(index: int) -> BaseProcess:
         # The socket goes to the child duplicated (multiprocessing's socket pickling).
-        proc = ctx.Process(target=_worker, args=(sockets[index], os.getpid()),
-                           name=f"torchyard-worker-{index}")
+        proc = ctx.Process(target=_api_process, args=(sockets[index], os.getpid()),
+                           name=f"torchyard-api-{index}")
         proc.start()
         return proc
 
     def terminate_all() -> None:
-        for proc in workers.values():
+        for proc in processes.values():
             if proc.pid is not None and proc.is_alive():
                 os.kill(proc.pid, signal.SIGTERM)
 
@@ -157,45 +162,45 @@ def run_workers(
         stopping = True
         terminate_all()
 
-    # Before any worker starts: a stop signal during start-up is a stop, not the parent's death.
+    # Before any API process starts: a stop signal during start-up is a stop, not the parent's death.
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     for index in range(count):
         if stopping:
             break
-        workers[index] = start(index)
+        processes[index] = start(index)
     deaths: deque[float] = deque()
     status = 0
     while not stopping:
-        sentinels = {proc.sentinel: index for index, proc in workers.items()}
+        sentinels = {proc.sentinel: index for index, proc in processes.items()}
         for ready in multiprocessing.connection.wait(list(sentinels), timeout=1.0):
             index = sentinels[ready]  # type: ignore[index]
-            workers[index].join()
+            processes[index].join()
             if stopping:
                 break
             now = time.monotonic()
             deaths.append(now)
             while deaths and now - deaths[0] > RESTART_WINDOW_S:
                 deaths.popleft()
-            logger.error("worker %s (pid %s) exited with %s", index, workers[index].pid,
-                         workers[index].exitcode)
+            logger.error("API process %s (pid %s) exited with %s", index, processes[index].pid,
+                         processes[index].exitcode)
             # Its counts stay in the sums (totals must not go down); only live gauges would go.
-            mark_process_dead(workers[index].pid, metrics_dir)
+            mark_process_dead(processes[index].pid, metrics_dir)
             if len(deaths) > count:
-                print(f"torchyard serve: workers keep exiting ({len(deaths)} in "
+                print(f"torchyard serve: API processes keep exiting ({len(deaths)} in "
                       f"{RESTART_WINDOW_S:.0f} s); stopping", file=sys.stderr)
                 status = 1
                 stopping = True
                 break
-            workers[index] = start(index)
-    # Again: a worker started while the signal was being handled did not get it.
+            processes[index] = start(index)
+    # Again: a process started while the signal was being handled did not get it.
     terminate_all()
-    # The parent's copies of the sockets go now: once a worker closes its own, new connections
+    # The parent's copies of the sockets go now: once a process closes its own, new connections
     # are refused at once instead of waiting in a socket nobody accepts from.
     for sock in sockets:
         sock.close()
     deadline = time.monotonic() + STOP_TIMEOUT_S
-    for proc in workers.values():
+    for proc in processes.values():
         proc.join(max(0.0, deadline - time.monotonic()))
         if proc.is_alive():
             proc.kill()

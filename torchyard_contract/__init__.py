@@ -1,4 +1,4 @@
-"""The contract between the server, a job's shim and its ranks, spelled once.
+"""The contract between the server, a job's attempt loop and its ranks, spelled once.
 
 Both sides import this package; it imports neither FastAPI, SQLAlchemy nor torch (a test checks):
 

@@ -1,7 +1,7 @@
 """What a job's processes inherit from the server's environment: everything but what is the
 server's own — its secrets, its configuration and the state of its processes.
 
-Kept apart from ``service.settings`` (pydantic) so the per-job shim can use it without paying
+Kept apart from ``service.settings`` (pydantic) so the per-job attempt loop can use it without paying
 that import on every job's start path.
 """
 
@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 from torchyard_contract import envnames
 
-# Never passed on to a job's shim or ranks (jobs run user code; see docs/security.md).
+# Never passed on to a job's attempt loop or ranks (jobs run user code; see docs/security.md).
 # TORCHYARD_TOKEN is the CLI's (a server started from an operator's shell may have it); a
 # database URL may carry a password, and so may the MLflow server's URL beside its token.
 SECRET_ENV_VARS = frozenset(
@@ -26,8 +26,8 @@ SERVER_ONLY_ENV_VARS = frozenset({"PROMETHEUS_MULTIPROC_DIR", "prometheus_multip
 # not TORCHYARD_WARM_RANKS and the pool's other settings) and the test
 # suite's rank hooks (tests/rankhooks) and the benchmarks' probe (bench/probe): only those pass
 # from a process to its children.
-# The warm-rank hand-off (service.run.warm): the executor gives a job's shim the warm server's
-# socket, or why the job starts cold; the shim takes both out of what its ranks inherit.
+# The warm-rank hand-off (service.run.warm): the executor gives a job's attempt loop the warm server's
+# socket, or why the job starts cold; the attempt loop takes both out of what its ranks inherit.
 WARM_SOCKET_ENV = "TORCHYARD_WARM_SOCKET"
 WARM_COLD_ENV = "TORCHYARD_WARM_COLD_REASON"
 WARM_HANDOFF_ENV_VARS = frozenset({WARM_SOCKET_ENV, WARM_COLD_ENV})

@@ -1,18 +1,18 @@
-"""The claim on a launched job's run directory: closes the window between starting a job's shim
+"""The claim on a launched job's run directory: closes the window between starting a job's attempt loop
 and storing its reference.
 
-The supervisor commits ``starting``, has the executor start the shim, then stores the reference
+The supervisor commits ``starting``, has the executor start the attempt loop, then stores the reference
 the executor returned. A server killed in between leaves a ``starting`` job with no reference
-while its shim may be running. So exactly one party claims ``RUN_DIR/claim.json``, once:
+while its attempt loop may be running. So exactly one party claims ``RUN_DIR/claim.json``, once:
 
-* the shim, first thing, before it runs anything: it records its pid, start time (``create_time``
+* the attempt loop, first thing, before it runs anything: it records its pid, start time (``create_time``
   and ``start_ticks``, ticks since boot) and host, and
   runs the job;
 * or the recovery of a later server that finds a launched job without a reference and no claim:
-  the launch is given up (the job fails), and a shim that starts after that exits at once
+  the launch is given up (the job fails), and an attempt loop that starts after that exits at once
   without running anything.
 
-A recovery that finds the shim's claim adopts the shim from it (``Executor.reference_from_claim``).
+A recovery that finds the attempt loop's claim adopts the attempt loop from it (``Executor.reference_from_claim``).
 The claim is created atomically with its content (a complete temp file hard-linked into place),
 so a reader never sees half of one and two claimants never both win.
 """

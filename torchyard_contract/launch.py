@@ -58,7 +58,7 @@ class LaunchConfig:
     # rules as plain dicts, and the pause before the next attempt (doubling per restart).
     on_failure: list[dict] | None = None
     restart_backoff_s: float = 0.0
-    # Hang diagnosis (``service.run.stacks``): the program that dumps a rank's stacks; None = off.
+    # Hang diagnosis (``service.run.stackdump``): the program that dumps a rank's stacks; None = off.
     stack_sampler: str | None = None
     # A pause (``RunDir.pause_request``): SIGTERM to the ranks, then this long before the group
     # is stopped as a cancel would stop it (docs/lifecycle.md).
@@ -90,7 +90,7 @@ class LaunchConfig:
         return self.workdir or str(run.root)
 
     def rank_env(self, inherited: str | None) -> dict[str, str]:
-        """Extra variables of torchrun and the ranks (``inherited``: the shim's PYTHONPATH)."""
+        """Extra variables of torchrun and the ranks (``inherited``: the attempt loop's PYTHONPATH)."""
         if self.workdir is not None:  # the job's own copy: the working directory is meant
             return {"PYTHONPATH": os.pathsep.join(p for p in (self.workdir, inherited) if p)}
         if self.pythonpath is None:

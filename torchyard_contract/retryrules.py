@@ -18,7 +18,7 @@ can stall the job's attempt loop the way a backtracking one can (``(a+)+$`` agai
 ran for hours on Python's ``re``). A pattern RE2 cannot run (a backreference, a lookaround, an
 atomic group or a possessive quantifier, a repetition over 1000) is refused when the spec is
 validated, naming why. RE2 is imported on first use, not with this module: the ranks and most
-shims never match a pattern. :func:`decide` also takes a time budget, checked between patterns.
+attempt loops never match a pattern. :func:`decide` also takes a time budget, checked between patterns.
 
 Actions: ``retry`` and ``retry_elsewhere`` (Slurm: the next attempt runs in a new allocation
 that excludes the node the failing rank ran on, ``service.run.elsewhere``; locally the same as

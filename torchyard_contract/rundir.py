@@ -1,4 +1,4 @@
-"""Layout of a job's run directory: the files the server, the job's shim and its ranks share.
+"""Layout of a job's run directory: the files the server, the job's attempt loop and its ranks share.
 
 Part of the contract (``torchyard_contract``). A rank finds the directory in
 ``TORCHYARD_RUN_DIR`` and builds the same ``RunDir`` from it: no path is spelled twice.
@@ -33,8 +33,15 @@ class RunDir:
 
     @property
     def launch_file(self) -> Path:
-        """The shim's configuration (no secrets)."""
+        """The attempt loop's configuration (no secrets)."""
         return self.root / "launch.json"
+
+    @property
+    def attempt_loop_log(self) -> Path:
+        """The attempt loop's own output (stdout and stderr): what it did between attempts, why
+        a warm start was not possible, why it refused to run. Not served by the API (a rank's
+        log is: ``rank_output``); named ``shim.log`` before 0.2.0."""
+        return self.root / "attempt-loop.log"
 
     @property
     def claim_file(self) -> Path:
@@ -44,7 +51,7 @@ class RunDir:
 
     @property
     def exit_file(self) -> Path:
-        """The job's outcome, written once by the shim."""
+        """The job's outcome, written once by the attempt loop."""
         return self.root / "exit.json"
 
     @property
@@ -111,7 +118,7 @@ class RunDir:
 
     @property
     def stacks_dir(self) -> Path:
-        """Ranks' stacks the shim took (``service.run.stacks``): at a hang, on request."""
+        """Ranks' stacks the attempt loop took (``service.run.stackdump``): at a hang, on request."""
         return self.root / "stacks"
 
     @property

@@ -1,11 +1,11 @@
-"""Reading what a job's shim wrote for the server: attempt records and the outcome.
+"""Reading what a job's attempt loop wrote for the server: attempt records and the outcome.
 
 The job's processes can write in its run directory too (a script's relative paths land there),
 so nothing is taken on trust (docs/security.md, "What a job can do"):
 
 * only names torchyard makes are read: ``attempts/1.json``, ``attempts/2.json``, … in order, and
   ``exit.json``; any other file there (``attempts/results.json``) is never looked at;
-* attempt ``n + 1`` exists only once attempt ``n`` has ended (the shim's order), and never more
+* attempt ``n + 1`` exists only once attempt ``n`` has ended (the attempt loop's order), and never more
   than the job's ``max_restarts + 1`` plus one per pause;
 * regular files only (a FIFO would block the reader), at most ``RUN_FILE_MAX_BYTES`` each;
 * every field is validated and bounded (``AttemptFile``, ``Outcome``).
@@ -36,7 +36,7 @@ _warned: set[tuple[str, int, int]] = set()
 
 
 # Every run-file model: unknown fields ignored, types strict, and the schema built at first use,
-# not at import (the job's shim imports this module and, for a first attempt, reads nothing).
+# not at import (the job's attempt loop imports this module and, for a first attempt, reads nothing).
 _RUN_FILE_CONFIG = ConfigDict(extra="ignore", strict=True, defer_build=True)
 
 
@@ -62,7 +62,7 @@ class AttemptDecision(BaseModel):
 
 
 class RankWhere(BaseModel):
-    """Where one rank was when the heartbeat timed out (``service.run.stacks``)."""
+    """Where one rank was when the heartbeat timed out (``service.run.stackdump``)."""
 
     model_config = _RUN_FILE_CONFIG
 
@@ -82,7 +82,7 @@ class HangStacks(BaseModel):
 
 
 class AttemptFile(BaseModel):
-    """``attempts/<n>.json`` as the shim writes it (``service.run.attemptloop``)."""
+    """``attempts/<n>.json`` as the attempt loop writes it (``service.run.attemptloop``)."""
 
     model_config = _RUN_FILE_CONFIG
 
@@ -110,7 +110,7 @@ OUTCOME_NODES_MAX = 16
 
 
 class Outcome(BaseModel):
-    """``exit.json``: how the launch ended, written once by the shim."""
+    """``exit.json``: how the launch ended, written once by the attempt loop."""
 
     model_config = _RUN_FILE_CONFIG
 
@@ -191,5 +191,5 @@ def read_attempts(
         }
         attempts.append(record.model_dump() | {"rank_exit_codes": codes})
         if record.ended_at is None:
-            break  # the shim starts attempt n + 1 only after n ended
+            break  # the attempt loop starts attempt n + 1 only after n ended
     return attempts

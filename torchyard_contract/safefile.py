@@ -3,7 +3,7 @@ never through a link the job planted.
 
 A job's processes share its run directory, so any file there may be a FIFO (``open`` would block
 the reader forever), a symlink to something else, a directory, or gigabytes long. Everything the
-server or the shim reads from a run directory goes through here: a file that is not a regular
+server or the attempt loop reads from a run directory goes through here: a file that is not a regular
 file or is larger than asked for is refused (``None``), never waited on or read whole.
 
 Confined (:func:`open_parent`): a path is opened one component at a time from ``/`` (``openat``),

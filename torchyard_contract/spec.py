@@ -1,4 +1,4 @@
-"""The job spec: one pydantic model validated by the API and again by the worker.
+"""The job spec: one pydantic model validated by the API and again by each rank.
 
 Part of the contract (``torchyard_contract``): shared by ``service`` and ``worker``, free of torch,
 FastAPI and SQLAlchemy imports.

@@ -1,6 +1,6 @@
 """A rank's heartbeat: the ready marker's mtime, touched as training makes progress.
 
-The job's shim (``service.run.attemptloop``) fails an attempt whose rank has not touched its marker for
+The job's attempt loop (``service.run.attemptloop``) fails an attempt whose rank has not touched its marker for
 ``heartbeat_timeout_s``. A file, not an HTTP call, so it works while the API is down.
 """
 

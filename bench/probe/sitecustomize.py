@@ -1,6 +1,6 @@
 """Start-up probe for the orchestration benchmark; active only when ``TORCHYARD_BENCH_PROBE`` is set.
 
-Put this directory first on ``PYTHONPATH`` and every Python process of a job (shim, torchrun
+Put this directory first on ``PYTHONPATH`` and every Python process of a job (attempt loop, torchrun
 agent, ranks) appends JSON lines ``{"pid", "role", "rank", "event", "t"}`` to
 ``bench-probe.jsonl`` in its working directory (the job's run directory for all three): ``exec`` (kernel start time of the process), ``site`` (interpreter
 ready). Ranks (``-m worker``) also log ``torch_imported``, ``worker_imported``,
@@ -33,7 +33,7 @@ def _role(argv: list[str]) -> str:
     if "warm/relay.py" in joined:  # a warm start's relay (torchrun agent or rank): exec only
         return "relay"
     if "service.run.attemptloop" in joined:
-        return "shim"
+        return "attempt loop"
     if "torch.distributed.run" in joined or "torchrun" in joined:
         return "agent"
     if "-m worker" in joined:
@@ -47,8 +47,8 @@ def _install() -> None:
 
     argv = list(getattr(sys, "orig_argv", sys.argv))
     role = _role(argv)
-    if role == "other" or "--standby" in argv:
-        return  # a standby shim starts before its job (and outside any run directory)
+    if role == "other" or "--spare" in argv:
+        return  # a spare attempt loop starts before its job (and outside any run directory)
     rank = os.environ.get("RANK")
     path = os.path.join(os.getcwd(), PROBE_FILE)
 

@@ -10,7 +10,7 @@ GIL. The bound stays below the connections the read pool keeps (``service.store.
 that were caught up then all want the same read: the job and its records after the same
 ``seq``, as of the same change version. The first one starts it; the others await that read
 instead of making their own (100 streams of one job: one read per commit, not 100;
-docs/benchmarks.md, "Stores and workers"). A read is shared only while it is in flight, so a
+docs/benchmarks.md, "Stores and API processes"). A read is shared only while it is in flight, so a
 result is never older than the change version it was started at.
 """
 

@@ -93,7 +93,7 @@ class HangStacksRead(BaseModel):
 
 
 class AttemptRead(BaseModel):
-    """One run of the worker group. ``startup_failure``: it failed before every rank was ready."""
+    """One run of the job's ranks. ``startup_failure``: it failed before every rank was ready."""
 
     number: int
     started_at: float
@@ -127,7 +127,7 @@ class AttemptRead(BaseModel):
 
     @field_validator("paused", mode="before")
     @classmethod
-    def _not_paused(cls, v: object) -> object:  # the shim writes null for an attempt not paused
+    def _not_paused(cls, v: object) -> object:  # the attempt loop writes null for an attempt not paused
         return False if v is None else v
 
 
@@ -146,7 +146,7 @@ class MlflowExportRead(BaseModel):
 
 class JobRead(BaseModel):
     """A job. Phase times (UTC): ``created_at`` queued, ``started_at`` launched (resources
-    given, shim started), ``running_at`` rendezvous done and rank 0 set up, ``first_metric_at``
+    given, attempt loop started), ``running_at`` rendezvous done and rank 0 set up, ``first_metric_at``
     the earliest reported record, ``ended_at`` terminal."""
 
     id: int
@@ -169,7 +169,7 @@ class JobRead(BaseModel):
         description="why it ended; at most 2000 characters, the full text is in the logs"
     )
     pid: int | None = Field(
-        description="local executor: pid of the job's shim (its process group); null otherwise"
+        description="local executor: pid of the job's attempt loop (its process group); null otherwise"
     )
     devices: list[str]
     attempts: list[AttemptRead]
@@ -233,7 +233,7 @@ def _waiting_reason(job: Job, waiting: Waiting) -> str:
 
 
 def _attempts(stored: list | None) -> list[AttemptRead]:
-    """The stored attempt records that are valid; one stored before the shim's files were read
+    """The stored attempt records that are valid; one stored before the attempt loop's files were read
     strictly may not be (it must not make every read of the job a 500)."""
     attempts = []
     for a in stored or []:
@@ -346,7 +346,7 @@ class MetricsPage(BaseModel):
 class RecordBatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    # Ranks send at most 500 (worker BATCH_MAX); 1000 bounds one request to well under a second
+    # Ranks send at most 500 (``worker.reporter.BATCH_MAX``); 1000 bounds one request to well under a second
     # of SQL work (10,000 took ~10 s on 2 busy cores: one caller could hold the write lock).
     records: list[RecordPost] = Field(max_length=1000)
 
@@ -354,7 +354,7 @@ class RecordBatch(BaseModel):
 # RecordPost's fields and bounds, validated entirely inside pydantic-core: strict types (a JSON
 # integer for an integer; a number or one of the three names for a value) and no Python
 # validator per record, about a third of RecordBatch's CPU on a 1000-record batch
-# (docs/benchmarks.md, "Stores and workers"). It takes a subset of what RecordBatch takes, so a
+# (docs/benchmarks.md, "Stores and API processes"). It takes a subset of what RecordBatch takes, so a
 # body it refuses goes to RecordBatch, which decides (it also takes 5.0 for the integer 5) and
 # words the errors.
 _StrictRecord = create_model(

@@ -1,12 +1,12 @@
 """How many ``GET /jobs/{id}/stacks`` calls may wait at once: per job and in all, per process.
 
-A call that takes stacks now waits for the job's shim, a process the job controls: a job can
+A call that takes stacks now waits for the job's attempt loop, a process the job controls: a job can
 stop it (SIGSTOP; its pid is in the run directory's claim file), and then every call waits its
 whole deadline (``service.domain.files.stackrequest.STACKS_WAIT_S``). The wait holds no thread
 (the route awaits it on the event loop), and at most ``TORCHYARD_STACKS_PER_JOB`` calls for one
 job and ``TORCHYARD_STACKS_IN_FLIGHT`` in all wait at once: one more is refused at once (429)
 with ``Retry-After``, the seconds until the first call in its way has ended at the latest.
-Before these bounds, 50 calls for one stopped shim held all 40 of the thread pool's threads
+Before these bounds, 50 calls for one stopped attempt loop held all 40 of the thread pool's threads
 for 15 s each, and every other route of the API waited behind them (issue 44, item 6).
 
 Used on the event loop only (the route is async), so it needs no lock; each ``serve --workers``

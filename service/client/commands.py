@@ -32,7 +32,7 @@ from service.client.options import (
     exit_for,
     print_job_line,
 )
-from service.client.pausing import pause, resume
+from service.client.pausecommands import pause, resume
 from service.client.specfile import load_spec_file, parse_pairs, yaml_value
 from service.client.sweep import sweep_app
 from service.client.tensorboard import tensorboard

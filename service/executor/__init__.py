@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from service.executor.warmpool import WarmPool
     from service.settings import Settings
 
-# Importing this package must stay cheap: the per-job shim imports service.run.proctree on
+# Importing this package must stay cheap: the per-job attempt loop imports service.run.proctree on
 # every job's start path, so the executors (and pydantic settings) load only in make_executor.
 
 
@@ -21,7 +21,7 @@ def make_executor(settings: "Settings", warm: "WarmPool | None" = None) -> Execu
     if settings.executor == "local":
         # The attempt loop runs on the server's python; its torchrun (and a run-as job's
         # attempt loop, started as the team's user) on settings'.
-        return LocalExecutor(warm=warm, standby=True, user_python=settings.python_executable)
+        return LocalExecutor(warm=warm, spare_loop=True, user_python=settings.python_executable)
     if settings.executor == "slurm":
         return make_slurm_executor(settings)
     raise ValueError(f"executor: {settings.executor!r} is not one of: local, slurm")
@@ -45,7 +45,7 @@ def make_slurm_executor(settings: "Settings") -> "SlurmExecutor":
     )
     return SlurmExecutor(
         cli,
-        # The shim and torchrun run on the nodes with this interpreter: the same path there.
+        # The attempt loop and torchrun run on the nodes with this interpreter: the same path there.
         python=settings.python_executable or sys.executable,
         server_env=os.environ,
         stop_grace_s=settings.stop_grace_s,

@@ -4,7 +4,7 @@ job's processes goes through :class:`Executor`.
 An executor runs a job's *attempt loop* (``python -m service.run.attemptloop RUN_DIR``: restarts,
 heartbeats, deadline, ``exit.json``) somewhere — as a local process group, or inside a Slurm
 allocation — and names what it started with an opaque *reference* string that the database
-stores and only that executor interprets (locally the shim's pid and start time; on Slurm the
+stores and only that executor interprets (locally the attempt loop's pid and start time; on Slurm the
 job id). Nothing outside an executor knows pids, ``psutil``, ``sbatch`` or node names.
 
 The job's outcome is never the executor's to decide: the attempt loop writes it to

@@ -1,9 +1,9 @@
 """The local executor: each job's attempt loop (``python -m service.run.attemptloop RUN_DIR``) runs as a
 process group of its own on the server's host, so the job outlives a server restart.
 
-Reference: JSON ``{"pid": <shim pid>, "create_time": <its start, epoch seconds>, "host": <host>,
+Reference: JSON ``{"pid": <attempt loop pid>, "create_time": <its start, epoch seconds>, "host": <host>,
 "start_ticks": <its start, clock ticks since boot>}`` — the start (in ticks where the reference
-has them: ``proctree.start_ticks``) tells the shim from a later process that reused its pid; the
+has them: ``proctree.start_ticks``) tells the attempt loop from a later process that reused its pid; the
 host says where the pid means anything: a supervisor on another host (a standby that took over) leaves the job
 alone (``reachable``). References from before ``host`` was added are taken as this host's. Logs:
 torchrun's per-rank files under
@@ -39,7 +39,7 @@ from service.executor.reference import (
     encode_reference,
     reference_host,
 )
-from service.executor.standby import StandbyShim
+from service.executor.spareloop import SpareLoop
 from service.executor.warmpool import WarmPool
 from service.run.proctree import ProcessGroupHandle, create_time, same_process, start_ticks
 from service.run.warm import COLD_ENV, SOCKET_ENV
@@ -51,13 +51,13 @@ logger = logging.getLogger(__name__)
 
 
 
-def build_shim_command(python: str, run: RunDir) -> list[str]:
+def build_attempt_loop_command(python: str, run: RunDir) -> list[str]:
     """The argv of a job's attempt loop; pure."""
     return [python, "-m", "service.run.attemptloop", str(run.root)]
 
 
 class LocalExecutor:
-    """Jobs as local process groups. ``python``: the interpreter that runs the shim."""
+    """Jobs as local process groups. ``python``: the interpreter that runs the attempt loop."""
 
     name = NAME
     queues_jobs = False
@@ -66,7 +66,7 @@ class LocalExecutor:
     spans_nodes = False
 
     def __init__(
-        self, python: str | None = None, warm: WarmPool | None = None, standby: bool = False,
+        self, python: str | None = None, warm: WarmPool | None = None, spare_loop: bool = False,
         user_python: str | None = None,
     ) -> None:
         self.python = python or sys.executable
@@ -75,16 +75,16 @@ class LocalExecutor:
         # as the server's own may sit where only the server's user can reach it.
         self.user_python = user_python or self.python
         self.warm = warm  # warm ranks (docs/warm-ranks.md); None = every job starts cold
-        # A shim started ahead of the next job (``service.executor.standby``); the first job
+        # An attempt loop started ahead of the next job (``service.executor.spareloop``); the first job
         # after start starts its own.
-        self.standby = StandbyShim(self.python) if standby else None
-        # Shims this process started (their exit codes can be read) or adopted, by reference.
+        self.spare = SpareLoop(self.python) if spare_loop else None
+        # Attempt loops this process started (their exit codes can be read) or adopted, by reference.
         self._handles: dict[str, ProcessGroupHandle] = {}
         self._lock = threading.Lock()
         self._wake: Callable[[], None] | None = None
 
     def preflight(self, runs_dir: Path, api_url: str) -> None:
-        """Nothing to check: the shim and the ranks run on this host."""
+        """Nothing to check: the attempt loop and the ranks run on this host."""
 
     def watch(self, wake: Callable[[], None]) -> None:
         self._wake = wake
@@ -94,7 +94,7 @@ class LocalExecutor:
 
     def dry_run(self, sub: Submission) -> DryRun:
         return DryRun(
-            argv=tuple(build_shim_command(
+            argv=tuple(build_attempt_loop_command(
                 self.python if sub.run_as is None else self.user_python, sub.run)),
             cwd=sub.run.root,
             env_names=tuple(sorted(sub.env)),
@@ -103,7 +103,7 @@ class LocalExecutor:
     def submit(self, sub: Submission) -> str:
         """A job with ``run_as`` (the server is root): its attempt loop starts as that user
         (:func:`credentials`), with the user's ``HOME``, ``USER`` and ``LOGNAME``, never in the
-        standby shim (the server's user), and its warm ranks come from that user's own warm
+        spare attempt loop (the server's user), and its warm ranks come from that user's own warm
         server (``WarmPool.socket_for_launch``)."""
         plan = self.dry_run(sub)
         env = {**environ_for_children(os.environ), **sub.env}
@@ -114,17 +114,17 @@ class LocalExecutor:
                 raise ExecutorError(f"cannot run job {sub.job_id} as {sub.run_as.user}: "
                                     "only a server running as root can")
             env.update(sub.run_as.login_env())
-        if self.warm is not None:  # read (and removed) by the shim
+        if self.warm is not None:  # read (and removed) by the attempt loop
             warm_socket, why_cold = self.warm.socket_for_launch(sub.run_as)
             if warm_socket is not None:
                 env[SOCKET_ENV] = warm_socket
             else:
                 env[COLD_ENV] = why_cold
-        standby = self.standby if sub.run_as is None else None
-        popen = standby.take(sub.run, env) if standby is not None else None
+        spare = self.spare if sub.run_as is None else None
+        popen = spare.take(sub.run, env) if spare is not None else None
         if popen is None:
-            # Confined: the run directory may be the job's user's (a planted shim.log link).
-            log = runwrite.open_append(sub.run.root / "shim.log")
+            # Confined: the run directory may be the job's user's (a planted attempt-loop.log link).
+            log = runwrite.open_append(sub.run.attempt_loop_log)
             try:
                 popen = subprocess.Popen(
                     list(plan.argv),
@@ -138,13 +138,13 @@ class LocalExecutor:
                 )
             finally:
                 os.close(log)
-        if standby is not None:
-            standby.refill()
+        if spare is not None:
+            spare.refill()
         reference = encode_reference(popen.pid, create_time(popen.pid), socket.gethostname(),
                                      start_ticks(popen.pid))
         with self._lock:
             self._handles[reference] = ProcessGroupHandle(pid=popen.pid, popen=popen)
-        # Reap at once when the shim exits, not up to a poll interval later.
+        # Reap at once when the attempt loop exits, not up to a poll interval later.
         threading.Thread(
             target=self._wake_on_exit, args=(popen,), daemon=True,
             name=f"torchyard-wait-{sub.job_id}",
@@ -157,7 +157,7 @@ class LocalExecutor:
             self._wake()
 
     def _wake_when_gone(self, pid: int) -> None:
-        """An adopted shim is not our child: its exit is seen through a pidfd (Linux 5.3+),
+        """An adopted attempt loop is not our child: its exit is seen through a pidfd (Linux 5.3+),
         so the supervisor is told at once there too; elsewhere its poll finds it."""
         try:
             fd = os.pidfd_open(pid)
@@ -209,7 +209,7 @@ class LocalExecutor:
         return host is None or host == socket.gethostname()
 
     def reference_from_claim(self, claim: Mapping[str, object]) -> str | None:
-        """The shim's own pid, start and host, as it claimed its run directory."""
+        """The attempt loop's own pid, start and host, as it claimed its run directory."""
         return claim_reference(claim)
 
     def cancel(self, reference: str, grace_s: float) -> None:

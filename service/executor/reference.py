@@ -15,7 +15,7 @@ NAME = "local"  # the executor's name, stored with each job it started
 def encode_reference(
     pid: int, started: float | None, host: str | None = None, ticks: int | None = None
 ) -> str:
-    """``ticks``: the shim's start in clock ticks since boot (``proctree.start_ticks``), what
+    """``ticks``: the attempt loop's start in clock ticks since boot (``proctree.start_ticks``), what
     identifies it across a wall-clock step; older references have only ``create_time``."""
     data: dict[str, object] = {"pid": pid, "create_time": started}
     if host is not None:
@@ -46,7 +46,7 @@ def decode_reference(reference: str) -> tuple[int, float | None, int | None] | N
 
 
 def claim_reference(claim: Mapping[str, object]) -> str | None:
-    """The reference of the shim that wrote ``claim`` (``torchyard_contract.claim``: its pid,
+    """The reference of the attempt loop that wrote ``claim`` (``torchyard_contract.claim``: its pid,
     start and host), None when the claim names no process."""
     pid, started, host = claim.get("pid"), claim.get("create_time"), claim.get("host")
     if not isinstance(pid, int) or not isinstance(started, int | float):

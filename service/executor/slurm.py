@@ -316,7 +316,7 @@ class SlurmExecutor:
         return True
 
     def reference_from_claim(self, claim: Mapping[str, object]) -> str | None:
-        """The Slurm job id the batch script's shim wrote into its claim (``SLURM_JOB_ID``)."""
+        """The Slurm job id the batch script's attempt loop wrote into its claim (``SLURM_JOB_ID``)."""
         job_id = claim.get("slurm_job_id")
         return job_id if isinstance(job_id, str) and job_id.isdigit() else None
 

@@ -129,7 +129,7 @@ def sbatch_directives(req: BatchRequest) -> list[str]:
     return opts
 
 
-def shim_argv(python: str, run_dir: Path) -> list[str]:
+def attempt_loop_argv(python: str, run_dir: Path) -> list[str]:
     """The attempt loop, as the batch script starts it."""
     return [python, "-m", "service.run.attemptloop", "--launcher=slurm", str(run_dir)]
 
@@ -142,7 +142,7 @@ def build_batch_script(req: BatchRequest) -> str:
     """The batch script ``sbatch`` reads; pure. It holds no secret: the job token reaches the
     job only through ``sbatch``'s export file (``export_file_content``)."""
     directives = "\n".join(f"#SBATCH {opt}" for opt in sbatch_directives(req))
-    command = " ".join(_sh_quote(w) for w in shim_argv(req.python, req.run_dir))
+    command = " ".join(_sh_quote(w) for w in attempt_loop_argv(req.python, req.run_dir))
     return (
         "#!/bin/sh\n"
         f"{directives}\n"

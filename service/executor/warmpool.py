@@ -18,12 +18,12 @@ length (connections go through the checked directory, ``relay.connect``). The po
 (another uid's, a symlink, group or other access) is never used — the pool reports ``broken`` and
 every job starts cold, saying why.
 
-One warm server per directory: with ``torchyard serve --workers N`` each worker has a pool, and
+One warm server per directory: with ``torchyard serve --workers N`` each API process has a pool, and
 they share one server; so do servers of other homes that name the same ``TORCHYARD_WARM_DIR``.
 A pool starts a server only when none answers and none holds the server's lock (``server.lock``,
 see ``service.run.warm.listen.claim``); a server that finds the lock held exits at once
 (``BUSY_EXIT``) without touching the socket. Every pool asks the one server's status (each
-worker becomes an owner: the server drains once all are gone) and hands its socket out;
+API process becomes an owner: the server drains once all are gone) and hands its socket out;
 :meth:`WarmPool.close` gives this process's ownership back (``release``), so the server drains
 when its last owner stops, not when the first one does.
 """
@@ -51,7 +51,7 @@ from service.executor.asuser import (
 )
 from service.executor.base import WarmStatus
 from service.run.warm import BUSY_EXIT, LOCK_NAME, relay
-from service.run.warm.relay import ask  # the one control request, shared with the shim's stacks
+from service.run.warm.relay import ask  # the one control request (the attempt loop's too)
 from torchyard_contract import runwrite
 from torchyard_contract.childenv import environ_for_children
 from torchyard_contract.launch import RunAs
@@ -164,7 +164,7 @@ class WarmPool:
         return self._status
 
     def socket_for_launch(self, run_as: RunAs | None = None) -> tuple[str | None, str]:
-        """(the socket a job's shim hands its relays, '') while the server is ready, else
+        """(the socket a job's attempt loop hands its relays, '') while the server is ready, else
         (None, why not): the job starts cold at once, never waiting for the pool. ``run_as``:
         a job of that Unix user, served by that user's own warm server (``UserPools``)."""
         if run_as is not None:
@@ -323,7 +323,7 @@ class WarmPool:
             self._held_since = None
             self._spawn()
             return
-        # Another worker's pool started it and it is importing torch; if it hangs, it is
+        # Another API process's pool started it and it is importing torch; if it hangs, it is
         # killed after the same patience as a server of our own, and replaced.
         self._held_since = self._held_since or now
         if now - self._held_since >= STARTUP_TIMEOUT_S and _is_warm_server(holder, self._user()):

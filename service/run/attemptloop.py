@@ -1,8 +1,8 @@
-"""Per-job shim: ``python -m service.run.attemptloop RUN_DIR``. Owns torchrun for the job's whole life.
+"""Per-job attempt loop: ``python -m service.run.attemptloop RUN_DIR``. Owns torchrun for the job's whole life.
 
-The job's attempt loop, independent of how it was started: the local executor starts one shim per
+The job's attempt loop, independent of how it was started: the local executor starts one attempt loop per
 job in a session of its own (so the job outlives the server); a batch script can run the same
-loop inside an allocation. The shim runs attempts (torchrun with ``--max-restarts=0``), restarts the group after a rank
+loop inside an allocation. The attempt loop runs attempts (torchrun with ``--max-restarts=0``), restarts the group after a rank
 failure up to ``max_restarts`` (never after a start-up failure: a failure before every rank wrote
 its ready marker), runs every rank under ``service.run.ranktee`` (both streams in one file per rank),
 enforces ``max_runtime_s`` and ``heartbeat_timeout_s`` (``max_runtime_s`` between attempts too:
@@ -15,24 +15,24 @@ starts after it), and writes:
   exit_code, reason; ``requeue`` (Slurm, ``retry_elsewhere``) also ``exclude_nodes``: the job is
   to be submitted again without the failing rank's node (``service.run.elsewhere``).
 
-A pause (``RUN_DIR/pause.json``, ``service.run.pausing``) ends the attempt with the ranks'
+A pause (``RUN_DIR/pause.json``, ``service.run.pausesignal``) ends the attempt with the ranks'
 grace; the outcome is ``paused`` and a resumed job's next launch numbers its attempts on.
 
 Launchers (``--launcher``): ``local`` (default) runs each attempt's torchrun on this host;
 ``slurm`` — inside a Slurm allocation, on its batch host — runs each attempt as one job step,
 ``srun`` starting torchrun on every node with a static rendezvous here
 (``service.executor.slurmscript``), and exits with the outcome's exit code (the batch script
-``exec``s the shim, so Slurm's record of the job carries the last attempt's real exit code).
+``exec``s the attempt loop, so Slurm's record of the job carries the last attempt's real exit code).
 
 Input: ``RUN_DIR/launch.json`` (see ``LaunchConfig``: among others the rank program argv, the
 built-in trainer or a script job's resolved script and args) and the rank environment in its own
 environment (the job token never touches the disk). A job that runs as its team's Unix user
-(``LaunchConfig.run_as``) is started as that user by its executor; the shim checks it is, before
+(``LaunchConfig.run_as``) is started as that user by its executor; the attempt loop checks it is, before
 it claims anything (:func:`wrong_user`), and everything it starts inherits that user. SIGTERM means cancel: the group gets
 SIGTERM → grace → SIGKILL and the outcome is ``cancelled``. Never imports torch.
 
-The shim is the child subreaper of the job (``service.run.proctree``): when an attempt's torchrun
-has exited, every process still below the shim — a child the job started in a session of its
+The attempt loop is the child subreaper of the job (``service.run.proctree``): when an attempt's torchrun
+has exited, every process still below the attempt loop — a child the job started in a session of its
 own, a double-forked daemon — is stopped (SIGTERM, up to ``STRAY_GRACE_S``, SIGKILL) before the
 next attempt starts or the outcome is written, so no process of the job outlives it.
 """
@@ -47,9 +47,9 @@ import sys
 import time
 from pathlib import Path
 
-from service.run import fastexit, ranktee, stacks
+from service.run import fastexit, ranktee, stackdump
 from service.run.exitreason import describe_exit, failed_rank_exit_codes
-from service.run.pausing import PAUSED_REASON, PauseWatch
+from service.run.pausesignal import PAUSED_REASON, PauseWatch
 from service.run.proctree import (
     ProcessGroupHandle,
     become_subreaper,
@@ -88,7 +88,7 @@ def _write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-class Shim:
+class AttemptLoop:
     def __init__(
         self, run: RunDir, config: LaunchConfig, launcher: str = "local",
         warm_socket: str | None = None, why_cold: str | None = None,
@@ -98,7 +98,7 @@ class Shim:
         self.why_cold = why_cold  # warm ranks are on but the pool could not serve this job
         self.cancelled = False
         self.started = time.time()
-        self.stopped_by_shim = False
+        self.stopped_by_loop = False
         self.pause = PauseWatch(run, config, launcher, warm_socket)
         # A resumed (or restarted elsewhere) job's run directory holds its earlier launches'
         # attempts: numbering goes on after them; the ones a pause ended used no restart, one
@@ -135,7 +135,7 @@ class Shim:
         handle = self._start(number, logs, env)
         forced_reason: str | None = None
         while (code := handle.poll()) is None:
-            stacks.answer_requests(self.run, self.config, number, self.launcher,
+            stackdump.answer_requests(self.run, self.config, number, self.launcher,
                                    self.warm_socket)  # GET .../stacks
             forced_reason = self._why_stop(number)
             if forced_reason is None and self.pause.grace_over():
@@ -146,7 +146,7 @@ class Shim:
                 break
             _wait_exit(handle, POLL_S)
         code = code if code is not None else -signal.SIGKILL
-        self.stopped_by_shim = forced_reason is not None  # retry rules: only for failures of the job
+        self.stopped_by_loop = forced_reason is not None  # retry rules: only for failures of the job
         # torchrun is gone: whatever the job started and left (its own session, a daemon) goes
         # too, before the next attempt or the outcome (service.run.proctree).
         strays = stop_descendants(min(self.config.stop_grace_s, STRAY_GRACE_S))
@@ -262,7 +262,7 @@ class Shim:
                     continue  # still starting; start-up has its own failure path
                 if idle > cfg.heartbeat_timeout_s:
                     stuck = f"rank {rank} made no progress for {cfg.heartbeat_timeout_s:g} s"
-                    return stacks.hang_reason(  # names it
+                    return stackdump.hang_reason(  # names it
                         self.run, cfg, number, stuck, self.launcher, self.warm_socket)
         return None
 
@@ -274,7 +274,7 @@ class Shim:
                 number -= 1
                 break
             code, reason, startup = self.run_attempt(number)
-            stacks.keep_with_attempt(self.run, number)  # the hang's stacks, Flight Recorder dumps
+            stackdump.keep_with_attempt(self.run, number)  # the hang's stacks, Flight Recorder dumps
             if self.cancelled:
                 outcome = {"state": "cancelled", "exit_code": code, "reason": "cancelled by user"}
                 break
@@ -287,9 +287,9 @@ class Shim:
             failures = number - self.paused_attempts  # attempts a pause ended are no failures
             last = startup or failures > self.config.max_restarts or reason == DEADLINE_REASON
             # --- retries decided by the cause (service.run.retrydecision) ---
-            if not startup and reason != DEADLINE_REASON and not self.stopped_by_shim:
+            if not startup and reason != DEADLINE_REASON and not self.stopped_by_loop:
                 # Imported here, at the first failure: its rules are pydantic models (~0.15 CPU s
-                # to import), and most shims — every standby one among them — never need it.
+                # to import), and most attempt loops — every spare one among them — never need it.
                 from service.run import retrydecision
 
                 decided = retrydecision.decide_attempt(
@@ -345,10 +345,10 @@ def wrong_user(config: LaunchConfig) -> str | None:
             f"{os.getuid()}, gid {os.getgid()}")
 
 
-def read_standby_request() -> str:
-    """``--standby`` (``service.executor.standby``): wait for one JSON line on stdin, ``{"run":
+def read_spare_request() -> str:
+    """``--spare`` (``service.executor.spareloop``): wait for one JSON line on stdin, ``{"run":
     RUN_DIR, "env": {...}}``, then take that job's environment, directory and log (stdout and
-    stderr to ``RUN_DIR/shim.log``, stdin from /dev/null), as a shim started for it would have
+    stderr to ``RUN_DIR/attempt-loop.log``, stdin from /dev/null), as an attempt loop started for it would have
     them. End of input (the server went away) means exit. Returns RUN_DIR."""
     line = sys.stdin.buffer.readline()
     if not line:
@@ -358,7 +358,7 @@ def read_standby_request() -> str:
     os.environ.clear()
     os.environ.update({str(k): str(v) for k, v in request["env"].items()})
     os.chdir(root)
-    log = os.open(os.path.join(root, "shim.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    log = os.open(RunDir(Path(root)).attempt_loop_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     null = os.open(os.devnull, os.O_RDONLY)
     for fd, target in ((null, 0), (log, 1), (log, 2)):
         os.dup2(fd, target)
@@ -371,21 +371,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m service.run.attemptloop")
     parser.add_argument("--launcher", choices=("local", "slurm"), default="local")
     parser.add_argument(
-        "--standby", action="store_true",
-        help="wait for a run directory and environment on stdin (service.executor.standby)",
+        "--spare", action="store_true",
+        help="wait for a run directory and environment on stdin (service.executor.spareloop)",
     )
     parser.add_argument("run_dir", type=Path, nargs="?")
     args = parser.parse_args()
-    root = Path(read_standby_request()) if args.standby else args.run_dir
+    root = Path(read_spare_request()) if args.spare else args.run_dir
     if root is None:
-        parser.error("run_dir is required without --standby")
+        parser.error("run_dir is required without --spare")
     # Before anything starts: every process of the job then stays in this process's tree.
     if not become_subreaper():
         print("not a child subreaper (no prctl): daemons a job leaves may outlive it", flush=True)
     run = RunDir(root.resolve())
     config = LaunchConfig.read(run)
     if (wrong := wrong_user(config)) is not None:  # before the claim: this process runs nothing
-        print(f"shim: not running job {config.job_id}: {wrong}", file=sys.stderr, flush=True)
+        print(f"attempt loop: not running job {config.job_id}: {wrong}", file=sys.stderr, flush=True)
         sys.exit(1)
     # First of all: claim the launch, unless a recovering server gave it up (torchyard_contract.claim).
     me = os.getpid()
@@ -394,15 +394,15 @@ def main() -> None:
     if args.launcher == "slurm" and os.environ.get("SLURM_JOB_ID"):
         mine["slurm_job_id"] = os.environ["SLURM_JOB_ID"]  # how the Slurm executor adopts it
     if (other := runclaim.claim(run, mine)) is not None:
-        print(f"shim: not running job: the launch was claimed already: {other}", file=sys.stderr)
+        print(f"attempt loop: not running job: the launch was claimed already: {other}", file=sys.stderr)
         sys.exit(0)
     # The executor's, for this process only: torchrun and the ranks do not inherit it.
     warm_socket = os.environ.pop(SOCKET_ENV, None)
     why_cold = os.environ.pop(COLD_ENV, None)
-    shim = Shim(run, config, args.launcher, warm_socket, why_cold)
-    signal.signal(signal.SIGTERM, shim.on_sigterm)
+    loop = AttemptLoop(run, config, args.launcher, warm_socket, why_cold)
+    signal.signal(signal.SIGTERM, loop.on_sigterm)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the server's terminal going away is not a cancel
-    sys.exit(shim.main())
+    sys.exit(loop.main())
 
 
 if __name__ == "__main__":

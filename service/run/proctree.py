@@ -1,18 +1,18 @@
 """Process trees on this host, in one place: stop a tree (SIGTERM → grace → SIGKILL), be a
 child subreaper, die with the parent, and tell a pid from a later one that reused it.
 
-Used by the local executor (a job's shim), the shim itself (each attempt's torchrun, and what a
+Used by the local executor (a job's attempt loop), the attempt loop itself (each attempt's torchrun, and what a
 job leaves behind), the warm server (its children and what they leave) and ``serve --workers``
-(each worker dies with its parent). The child environment (what a job's processes inherit) is
+(each API process dies with its parent). The child environment (what a job's processes inherit) is
 the contract's: ``torchyard_contract.childenv``.
 
 Subreaper: a job's code can leave processes behind that neither torchrun nor a process-group
 signal reaches: a child started with ``start_new_session=True`` (its own session and group) or a
-double-forked daemon (its parent gone, so it is nobody's descendant). On Linux the shim marks
+double-forked daemon (its parent gone, so it is nobody's descendant). On Linux the attempt loop marks
 itself a *child subreaper* (``prctl(PR_SET_CHILD_SUBREAPER)``, through ctypes): an orphan in its
-tree is re-parented to the shim instead of to init, so every process the job started stays a
-descendant of the shim, whatever session or group it moved to. At the end of each attempt the
-shim stops all of them (:func:`stop_descendants`) and reaps them. Elsewhere (no prctl)
+tree is re-parented to the attempt loop instead of to init, so every process the job started stays a
+descendant of the attempt loop, whatever session or group it moved to. At the end of each attempt the
+attempt loop stops all of them (:func:`stop_descendants`) and reaps them. Elsewhere (no prctl)
 :func:`become_subreaper` returns False and only the descendants still attached to the tree are
 stopped. A process that escapes the tree anyway (ptrace tricks, a daemon started through another
 service such as systemd-run or at) is beyond what this can see; a cgroup would be.
@@ -82,7 +82,7 @@ def start_ticks(pid: int) -> int | None:
     the boot time, which Linux recomputes from the wall clock at every read (``btime``), so an
     NTP correction or a VM's clock step moves every process's create time by whole seconds, and
     two processes reading at different moments disagree (psutil issues 2526 and 2541). Seen
-    here: a re-adopted shim judged gone after a restart on a stalled VM, its live job failed."""
+    here: a re-adopted attempt loop judged gone after a restart on a stalled VM, its live job failed."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             fields = stat.read().rsplit(b")", 1)[1].split()

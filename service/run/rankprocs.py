@@ -1,11 +1,11 @@
 """Which processes are a running attempt's rank programs, on this host.
 
 A rank program is the child of its ``service.run.ranktee`` (whose ``--run-dir`` names the run),
-with ``RANK`` in its environment. Cold ranks are found below the job's shim; warm ranks
+with ``RANK`` in its environment. Cold ranks are found below the job's attempt loop; warm ranks
 (``service.run.warm``) are processes of the warm server instead, which names them (its
 ``status``: pid, job and rank of each); on a Slurm node they live under ``slurmstepd`` and are
-found among all the node's processes. Used to take their stacks (``service.run.stacks``) and
-to tell them of a pause (``service.run.pausing``).
+found among all the node's processes. Used to take their stacks (``service.run.stackdump``) and
+to tell them of a pause (``service.run.pausesignal``).
 """
 
 import os
@@ -20,7 +20,7 @@ from torchyard_contract.rundir import RunDir
 def rank_processes(
     run: RunDir, config: LaunchConfig, warm_socket: str | None = None
 ) -> dict[int, psutil.Process]:
-    """rank → process of this attempt's rank programs, as the shim sees them: warm ones through
+    """rank → process of this attempt's rank programs, as the attempt loop sees them: warm ones through
     the warm server at ``warm_socket``, else below this process."""
     if warm_socket:
         return _warm(warm_socket, config.job_id, config.world_size)
@@ -61,7 +61,7 @@ def _warm(
     warm_socket: str, job_id: int, world_size: int
 ) -> dict[int, psutil.Process]:
     """This job's warm rank programs, as the warm server at ``warm_socket`` names them (its
-    relays below the shim are not the programs); empty when it does not answer."""
+    relays below the attempt loop are not the programs); empty when it does not answer."""
     status = relay.ask(warm_socket, {"op": "status"}) or {}
     ranks: dict[int, psutil.Process] = {}
     for entry in status.get("ranks") or []:

@@ -1,7 +1,7 @@
 """``python -m service.run.ranktee --run-dir RUN_DIR --attempt N -- PROGRAM...``: one rank's program,
 with everything it prints kept in one place.
 
-torchrun starts this in the rank's place (the job's shim puts it in front of every rank
+torchrun starts this in the rank's place (the job's attempt loop puts it in front of every rank
 program), with its stdout and stderr already redirected to the rank's ``stdout.log`` and
 ``stderr.log``. It runs ``python PROGRAM...`` with a pipe per stream and copies whatever arrives
 both to that stream's own file, unchanged, and to ``RUN_DIR/logs/attempt-N/rank-<RANK>.log``
@@ -10,9 +10,9 @@ across streams exact unless both were written within one read of each other (the
 unbuffered, ``PYTHONUNBUFFERED=1``, so a print is one write).
 
 Contract: exits with the program's exit code, or dies of the signal that ended it, so torchrun
-and the shim see what they would have seen without it. SIGTERM, SIGINT and SIGHUP are passed on
+and the attempt loop see what they would have seen without it. SIGTERM, SIGINT and SIGHUP are passed on
 to the program (which also gets them directly when its process group is signalled, as torchrun
-and the shim do) and never end this process first, so no output is lost. Output left behind
+and the attempt loop do) and never end this process first, so no output is lost. Output left behind
 by a process the program started is read for ``DRAIN_S`` after the program exits, no longer.
 The standard library only: it runs in every rank.
 """

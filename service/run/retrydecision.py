@@ -1,11 +1,11 @@
 """After a failed attempt: retry or not, decided by the cause (``torchyard_contract.retryrules``).
 
 The attempt loop (``service.run.attemptloop``) calls :func:`decide_attempt` once an attempt
-failed on its own (not a start-up failure, not the deadline, not a stop the shim made): it gathers
+failed on its own (not a start-up failure, not the deadline, not a stop the attempt loop made): it gathers
 each failing rank's exit code (torchrun's failure summary, in the attempt record) and last lines
 of output (``RunDir.rank_output``), lets the job's ``on_failure`` rules and the defaults decide,
 and writes the decision into the attempt record (``decision``, ``torchyard_contract.runfiles``).
-The patterns run here, in the job's own shim, on RE2 (linear time, see
+The patterns run here, in the job's own attempt loop, on RE2 (linear time, see
 ``torchyard_contract.retryrules``) and within a time budget (``RULES_BUDGET_S``, or what is left
 of the job's ``max_runtime_s`` if less): rules that have not decided by then are not applied
 (the attempt is retried while ``max_restarts`` allows), so no output a job prints can hold its

@@ -1,4 +1,4 @@
-"""Launching one attempt's worker group: a pure torchrun command builder and a step that runs it.
+"""Starting one attempt's rank group: a pure torchrun command builder and a step that runs it.
 
 ``build_command`` is pure (printable as a dry run, unit-testable); ``LocalTorchrunLauncher.start``
 runs it. The job's attempt loop (``service.run.attemptloop``) calls it; starting the job itself is an
@@ -17,7 +17,7 @@ from torchyard_contract.childenv import environ_for_children
 
 @dataclass(frozen=True)
 class LaunchRequest:
-    """Everything needed to start one attempt; built by the job's shim."""
+    """Everything needed to start one attempt; built by the job's attempt loop."""
 
     job_id: int
     python: str
@@ -42,7 +42,7 @@ def build_command(req: LaunchRequest) -> list[str]:
     With ``req.relay`` torchrun's agent runs through the relay (``python RELAY SOCKET <python
     args>``), which becomes a process of the warm server: the same torchrun options, started
     without importing torch again. The rank program carries its own relay where it wants one
-    (the shim puts it behind ``service.run.ranktee``, so the warm process is the job's program
+    (the attempt loop puts it behind ``service.run.ranktee``, so the warm process is the job's program
     itself and the tee a plain, stdlib-only process in front of it).
     """
     # Cold, the agent ends without tearing torch down (service.run.fastexit); warm, the warm
@@ -67,10 +67,10 @@ def build_command(req: LaunchRequest) -> list[str]:
 
 
 class LocalTorchrunLauncher:
-    """Runs torchrun on this host, output to a log file, in the caller's (the shim's) group."""
+    """Runs torchrun on this host, output to a log file, in the caller's (the attempt loop's) group."""
 
     def start(self, req: LaunchRequest, *, new_session: bool = True) -> ProcessGroupHandle:
-        """Start torchrun; ``new_session=False`` keeps it in the caller's group (the shim's)."""
+        """Start torchrun; ``new_session=False`` keeps it in the caller's group (the attempt loop's)."""
         env = {**environ_for_children(os.environ), **req.env}
         with open(req.logs_dir / "torchrun.log", "ab") as log:
             popen = subprocess.Popen(

@@ -324,7 +324,7 @@ class Settings(
             return self.database_url
         return f"sqlite:///{(self.home / 'torchyard.db').resolve()}"
 
-    def api_url_for_workers(self, bound_port: int | None = None) -> str:
+    def api_url_for_ranks(self, bound_port: int | None = None) -> str:
         """``PUBLIC_URL``, else ``http://HOST:PORT``: an IPv6 address in brackets (as URLs need
         it), a wildcard address as 127.0.0.1."""
         if self.public_url:

@@ -1,4 +1,4 @@
-"""Per-job worker tokens: made at launch, handed to ranks by environment, stored only as a hash."""
+"""Per-job tokens (job tokens): made at launch, handed to ranks by environment, stored only as a hash."""
 
 import hashlib
 import secrets

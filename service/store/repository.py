@@ -49,7 +49,7 @@ def get_job(session: Session, job_id: int) -> Job | None:
 
 # The hot reads (every metrics poll, every event stream wake-up) run these statements, built
 # once: a statement made per call costs more in SQLAlchemy than the query costs in the database
-# (docs/benchmarks.md, "Stores and workers").
+# (docs/benchmarks.md, "Stores and API processes").
 _JOBS = Job.__table__
 _STATE_OF_JOB = select(_JOBS.c.state).where(_JOBS.c.id == bindparam("job_id"))
 _STATE_AND_TEAM = select(_JOBS.c.state, _JOBS.c.team).where(_JOBS.c.id == bindparam("job_id"))
@@ -86,7 +86,7 @@ def holders(session: Session, job_ids: Sequence[int]) -> dict[int, tuple[str, st
 def job_by_idempotency_key(session: Session, key: str) -> Job | None:
     return session.scalar(select(Job).where(Job.idempotency_key == key))
 def job_id_for_token_hash(session: Session, token_hash: str) -> int | None:
-    """The job whose worker token hashes to ``token_hash`` (a digest, so equality is safe)."""
+    """The job whose job token hashes to ``token_hash`` (a digest, so equality is safe)."""
     return session.scalar(select(Job.id).where(Job.token_hash == token_hash).limit(1))
 
 

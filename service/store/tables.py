@@ -56,13 +56,13 @@ class Job(Base):
     executor: Mapped[str | None] = mapped_column(String(16))
     executor_ref: Mapped[str | None] = mapped_column(Text)
     devices: Mapped[str | None] = mapped_column(String(200))
-    # Indexed: the auth middleware looks a bearer token up by its hash on every worker request.
+    # Indexed: the auth middleware looks a bearer token up by its hash on every request a rank makes with its job token.
     token_hash: Mapped[str | None] = mapped_column(String(64), index=True)
     # Why a guard (service.domain.records.lossguard: non-finite or diverging loss) wants the job stopped. Set once,
     # compare-and-set, by whichever process ingested the offending record; the supervisor then
     # fails the job with it and stops its group.
     stop_reason: Mapped[str | None] = mapped_column(Text)
-    # Attempt records as the job's shim wrote them (see service.run.attemptloop); [] before launch.
+    # Attempt records as the job's attempt loop wrote them (see service.run.attemptloop); [] before launch.
     attempts: Mapped[list | None] = mapped_column(JSON)
     # Webhook endpoint name → the events it is told of, fixed at submit (service.settings.webhookfile);
     # null = none. Read by ``repository.transition`` to write the outbox in the same transaction.

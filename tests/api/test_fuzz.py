@@ -1,7 +1,7 @@
 """Fuzzing: schemathesis against the app's own OpenAPI document, every operation, with all checks.
 
 * ``test_every_operation``: in-process (ASGI). Each generated case is sent without a token, with
-  the API token, and (worker routes) with a live job's own token on that job. Every check runs,
+  the API token, and (the ranks' route) with a live job's own token on that job. Every check runs,
   ``positive_data_acceptance`` and ``negative_data_rejection`` included: what the schema admits is
   accepted, what it refuses is refused, responses conform (status, content type, body, headers),
   nothing is a 5xx.

@@ -1,6 +1,6 @@
 """Loss guards (``nonfinite_patience``, ``divergence_patience``): real jobs stopped early, failed
 with a reason naming the rank, epoch and value; their records kept. Plus the streak rules, and
-the finisher naming the stopped attempt whichever way the stop reached the shim."""
+the finisher naming the stopped attempt whichever way the stop reached the attempt loop."""
 
 import json
 import math
@@ -116,22 +116,22 @@ def test_patience_bounds_are_422_naming_the_field(api) -> None:  # type: ignore[
     assert (spec["nonfinite_patience"], spec["divergence_patience"]) == (1, None)
 
 
-# The shim's outcome of a guard's stop, in each order the stop can reach it: the SIGTERM first
+# The attempt loop's outcome of a guard's stop, in each order the stop can reach it: the SIGTERM first
 # (a cancel), torchrun first (exit 1 from the ranks' SIGTERM, before the attempt loop saw the
 # stop: the flake this test pins down), or the job's own end just after the guard tripped.
 TORCHRUN_EXIT = "rank 0 failed: SignalException: Process 7 got signal: 15 (torchrun exited with code 1)"
 
 
-@pytest.mark.parametrize(("state", "code", "shim_reason"), [
+@pytest.mark.parametrize(("state", "code", "loop_reason"), [
     ("cancelled", -15, "cancelled by user"),
     ("failed", 1, TORCHRUN_EXIT),
     ("succeeded", 0, None),
 ], ids=["sigterm-first", "torchrun-first", "ended-first"])
-def test_a_guards_stop_names_the_last_attempt_whatever_the_shim_saw_first(
-    api, state: str, code: int, shim_reason: str | None,  # type: ignore[no-untyped-def]
+def test_a_guards_stop_names_the_last_attempt_whatever_the_attempt_loop_saw_first(
+    api, state: str, code: int, loop_reason: str | None,  # type: ignore[no-untyped-def]
 ) -> None:
     """The finisher on a migrated store, the job as the supervisor leaves it: the guard's stop
-    request noted and the job failed with it (``service.domain.loop.stops``), then the shim's files."""
+    request noted and the job failed with it (``service.domain.loop.stops``), then the attempt loop's files."""
     reason = nonfinite_reason(0, 1, NAN, 1)
     with api.app.state.session_factory() as session:
         job_id = repo.create_job(session, JobSpec.model_validate({"dataset": "synthetic"}),
@@ -145,9 +145,9 @@ def test_a_guards_stop_names_the_last_attempt_whatever_the_shim_saw_first(
     run.attempts_dir.mkdir(parents=True)
     run.attempt_file(1).write_text(json.dumps({
         "number": 1, "started_at": 1.0, "ended_at": 2.0, "exit_code": code,
-        "reason": shim_reason, "startup_failure": False}))
+        "reason": loop_reason, "startup_failure": False}))
     run.exit_file.write_text(json.dumps({"state": state, "exit_code": code,
-                                         "reason": shim_reason}))
+                                         "reason": loop_reason}))
     factory = api.app.state.session_factory
     committed: list[list[str | None]] = []  # the job's attempt reasons after each commit
 
@@ -168,7 +168,7 @@ def test_a_guards_stop_names_the_last_attempt_whatever_the_shim_saw_first(
     job = api.get(f"/jobs/{job_id}").json()
     assert job["state"] == "failed" and job["reason"] == reason, job
     assert [a["reason"] for a in job["attempts"]] == [reason], job["attempts"]
-    # Never the shim's account in between: a reader polling the job saw the guard's reason on
+    # Never the attempt loop's account in between: a reader polling the job saw the guard's reason on
     # the last attempt from the first commit that stored it (the flake of a live loss-guard test).
     assert committed and all(r in ([], [reason]) for r in committed), committed
 

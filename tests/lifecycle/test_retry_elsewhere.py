@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.domain.loop.finisher import Finisher
 from service.run import retrydecision
-from service.run.attemptloop import Shim
+from service.run.attemptloop import AttemptLoop
 from service.store import outbox
 from service.store import repository as repo
 from tests.conftest import both_stores
@@ -94,7 +94,7 @@ def test_an_unknown_node_is_a_retry_in_place_saying_why(
     decided = retrydecision.decide_attempt(run, _config(nnodes=1), 1, "x", 1, elsewhere=True)
     assert decided.retry and decided.excluded_node is None
     assert decided.summary.startswith("restarted in place: rank 1 exited with code 3 (rule 1)")
-    assert "restarting in place" in capsys.readouterr().out  # the shim's log says why
+    assert "restarting in place" in capsys.readouterr().out  # the attempt loop's log says why
     [attempt] = read_attempts(run)
     assert attempt["decision"]["action"] == "retry_elsewhere"
     assert attempt["decision"]["excluded_node"] is None
@@ -122,8 +122,8 @@ def test_the_next_allocation_counts_a_requeued_attempt_as_a_failure(tmp_path: Pa
     record["decision"] = {"action": "retry_elsewhere", "rule": "1", "rank": 0,
                           "excluded_node": "n1"}
     run.attempt_file(1).write_text(json.dumps(record))
-    shim = Shim(run, _config(nnodes=1), "slurm")
-    assert (shim.first_number, shim.paused_attempts) == (2, 0)
+    loop = AttemptLoop(run, _config(nnodes=1), "slurm")
+    assert (loop.first_number, loop.paused_attempts) == (2, 0)
 
 
 # --- the server side: the finisher on a real migrated store (the app's own) -------------------
@@ -191,7 +191,7 @@ def test_a_requeue_outcome_queues_the_job_again_without_the_node(
 
 
 @both_stores  # the decision as the JSON of the attempts, the requeue's compare-and-set
-def test_the_decision_the_shim_wrote_is_stored_with_the_requeue(api: TestClient) -> None:
+def test_the_decision_the_attempt_loop_wrote_is_stored_with_the_requeue(api: TestClient) -> None:
     """The run side's decision (``retrydecision``, into ``attempts/1.json``) as the finisher
     stores it and the API reads it back, with the job queued again without the node."""
     job_id, run = _launched(api)

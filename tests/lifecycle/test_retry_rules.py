@@ -255,7 +255,7 @@ def test_old_attempt_files_still_read(tmp_path: Path) -> None:
 def test_rules_on_slurm(
     tmp_path: Path, slurm: SlurmCluster, slurm_server: Callable[..., LiveServer]
 ) -> None:
-    """The same rules through the Slurm executor: 2 nodes × 1 rank, the shim on the batch host
+    """The same rules through the Slurm executor: 2 nodes × 1 rank, the attempt loop on the batch host
     reading rank 1's output from the other node's log on the shared run directory."""
     (tmp_path / "retry_failing.py").write_text(FAILING)
     server = slurm_server(TORCHYARD_SCRIPT_DIRS=str(tmp_path), TORCHYARD_API_TOKENS=API_TOKEN)

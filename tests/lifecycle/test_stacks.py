@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from service.api.stacksgate import StacksBusy, StacksGate
-from service.run.stacks import classify, describe_hang
+from service.run.stackdump import classify, describe_hang
 from service.settings import Settings
 from tests.conftest import (
     LOOPBACK_TLS,
@@ -80,7 +80,7 @@ def _server(tmp_path_factory: pytest.TempPathFactory, **env: str) -> LiveServer:
 
 @pytest.fixture
 def server(shared_script_server: LiveServer) -> LiveServer:
-    """Warm ranks (the default): the ranks are the warm server's processes, not the shim's.
+    """Warm ranks (the default): the ranks are the warm server's processes, not the attempt loop's.
     The session's shared script server: this file's jobs are read by id."""
     add_script(shared_script_server, "hang.py", SCRIPT)
     return shared_script_server
@@ -88,7 +88,7 @@ def server(shared_script_server: LiveServer) -> LiveServer:
 
 @pytest.fixture(scope="module")
 def cold_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    """Cold ranks: found below the job's shim."""
+    """Cold ranks: found below the job's attempt loop."""
     srv = _server(tmp_path_factory, TORCHYARD_WARM_RANKS="false")
     yield srv
     _stop_server(srv)
@@ -182,21 +182,21 @@ def test_stacks_on_demand_for_a_running_job(ranks: str, request: pytest.FixtureR
         server.wait_for(job_id, {"cancelled"}, timeout_s=60)
 
 
-def test_stacks_calls_for_a_stopped_shim_are_bounded_and_hold_no_thread(server: LiveServer) -> None:
-    """A job can stop its own shim (SIGSTOP: its pid is in the claim file); then every stacks
+def test_stacks_calls_for_a_stopped_attempt_loop_are_bounded_and_hold_no_thread(server: LiveServer) -> None:
+    """A job can stop its own attempt loop (SIGSTOP: its pid is in the claim file); then every stacks
     call waits its whole deadline. 50 such calls held all 40 threads of the pool for 15 s each
     and the API stalled (issue 44, item 6). Now the calls beyond the per-job bound are 429 with
     Retry-After at once, the ones waiting hold no thread (a route on the pool answers while they
-    wait), and once the shim goes on they are answered."""
+    wait), and once the attempt loop goes on they are answered."""
     calls = 50
     per_job = Settings.model_fields["stacks_per_job"].default  # the shared server's
     job_id = _submit(server, "forever", heartbeat_timeout_s=None)
-    shim: int | None = None
+    loop_pid: int | None = None
     try:
         _wait_ready(server, job_id)
         claim = json.loads((server.home / "runs" / str(job_id) / "claim.json").read_text())
-        shim = int(claim["pid"])
-        os.kill(shim, signal.SIGSTOP)
+        loop_pid = int(claim["pid"])
+        os.kill(loop_pid, signal.SIGSTOP)
         headers = {"Authorization": f"Bearer {server.token}"} if server.token else {}
         with httpx.Client(base_url=server.url, timeout=60, headers=headers, verify=LOOPBACK_TLS,
                           limits=httpx.Limits(max_connections=calls + 4)) as c, \
@@ -212,17 +212,17 @@ def test_stacks_calls_for_a_stopped_shim_are_bounded_and_hold_no_thread(server: 
             assert unrelated.status_code == 200 and unrelated.json()["state"] == "running"
             waiting = [f for f in stacks if not f.done()]
             assert len(waiting) == per_job, [f.result().status_code for f in stacks if f.done()]
-            os.kill(shim, signal.SIGCONT)
-            shim = None
-            for f in waiting:  # the shim answers them (one snapshot for both)
+            os.kill(loop_pid, signal.SIGCONT)
+            loop_pid = None
+            for f in waiting:  # the attempt loop answers them (one snapshot for both)
                 answer = f.result()
                 assert answer.status_code == 200, answer.text
                 assert [rank["rank"] for rank in answer.json()["ranks"]] == [0, 1]
             # Their slots are free again.
             assert c.get(f"/jobs/{job_id}/stacks").status_code == 200
     finally:
-        if shim is not None:
-            os.kill(shim, signal.SIGCONT)
+        if loop_pid is not None:
+            os.kill(loop_pid, signal.SIGCONT)
         with server.client() as c:
             c.post(f"/jobs/{job_id}/cancel")
         server.wait_for(job_id, {"cancelled"}, timeout_s=60)
@@ -337,7 +337,7 @@ def _dashboard_shows_where_ranks_were(server: LiveServer, job_id: int) -> None:
 def test_hang_and_stacks_on_slurm(
     tmp_path: Path, slurm: SlurmCluster, slurm_server: Callable[..., LiveServer]
 ) -> None:
-    """Through the Slurm executor, 2 nodes × 1 rank: the shim takes each node's stacks with a
+    """Through the Slurm executor, 2 nodes × 1 rank: the attempt loop takes each node's stacks with a
     step overlapping the attempt's (``srun --overlap``), on demand and at the hang."""
     (tmp_path / "hang.py").write_text(SCRIPT)
     server = slurm_server(TORCHYARD_SCRIPT_DIRS=str(tmp_path), TORCHYARD_API_TOKENS=API_TOKEN)
@@ -359,7 +359,7 @@ def test_hang_and_stacks_on_slurm(
 
 def test_a_sampler_refused_ptrace_says_so(tmp_path: Path) -> None:
     """What py-spy prints without ptrace rights becomes a reason naming the cure."""
-    from service.run.stacks import _sampler_error
+    from service.run.stackdump import _sampler_error
 
     why = _sampler_error("Error: Permission Denied: Try running again with elevated permissions")
     assert why.startswith("no ptrace rights over the rank (") and "CAP_SYS_PTRACE" in why

@@ -29,7 +29,7 @@ from worker.reporter import Reporter
 
 def test_ranks_get_a_bracketed_url_for_an_ipv6_host(tmp_path: Path) -> None:
     def url(**kw: object) -> str:
-        return Settings(home=tmp_path, gpus="none", cpu_slots=1, **kw).api_url_for_workers()
+        return Settings(home=tmp_path, gpus="none", cpu_slots=1, **kw).api_url_for_ranks()
 
     assert url(host="::1", port=8123) == "http://[::1]:8123"
     assert url(host="fe80::1%eth0", port=1) == "http://[fe80::1%eth0]:1"

@@ -426,7 +426,7 @@ def test_package_job_runs_in_its_own_copy(client: httpx.Client, server: LiveServ
         run = server.home / "runs" / str(job["id"])
         results.append((run, json.loads((run / "outputs" / "result.json").read_text())))
     for run, result in results:
-        assert "starting cold" not in (run / "shim.log").read_text()  # it ran warm
+        assert "starting cold" not in (run / "attempt-loop.log").read_text()  # it ran warm
         work = str((run / "work").resolve())
         assert result == {"value": 42, "config": {"lr": 0.5}, "seen_scratch": False,
                           "cwd": work, "path0": work, "args": ["--epochs", "1"]}

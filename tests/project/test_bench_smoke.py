@@ -18,7 +18,7 @@ HEADLINE = {
     "polling": "concurrent: errors",
     "scheduling": "one scheduling pass (supervisor)",
     "slurm": "local: submit → first metric (server)",
-    "stores": "sqlite, 1 worker(s): ingest records/s",
+    "stores": "sqlite, 1 API process(es): ingest records/s",
     "stacks": "2 ranks on demand: wall (median)",  # 8 in the full run
     "pause": "pause → slots free (p50)",
     "idle": "what one idle server takes",

@@ -59,7 +59,7 @@ def test_two_rank_digits_job_reports_every_epoch_from_every_rank(
 
 
 def test_cancel_running_job_leaves_no_process(live_server_factory) -> None:  # type: ignore[no-untyped-def]
-    # Cold: the ranks are the shim's descendants (tests/test_warm_jobs.py: the same for warm ranks).
+    # Cold: the ranks are the attempt loop's descendants (tests/test_warm_jobs.py: the same for warm ranks).
     server = live_server_factory(TORCHYARD_TEST_EPOCH_SLEEP_S="2", TORCHYARD_WARM_RANKS="false")
     spec = {"dataset": "synthetic", "epochs": 1000, "nproc_per_node": 2}
     with server.client() as c:

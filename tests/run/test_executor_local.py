@@ -92,9 +92,9 @@ def test_a_reused_pid_is_never_adopted_or_signalled() -> None:
         leader.wait(timeout=10)
 
 
-def test_a_clock_step_does_not_lose_an_adopted_shim() -> None:
+def test_a_clock_step_does_not_lose_an_adopted_attempt_loop() -> None:
     """Linux derives every create time from the wall clock at each read: after an NTP step or a
-    VM's clock step the shim's create time reads whole seconds off what its reference holds. Its
+    VM's clock step the attempt loop's create time reads whole seconds off what its reference holds. Its
     start in ticks since boot does not move, so it is still adopted, described running and
     cancelled; a reference with another start in ticks (a reused pid) is none of these."""
     leader, pids = _start_tree()
@@ -118,7 +118,7 @@ def test_a_clock_step_does_not_lose_an_adopted_shim() -> None:
 
 
 def test_a_reference_from_a_claim_keeps_the_start_ticks() -> None:
-    """The claim the shim writes first thing carries ``start_ticks``; the reference recovery
+    """The claim the attempt loop writes first thing carries ``start_ticks``; the reference recovery
     builds from it keeps them, and a claim from before them still gives a reference."""
     executor = LocalExecutor()
     ref = executor.reference_from_claim({"pid": 42, "create_time": 1.5, "host": "h", "start_ticks": 7})

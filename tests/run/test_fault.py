@@ -23,11 +23,11 @@ WINDOW_TRIGGER = "test_launch_window"
 WINDOW = "the test holds this job in its launch window"
 
 
-def _rank_pids(shim_pid: int) -> dict[int, int]:
+def _rank_pids(loop_pid: int) -> dict[int, int]:
     """rank → pid of the trainer (``python -m worker``; not the ``service.run.ranktee`` wrapper in
-    front of it), from the shim's descendants' environment."""
+    front of it), from the attempt loop's descendants' environment."""
     found = {}
-    for proc in psutil.Process(shim_pid).children(recursive=True):
+    for proc in psutil.Process(loop_pid).children(recursive=True):
         try:
             if proc.cmdline()[1:3] == ["-m", "worker"] and "RANK" in proc.environ():
                 found[int(proc.environ()["RANK"])] = proc.pid
@@ -114,14 +114,14 @@ def test_server_down_for_the_end_of_a_job(live_server_factory) -> None:  # type:
     assert losses == {(r, e) for r in (0, 1) for e in range(1, 7)}
 
 
-def test_server_killed_between_starting_a_shim_and_storing_it_keeps_the_job(live_server_factory) -> None:  # type: ignore[no-untyped-def]
-    """The crash window: killed after the shim started and before its reference was stored.
-    The restarted server adopts the shim from its claim: the job succeeds, once, every record
-    once (it used to be failed while its shim ran on).
+def test_server_killed_between_starting_an_attempt_loop_and_storing_it_keeps_the_job(live_server_factory) -> None:  # type: ignore[no-untyped-def]
+    """The crash window: killed after the attempt loop started and before its reference was stored.
+    The restarted server adopts the attempt loop from its claim: the job succeeds, once, every record
+    once (it used to be failed while its attempt loop ran on).
 
     The server is held inside the window by the database: a trigger (the test's, dropped
     before the restart) refuses every change to a job that is ``starting``, so the launch's
-    write of the shim's reference fails, after the shim started, and the job stays there."""
+    write of the loop_pid's reference fails, after the attempt loop started, and the job stays there."""
     env = {"TORCHYARD_TEST_EPOCH_SLEEP_S": "0.3"}
     server = live_server_factory(**env)
     db = server.home / "torchyard.db"
@@ -131,11 +131,11 @@ def test_server_killed_between_starting_a_shim_and_storing_it_keeps_the_job(live
     with server.client() as c:
         job_id = c.post("/jobs", json={"dataset": "synthetic", "epochs": 4,
                                        "nproc_per_node": 2}).json()["id"]
-    server.await_log(WINDOW, timeout_s=60)  # the reference's write was refused: shim started
+    server.await_log(WINDOW, timeout_s=60)  # the reference's write was refused: attempt loop started
     claim = server.home / "runs" / str(job_id) / "claim.json"
     deadline = time.monotonic() + 60
     while not claim.exists():
-        assert time.monotonic() < deadline, "the shim never claimed its run"
+        assert time.monotonic() < deadline, "the attempt loop never claimed its run"
         time.sleep(0.1)
     with server.client() as c:
         job = c.get(f"/jobs/{job_id}").json()
@@ -144,12 +144,12 @@ def test_server_killed_between_starting_a_shim_and_storing_it_keeps_the_job(live
     server.proc.wait()
     with sqlite3.connect(db) as conn:
         conn.execute(f"DROP TRIGGER {WINDOW_TRIGGER}")
-    shim = json.loads(claim.read_text())["pid"]
-    assert psutil.pid_exists(shim)
+    loop_pid = json.loads(claim.read_text())["pid"]
+    assert psutil.pid_exists(loop_pid)
 
     again = live_server_factory(server.home, server.port, **env, **ADOPTS_ONLY)
     job = again.wait_for(job_id, {"succeeded"}, timeout_s=120)
-    assert job["pid"] == shim and len(job["attempts"]) == 1
+    assert job["pid"] == loop_pid and len(job["attempts"]) == 1
     items = every_record(again, job_id)
     assert_each_record_once(items)
     losses = {(i["rank"], i["epoch"]) for i in items if i["name"] == "loss"}

@@ -49,7 +49,7 @@ def test_terminate_stops_the_group_and_a_child_in_its_own_session(tmp_path: Path
 
 
 def test_subreaper_stops_a_double_forked_daemon(tmp_path: Path) -> None:
-    """The shim's end of attempt: a daemon that left the tree (its parent gone) is re-parented
+    """The attempt loop's end of attempt: a daemon that left the tree (its parent gone) is re-parented
     to the subreaper and stopped, a SIGTERM-ignoring one by SIGKILL after the grace."""
     (tmp_path / "daemonize.py").write_text(textwrap.dedent("""
         import os, signal, time
@@ -62,7 +62,7 @@ def test_subreaper_stops_a_double_forked_daemon(tmp_path: Path) -> None:
             os._exit(0)
         os._exit(0)
     """))
-    shim = _python("""
+    loop = _python("""
         import os, subprocess, sys, time
         from service.run import proctree
         assert proctree.become_subreaper()
@@ -72,7 +72,7 @@ def test_subreaper_stops_a_double_forked_daemon(tmp_path: Path) -> None:
         found = proctree.stop_descendants(grace_s=0.5)
         open("found", "w").write(" ".join(map(str, found)))
     """, tmp_path, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
-    assert shim.wait(timeout=60) == 0
+    assert loop.wait(timeout=60) == 0
     daemon = int(_wait_file(tmp_path / "daemon"))
     assert str(daemon) in _wait_file(tmp_path / "found").split()
     assert gone(daemon, 2)
@@ -114,7 +114,7 @@ def test_a_child_dies_with_its_parent(tmp_path: Path) -> None:
 
 
 def test_prctl_starts_no_process(tmp_path: Path) -> None:
-    """The shim marks itself a subreaper on every job's start: through the C library already
+    """The attempt loop marks itself a subreaper on every job's start: through the C library already
     loaded, never ``ctypes.util.find_library`` (which runs ``ldconfig -p``)."""
     done = subprocess.run([sys.executable, "-c", textwrap.dedent("""
         import subprocess
@@ -129,8 +129,8 @@ def test_prctl_starts_no_process(tmp_path: Path) -> None:
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
-def test_an_adopted_shims_exit_wakes_the_supervisor_at_once(tmp_path: Path) -> None:
-    """After a restart the shim is not the server's child: its exit still wakes the loop
+def test_an_adopted_attempt_loops_exit_wakes_the_supervisor_at_once(tmp_path: Path) -> None:
+    """After a restart the attempt loop is not the server's child: its exit still wakes the loop
     (a pidfd), not the next poll."""
     proc = subprocess.Popen(["sleep", "0.5"])
     executor = LocalExecutor()

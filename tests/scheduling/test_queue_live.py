@@ -72,7 +72,7 @@ def test_two_slots_run_two_jobs_side_by_side_and_the_third_after(two_slots: Live
 
 
 # SQLite only: one process writes, so the store's locking is not what is tested here (its
-# PostgreSQL half: test_store, test_queue_snapshot; two writing processes: test_workers).
+# PostgreSQL half: test_store, test_queue_snapshot; two writing processes: test_api_processes).
 def test_fifty_concurrent_posts_are_all_stored_and_never_share_a_slot(
     two_slots: LiveServer,
 ) -> None:

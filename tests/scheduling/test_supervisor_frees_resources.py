@@ -73,7 +73,7 @@ def test_a_job_that_no_longer_fits_fails_instead_of_blocking_the_queue(
         )
 
 
-def test_a_launch_that_fails_before_the_shim_fails_the_job_and_frees_it(
+def test_a_launch_that_fails_before_the_attempt_loop_fails_the_job_and_frees_it(
     tmp_path: Path, settings: Callable[..., Settings]
 ) -> None:
     home = tmp_path / "home"
@@ -89,11 +89,11 @@ def test_a_launch_that_fails_before_the_shim_fails_the_job_and_frees_it(
         assert c.get("/resources").json()["cpu"]["allocated"] == 0
 
 
-def test_a_launch_cut_off_before_its_shim_started_is_given_up_for_good(
+def test_a_launch_cut_off_before_its_attempt_loop_started_is_given_up_for_good(
     tmp_path: Path, settings: Callable[..., Settings]
 ) -> None:
-    """The server died after committing ``starting`` and before any shim ran: the recovery
-    fails the job, frees its slots and claims the run, so a shim that starts late runs nothing."""
+    """The server died after committing ``starting`` and before any attempt loop ran: the recovery
+    fails the job, frees its slots and claims the run, so an attempt loop that starts late runs nothing."""
     home = tmp_path / "home"
     first = create_app(settings(home), run_supervisor=False)
     with TestClient(first) as c:

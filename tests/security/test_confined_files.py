@@ -113,7 +113,7 @@ def test_writes_replace_a_planted_link_and_belong_to_the_user(run: RunDir, secre
 
 
 def test_a_log_is_appended_only_if_it_is_the_users_plain_file(run: RunDir, secret: Path) -> None:
-    log = run.root / "shim.log"
+    log = run.root / "attempt-loop.log"
     os.symlink(secret, log)
     with pytest.raises(OSError):
         runwrite.open_append(log)

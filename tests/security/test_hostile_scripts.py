@@ -86,7 +86,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, scripts: Path) -> Iterator[
     srv = _start_server(tmp_path_factory.mktemp("hostile") / "home",
                         {"TORCHYARD_SCRIPT_DIRS": str(scripts),
                          "TORCHYARD_API_TOKENS": API_TOKEN,
-                         # Cold: the shim's subreaper must catch what escapes. (A warm rank's
+                         # Cold: the attempt loop's subreaper must catch what escapes. (A warm rank's
                          # escapee is the warm server's to kill at once: tests/warm.)
                          "TORCHYARD_WARM_RANKS": "false"})
     yield srv
@@ -152,7 +152,7 @@ def test_no_process_of_a_cancelled_job_survives_it(server: LiveServer, reaped: l
     assert len(_alive(reaped)) == 2
     with server.client() as c:
         assert c.post(f"/jobs/{job_id}/cancel").json()["state"] == "cancelled"
-    # Stop grace 3 s (conftest) + the shim's 2 s for leftovers, with room for a loaded host.
+    # Stop grace 3 s (conftest) + the attempt loop's 2 s for leftovers, with room for a loaded host.
     assert _gone_within(reaped, 20) == [], "a process of the cancelled job is still running"
 
 

@@ -1,5 +1,5 @@
 """Jobs that run as their team's Unix user (issue 46 item 6; docs/security.md, "Run as the team's
-Unix user"), on real processes as root, as CI runs: the domain's launch (``Launcher.start_run``
+Unix user"), on real processes as root, as CI runs: the domain's launch (``RunStarter.start_run``
 with a ``RunAs``) writes and hands over the run directory, the local executor starts the attempt
 loop as the user, torchrun and both ranks of a package job run as that user with its primary
 group and no other (warm ranks on: from that user's own warm server; off: cold), hold a secret,
@@ -23,7 +23,7 @@ import pytest
 from service.domain.files.artifacts import ArtifactNotFound, job_uid, open_artifact
 from service.domain.files.packages import package_store
 from service.domain.loop.context import LoopContext
-from service.domain.loop.launch import Launcher
+from service.domain.loop.launch import RunStarter
 from service.domain.queue.inventory import Inventory
 from service.domain.queue.placement import Placement
 from service.executor.base import Phase
@@ -89,7 +89,7 @@ def users() -> Iterator[tuple[RunAs, RunAs]]:
 
 @pytest.fixture(scope="module")
 def python(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The interpreter of the jobs (and of the server's side of them: shim, warm server)."""
+    """The interpreter of the jobs (and of the server's side of them: attempt loop, warm server)."""
     found = python_for_users(tmp_path_factory.mktemp("python"))
     if found is None:
         _skip(f"no Python the test users can run ({sys.executable} is not theirs to run, and "
@@ -118,7 +118,7 @@ def _wait_ids(run: RunDir, world: int) -> list[dict]:
     while len(found) < world:
         ended = read_bytes(run.exit_file, 1 << 20)
         assert ended is None, f"{ended!r}: {read_tail(run.rank_output(1, 0), 2000)}"
-        assert time.monotonic() < deadline, (run.root / "shim.log").read_text()
+        assert time.monotonic() < deadline, (run.root / "attempt-loop.log").read_text()
         found = [json.loads(raw) for r in range(world)
                  if (raw := read_bytes(run.output_dir / f"ids-{r}.json", 1 << 20)) is not None]
         time.sleep(0.2)
@@ -159,7 +159,7 @@ def test_a_job_runs_as_its_users_and_no_other_user_reads_it(
     monkeypatch.delenv("PYTEST_CURRENT_TEST", raising=False)
     pool = WarmPool(python=str(python), home=home, size=3, preload=WARM_PRELOAD,
                     max_memory_mib=4096, environ=dict(os.environ)) if warm else None
-    executor = LocalExecutor(python=str(python), warm=pool, standby=True)
+    executor = LocalExecutor(python=str(python), warm=pool, spare_loop=True)
     ctx = LoopContext(
         settings=settings, sessions=None, loop_sessions=None, read_sessions=None,  # type: ignore[arg-type]
         inventory=Inventory(gpus=(), cpu_slots=2), executor=executor, lease=None,  # type: ignore[arg-type]
@@ -172,7 +172,7 @@ def test_a_job_runs_as_its_users_and_no_other_user_reads_it(
     try:
         if pool is not None:
             _wait_socket(pool, a)
-        ref = Launcher(ctx).start_run(
+        ref = RunStarter(ctx).start_run(
             1, "job-token-not-a-secret", spec,
             Placement(resources=["cpu:0", "cpu:1"], device="cpu", backend="gloo", gpu_indices=[]),
             run_as=a)
@@ -186,8 +186,8 @@ def test_a_job_runs_as_its_users_and_no_other_user_reads_it(
             assert (rank["user"], rank["warm"]) == (a.user, warm), rank
             # Nothing of a warm server stays open in a rank (its lock, its socket's directory).
             assert not any("warm" in target for target in rank["fds"].values()), rank["fds"]
-        shim = json.loads(ref)["pid"]
-        tree = [psutil.Process(shim), *psutil.Process(shim).children(recursive=True)]
+        loop_pid = json.loads(ref)["pid"]
+        tree = [psutil.Process(loop_pid), *psutil.Process(loop_pid).children(recursive=True)]
         assert len(tree) >= 2  # the attempt loop, torchrun (warm: its relay) and more below
         for proc in tree + [psutil.Process(r["pid"]) for r in ids]:
             assert tuple(proc.uids()) == (a.uid,) * 3 and tuple(proc.gids()) == (a.gid,) * 3
@@ -201,7 +201,7 @@ def test_a_job_runs_as_its_users_and_no_other_user_reads_it(
         # --- the run directory and all below it are A's; B reads none of it ---------------
         for path in (run.root, run.output_dir, run.spool_dir, run.work_dir, run.logs_dir,
                      run.spec_file, run.launch_file, run.work_dir / "train.py",
-                     run.rank_output(1, 0), run.rank_output(1, 1), run.root / "shim.log"):
+                     run.rank_output(1, 0), run.rank_output(1, 1), run.root / "attempt-loop.log"):
             assert path.lstat().st_uid == a.uid, path  # the rank tee's logs too: A wrote them
         for path in (run.root, run.output_dir, run.work_dir):
             assert path.stat().st_mode & 0o777 == 0o700, path
@@ -239,8 +239,8 @@ def test_a_job_runs_as_its_users_and_no_other_user_reads_it(
             executor.cancel(ref, grace_s=2)
         if pool is not None:
             pool.close()
-        if executor.standby is not None:
-            executor.standby.close()
+        if executor.spare is not None:
+            executor.spare.close()
     if ref is not None:
         assert all(gone(int(r["pid"])) for r in ids), "a rank outlived the cancel"
         assert gone(json.loads(ref)["pid"])

@@ -61,7 +61,7 @@ def _record(**fields: object) -> dict:
 # --- finding 6: unbounded strings ----------------------------------------------------------------
 
 def test_a_huge_rank_exception_makes_a_bounded_reason(tmp_path: Path) -> None:
-    """What the shim makes of an 8 MiB exception in torch's error file (rank 0's own)."""
+    """What the attempt loop makes of an 8 MiB exception in torch's error file (rank 0's own)."""
     logs = tmp_path / "logs"
     (logs / "run" / "attempt_0" / "0").mkdir(parents=True)
     message = "RuntimeError: " + "R" * EIGHT_MIB
@@ -105,7 +105,7 @@ def test_records_of_ranks_or_attempts_the_job_does_not_have_are_refused(api: Tes
     assert forged_rank.status_code == 422
     assert "records.0.rank" in forged_rank.json()["message"]
     assert api.post(url, json=_record(rank=1), headers=auth).status_code == 422
-    # Before the shim's first attempt is recorded, only attempt 1 can be running.
+    # Before the attempt loop's first attempt is recorded, only attempt 1 can be running.
     early = api.post(url, json=_record(attempt=2), headers=auth)
     assert early.status_code == 422 and "records.0.attempt" in early.json()["message"]
     assert api.post(url, json=_record(), headers=auth).json() == {"accepted": 1, "duplicates": 0}
@@ -179,7 +179,7 @@ def _finisher(api: TestClient, max_records: int = 100_000) -> Finisher:
 
 
 def _running_job(api: TestClient) -> tuple[int, RunDir, dict[str, str]]:
-    """A launched job whose attempt 1 ended (its shim is about to write the outcome)."""
+    """A launched job whose attempt 1 ended (its attempt loop is about to write the outcome)."""
     job_id = api.post("/jobs", json=ONE_RANK).json()["id"]
     auth = _give_token(api, job_id)
     run = RunDir.for_job(api.app.state.settings.runs_dir, job_id)
@@ -250,8 +250,8 @@ def test_the_server_starts_whatever_a_dead_job_left(tmp_path: Path) -> None:
         _give_token(c, job_id)
         with first.state.session_factory() as session:
             repo.allocate(session, job_id, ["cpu:0"])
-            # Launched (a stored reference) by a shim long gone; without one, the recovery
-            # would take it for a launch cut off before its shim started (torchyard_contract.claim).
+            # Launched (a stored reference) by an attempt loop long gone; without one, the recovery
+            # would take it for a launch cut off before its attempt loop started (torchyard_contract.claim).
             job = repo.get_job(session, job_id)
             assert job is not None
             job.executor, job.executor_ref = "local", encode_reference(2**22 + 17, 1.0)
@@ -331,7 +331,7 @@ def test_finishing_runs_off_the_supervisor_loop(api: TestClient) -> None:
     assert supervisor.lease.renew()  # it acts only while it holds the lease (service.domain.lease)
     supervisor.finisher.start()
     try:
-        supervisor.reaper.finish(job_id, 0)  # what the reap does when the shim exits
+        supervisor.reaper.finish(job_id, 0)  # what the reap does when the attempt loop exits
         assert api.get("/resources").json()["cpu"]["allocated"] == 0, "slots free at once"
         started = time.monotonic()
         supervisor.tick()

@@ -50,7 +50,7 @@ def test_sigterm_ends_streams_and_long_polls_within_the_grace(live_server_factor
         head, _, body = answer.partition(b"\r\n\r\n")
         outcome["wait"] = (int(head.split()[1]), json.loads(body)["state"])
 
-    shim_pid = None
+    loop_pid = None
     threads = [threading.Thread(target=follow), threading.Thread(target=long_poll)]
     for t in threads:
         t.start()
@@ -58,7 +58,7 @@ def test_sigterm_ends_streams_and_long_polls_within_the_grace(live_server_factor
         assert stream_open.wait(30), "the event stream sent nothing"
         # The long poll is in the server's hands (it read the request), not still in transit.
         await_requests_read(server.port, [waiter.getsockname()[1]])
-        shim_pid = client.get(f"/jobs/{job_id}").json()["pid"]
+        loop_pid = client.get(f"/jobs/{job_id}").json()["pid"]
         started = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
         server.proc.wait(timeout=SHUTDOWN_GRACE_S + 10)
@@ -70,8 +70,8 @@ def test_sigterm_ends_streams_and_long_polls_within_the_grace(live_server_factor
         client.close()
         waiter.close()
         # The job outlives the server by design; this test does not restart it: stop it here.
-        if shim_pid:
-            ProcessGroupHandle(pid=shim_pid).terminate(0)
+        if loop_pid:
+            ProcessGroupHandle(pid=loop_pid).terminate(0)
 
     # uvicorn re-raises the signal once shut down: -SIGTERM after a complete shutdown.
     assert "Application shutdown complete" in server.log.read_text(), server.log.read_text()[-2000:]

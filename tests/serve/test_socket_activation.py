@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from service.serve import worker_sockets
+from service.serve import process_sockets
 from tests.conftest import REPO_ROOT, child_environ
 
 
@@ -72,16 +72,16 @@ def test_a_connection_made_before_the_server_is_up_is_answered(tmp_path: Path) -
     assert f"listening on 127.0.0.1:{port}" in out, out
 
 
-def test_workers_get_sockets_of_their_own_where_the_handed_one_allows_it() -> None:
+def test_api_processes_get_sockets_of_their_own_where_the_handed_one_allows_it() -> None:
     with socket.socket() as plain:
         plain.bind(("127.0.0.1", 0))
         plain.listen()
-        assert worker_sockets(plain, 3) == [plain] * 3  # all accept from the one handed
+        assert process_sockets(plain, 3) == [plain] * 3  # all accept from the one handed
     with socket.socket() as shared:
         shared.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         shared.bind(("127.0.0.1", 0))
         shared.listen()
-        sockets = worker_sockets(shared, 3)
+        sockets = process_sockets(shared, 3)
         try:
             assert sockets[0] is shared and len({id(s) for s in sockets}) == 3
             assert {s.getsockname() for s in sockets} == {shared.getsockname()}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from service.domain.loop.context import LoopContext
-from service.domain.loop.launch import Launcher
+from service.domain.loop.launch import RunStarter
 from service.domain.queue.inventory import Inventory
 from service.executor.slurm import SlurmExecutor
 from service.executor.slurmcli import SlurmCli
@@ -81,7 +81,7 @@ def test_a_slurm_job_runs_as_its_user_on_every_node(
         api_url="http://127.0.0.1:9", queue_changed=lambda: None, set_waiting=lambda _: None)
     spec = JobSpec.model_validate({"entrypoint": "probe.py", "nnodes": 2, "nproc_per_node": 1,
                                    "device": "cpu"})
-    ref = Launcher(ctx).start_run(1, "job-token-not-a-secret", spec, None, run_as=a)
+    ref = RunStarter(ctx).start_run(1, "job-token-not-a-secret", spec, None, run_as=a)
     try:
         run = RunDir.for_job(settings.runs_dir, 1)
         deadline = time.monotonic() + 180

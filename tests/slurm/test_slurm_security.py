@@ -179,25 +179,25 @@ def test_a_hung_sbatch_holds_no_other_job_and_leaves_nothing_untracked(
     sbatch processes are gone."""
     real_sbatch = shutil.which("sbatch")
     assert real_sbatch is not None
-    shim_dir = tmp_path / "server-bin"
-    shim_dir.mkdir()
-    _executable(shim_dir / "sbatch", (
+    wrapper_dir = tmp_path / "server-bin"
+    wrapper_dir.mkdir()
+    _executable(wrapper_dir / "sbatch", (
         "#!/bin/sh\n"
         'for arg in "$@"; do script="$arg"; done\n'
         'case "$script" in\n'
-        f'  */runs/1/job.sbatch) echo $$ > {shim_dir}/hung-1.pid; {real_sbatch} "$@"; '
+        f'  */runs/1/job.sbatch) echo $$ > {wrapper_dir}/hung-1.pid; {real_sbatch} "$@"; '
         "exec sleep 300 ;;\n"
-        f"  */runs/2/job.sbatch) echo $$ > {shim_dir}/hung-2.pid; exec sleep 300 ;;\n"
+        f"  */runs/2/job.sbatch) echo $$ > {wrapper_dir}/hung-2.pid; exec sleep 300 ;;\n"
         f'  *) exec {real_sbatch} "$@" ;;\n'
         "esac\n"
     ))
     timeout_s = 20
-    server = slurm_server(PATH=f"{shim_dir}:{os.environ['PATH']}",
+    server = slurm_server(PATH=f"{wrapper_dir}:{os.environ['PATH']}",
                           TORCHYARD_SLURM_COMMAND_TIMEOUT_S=str(timeout_s))
     with server.client() as c:
         ids = [c.post("/jobs", json=QUICK_JOB).json()["id"] for _ in range(3)]
     assert ids == [1, 2, 3]
-    hung = [shim_dir / "hung-1.pid", shim_dir / "hung-2.pid"]
+    hung = [wrapper_dir / "hung-1.pid", wrapper_dir / "hung-2.pid"]
     deadline = time.monotonic() + timeout_s - 3  # before job 1's sbatch is killed
     while not (hung[0].exists() and hung[0].read_text().strip()):
         assert time.monotonic() < deadline, "the server never ran its sbatch for job 1"

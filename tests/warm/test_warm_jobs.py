@@ -212,7 +212,7 @@ def test_broken_pool_starts_jobs_cold_saying_so_and_is_replaced(
                                        "nproc_per_node": 2}).json()["id"]
         job = server.wait_for(job_id, {"succeeded"})
         assert job["attempts"][0]["rank_exit_codes"] == {"0": 0, "1": 0}
-    # Each relay said why it went cold in its rank's log, or the shim did in the attempt's log
+    # Each relay said why it went cold in its rank's log, or the attempt loop did in the attempt's log
     # (when the pool had already noticed: it then starts plain torchrun).
     assert "warm start unavailable" in rank_logs(server, job_id), rank_logs(server, job_id)
     warm = wait_warm(server)

@@ -17,7 +17,7 @@ Series:
 
 Job and resource gauges are read from the database at scrape time, so they are right after a
 restart and need no bookkeeping on the hot paths. Under ``serve --workers N`` the counters and
-the histogram are every worker's, summed (prometheus-client's multiprocess mode).
+the histogram are every API process's, summed (prometheus-client's multiprocess mode).
 """
 
 import time
@@ -118,8 +118,8 @@ class Telemetry:
 
     ``multiprocess_dir``: set when this process is one of ``serve --workers N``
     (``PROMETHEUS_MULTIPROC_DIR``, which prometheus-client also read when it was imported, so
-    the instruments write their values there). A scrape lands on any one worker, so it must
-    show every worker's counts summed, not its own: per-process counters would jump up and down
+    the instruments write their values there). A scrape lands on any one API process, so it must
+    show every process's counts summed, not its own: per-process counters would jump up and down
     between scrapes and read as resets.
     """
 
@@ -135,7 +135,7 @@ class Telemetry:
             self.exposition = self.registry
         else:
             # The instruments stay in ``registry`` (their values go to the shared directory);
-            # scrapes read every worker's files, plus the database gauges once.
+            # scrapes read every API process's files, plus the database gauges once.
             self.exposition = CollectorRegistry()
             MultiProcessCollector(self.exposition, path=str(multiprocess_dir))
             self.exposition.register(state)

@@ -1,11 +1,11 @@
 """``GET /jobs/{id}/stacks``: where every rank of a job is — its Python stacks, all threads.
 
-Without ``attempt``: taken now from a running job (its shim runs the sampler, see
-``service.run.stacks``); with ``attempt``: the ones kept when that attempt's heartbeat timed out.
+Without ``attempt``: taken now from a running job (its attempt loop runs the sampler, see
+``service.run.stackdump``); with ``attempt``: the ones kept when that attempt's heartbeat timed out.
 Each rank is classified: inside a collective (``torch.distributed``, DDP) or elsewhere, with its
 innermost frame of user code (docs/lifecycle.md, "Hang diagnosis").
 
-Async: a call that takes stacks now awaits the shim's answer (a process the job controls, which
+Async: a call that takes stacks now awaits the attempt loop's answer (a process the job controls, which
 it may have stopped) on the event loop until a deadline, holding no thread; how many may wait at
 once is bounded per job and in all (``service.api.stacksgate``: 429 with ``Retry-After``).
 What is read (a file of up to 8 MiB) is parsed and validated on the thread pool.
@@ -69,7 +69,7 @@ class StacksRead(BaseModel):
 
 
 UNAVAILABLE = {503: {**_ERROR, "description": "the stacks could not be taken: the reason says "
-                     "why (no sampler, no ptrace rights, the shim did not answer within 15 s)"}}
+                     "why (no sampler, no ptrace rights, the attempt loop did not answer within 15 s)"}}
 BUSY = {429: {**_ERROR, "description": "too many stacks calls are waiting already, for this job "
               "(TORCHYARD_STACKS_PER_JOB, default 2) or in all (TORCHYARD_STACKS_IN_FLIGHT, "
               "default 4); retry after Retry-After seconds",

@@ -8,7 +8,7 @@ outside the configured roots). It never touches the filesystem beyond resolving 
   configured whatever address the server binds.
 * ``dataset_root`` must lie inside ``TORCHYARD_DATA_DIRS`` (default ``$TORCHYARD_HOME/data``);
   ``..`` and symlinks leading outside are refused. The stored spec carries the resolved absolute
-  path, so a relative path means the same thing to the worker as it did here.
+  path, so a relative path means the same thing to the ranks as it did here.
 """
 
 from pydantic import ValidationError

@@ -8,7 +8,7 @@ job here (``enqueue``). A thread of its own then, one job at a time:
    most ``spool_ingest_max_records`` per rank, in batches each stored in a transaction of its
    own (the write lock is free between them), stopping as soon as the job is no longer active
    (a user's cancel won);
-3. turns the job terminal with the shim's outcome, or ``failed`` saying why there is none; the
+3. turns the job terminal with the attempt loop's outcome, or ``failed`` saying why there is none; the
    reason notes spool records left unread. Two outcomes are no end: ``paused`` (the job holds
    nothing until resumed) and ``requeue`` (``retry_elsewhere`` on Slurm: the job is ``queued``
    again and its next allocation excludes the failing node, ``_requeue``).
@@ -57,11 +57,11 @@ def _resumed_since(job: Job, ref: str | None) -> bool:
 
 @dataclass(frozen=True)
 class Ended:
-    """A job whose attempt loop ended; ``shim_code`` None when it ended unwatched; ``why``: the
+    """A job whose attempt loop ended; ``loop_exit_code`` None when it ended unwatched; ``why``: the
     executor's account of the end (Slurm's state), used when there is no outcome file."""
 
     job_id: int
-    shim_code: int | None
+    loop_exit_code: int | None
     why: str | None = None
     reason: str | None = None  # why it failed if it left no outcome, when known better
     # When the supervisor saw its processes end (and freed its resources): the job's ended_at,
@@ -107,7 +107,7 @@ class Finisher:
             self._thread.join(timeout=timeout_s)
 
     def enqueue(
-        self, job_id: int, shim_code: int | None, why: str | None = None,
+        self, job_id: int, loop_exit_code: int | None, why: str | None = None,
         reason: str | None = None, ended_at: datetime | None = None, cancelled: bool = False,
         ref: str | None = None,
     ) -> None:
@@ -116,7 +116,7 @@ class Finisher:
             if job_id in self._pending:
                 return
             self._pending.add(job_id)
-        self._queue.put(Ended(job_id, shim_code, why, reason, ended_at, cancelled, ref))
+        self._queue.put(Ended(job_id, loop_exit_code, why, reason, ended_at, cancelled, ref))
 
     def is_pending(self, job_id: int) -> bool:
         with self._lock:
@@ -125,7 +125,7 @@ class Finisher:
     def _run(self) -> None:
         while isinstance(item := self._queue.get(), Ended) and not self._halt.is_set():
             try:
-                self.finish(item.job_id, item.shim_code, item.why, item.reason, item.ended_at,
+                self.finish(item.job_id, item.loop_exit_code, item.why, item.reason, item.ended_at,
                             item.cancelled, item.ref)
             except Exception as exc:  # one job's failure must not stop the others'
                 if is_busy(exc):
@@ -141,7 +141,7 @@ class Finisher:
             self.on_finished()
 
     def finish(
-        self, job_id: int, shim_code: int | None, why: str | None = None,
+        self, job_id: int, loop_exit_code: int | None, why: str | None = None,
         reason: str | None = None, ended_at: datetime | None = None, cancelled: bool = False,
         ref: str | None = None,
     ) -> None:
@@ -178,7 +178,7 @@ class Finisher:
                 added += stored
             if note := tally.describe(run.spool_file(rank)):
                 notes.append(note)
-        self._end(job_id, run, shim_code, notes, why, reason, ended_at, cancelled, ref)
+        self._end(job_id, run, loop_exit_code, notes, why, reason, ended_at, cancelled, ref)
         logger.info("job %s: finished; %d spooled records recovered", job_id, added)
 
     def _store(self, job_id: int, chunk: SpoolChunk) -> int | None:
@@ -195,7 +195,7 @@ class Finisher:
             return added
 
     def _end(
-        self, job_id: int, run: RunDir, shim_code: int | None, notes: list[str], why: str | None,
+        self, job_id: int, run: RunDir, loop_exit_code: int | None, notes: list[str], why: str | None,
         known: str | None = None, ended_at: datetime | None = None, cancelled: bool = False,
         ref: str | None = None,
     ) -> None:
@@ -208,8 +208,8 @@ class Finisher:
             state = JobState.failed
             exit_code = None
             reason = known or (
-                "the job's shim ended without a readable outcome"
-                if shim_code is not None or why is not None
+                "the job's attempt loop ended without a readable outcome"
+                if loop_exit_code is not None or why is not None
                 else "the job ended while the server was down and left no readable outcome"
             )
             reason = f"{reason} ({why})" if why else reason
@@ -309,14 +309,14 @@ def _named_by_stop(attempts: list[dict], stopped_by: str | None) -> list[dict]:
 
 
 def _closed_attempts(attempts: list[dict], stopped_by: str | None, why: str | None) -> list[dict]:
-    """The job's attempts as they end: an attempt its shim never closed (killed when a stop's
+    """The job's attempts as they end: an attempt its attempt loop never closed (killed when a stop's
     grace ran out) ends now, never left running forever; ``stopped_by`` — a guard's reason, with
-    which the job fails — names the last one, whatever the shim made of the stop: a cancel when
+    which the job fails — names the last one, whatever the attempt loop made of the stop: a cancel when
     the SIGTERM reached it first, torchrun's exit when torchrun ended (on the group's SIGTERM)
     before the attempt loop saw the stop request, or a success that came just after the trip."""
     closed = _named_by_stop(attempts, stopped_by)
     for attempt in closed:
         if attempt.get("ended_at") is None:
             attempt["ended_at"] = time.time()
-            attempt["reason"] = attempt.get("reason") or why or "the job's shim ended"
+            attempt["reason"] = attempt.get("reason") or why or "the job's attempt loop ended"
     return closed

@@ -4,7 +4,7 @@
 token and its placement they build the launch configuration (``torchyard_contract.launch``) and
 the rank environment (``torchyard_contract.envnames``), so a dry run can print them. They are the
 one place that chooses a rank's device and backend from its placement (``service.domain.queue.placement``).
-:class:`Launcher` writes the run directory and submits: the only code that starts a job.
+:class:`RunStarter` writes the run directory and submits: the only code that starts a job.
 """
 
 import json
@@ -80,7 +80,7 @@ def stack_sampler(settings: Settings) -> str | None:
 
 
 # NCCL's Flight Recorder (ignored on gloo): each rank's last collectives, dumped on a timeout
-# into the run directory (RunDir.flight_recorder_prefix); the shim keeps them with the attempt.
+# into the run directory (RunDir.flight_recorder_prefix); the attempt loop keeps them with the attempt.
 FLIGHT_RECORDER_BUFFER = "2000"
 
 
@@ -141,7 +141,7 @@ def rank_env(
 
 
 @dataclass
-class Launcher:
+class RunStarter:
     ctx: LoopContext
 
     def run_as_of(self, team: str | None) -> RunAs | None:

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 from service.domain.intake.scriptpath import ScriptRefused
 from service.domain.intake.secretstore import SecretRefused
 from service.domain.loop.context import LoopContext
-from service.domain.loop.launch import Launcher
+from service.domain.loop.launch import RunStarter
 from service.domain.loop.pauses import Pauses
 from service.domain.loop.submits import Submits
 from service.domain.queue import preemption, scheduler
@@ -63,7 +63,7 @@ def stored_spec(session: Session, job: Job, ctx: LoopContext) -> JobSpec | None:
 @dataclass
 class HostScheduling:
     ctx: LoopContext
-    launcher: Launcher
+    starter: RunStarter
     pauses: Pauses
 
     def run_pass(self, now: float) -> None:
@@ -99,7 +99,7 @@ class HostScheduling:
                 spec = stored_spec(session, job, ctx) if job is not None else None
                 if job is None or spec is None:
                     continue
-                self.launcher.launch(session, job, spec, placement_for(spec, launch.resources))
+                self.starter.launch(session, job, spec, placement_for(spec, launch.resources))
         ctx.set_waiting(decision.waiting)
         launched = {r for launch in decision.launches for r in launch.resources}
         left = {kind: len([r for r in names if r not in launched]) for kind, names in free.items()}
@@ -171,7 +171,7 @@ class HostScheduling:
 @dataclass
 class ExecutorQueueing:
     ctx: LoopContext
-    launcher: Launcher
+    starter: RunStarter
     # Submits in flight on their own threads: a slow ``sbatch`` holds neither the loop nor the
     # other jobs.
     submits: Submits = field(init=False)
@@ -199,7 +199,7 @@ class ExecutorQueueing:
                 repo.set_token_hash(session, job.id, token_hash)
                 session.commit()
                 self.submits.start(job.id, partial(
-                    self.launcher.start_team_run, job.id, token, spec, None, job.params,
+                    self.starter.start_team_run, job.id, token, spec, None, job.params,
                     job.exclude_nodes or (),  # restarted elsewhere: not on these nodes
                     job.team))
 

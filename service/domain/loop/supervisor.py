@@ -40,7 +40,7 @@ from service.domain.intake.submission import Intake
 from service.domain.lease import Lease
 from service.domain.loop.context import LoopContext
 from service.domain.loop.finisher import Finisher
-from service.domain.loop.launch import Launcher
+from service.domain.loop.launch import RunStarter
 from service.domain.loop.pauses import Pauses
 from service.domain.loop.reaping import Reaper
 from service.domain.loop.recovery import Recovery
@@ -135,11 +135,11 @@ class Supervisor:
         )
         self.intake = Intake(self.settings, self.session_factory, self.inventory,
                              self.executor.queues_jobs, self._queue_changed)
-        launcher = Launcher(self.ctx)
+        starter = RunStarter(self.ctx)
         self.pauses = Pauses(self.ctx)
         self.scheduling: Scheduling = (
-            ExecutorQueueing(self.ctx, launcher) if self.executor.queues_jobs
-            else HostScheduling(self.ctx, launcher, self.pauses)
+            ExecutorQueueing(self.ctx, starter) if self.executor.queues_jobs
+            else HostScheduling(self.ctx, starter, self.pauses)
         )
         self.reaper = Reaper(self.ctx, self.finisher)
         self.stops = Stops(self.ctx, self._wake.set)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from torchyard_contract.childenv import WARM_COLD_ENV, WARM_SOCKET_ENV
 
-# The local executor gives a job's shim the warm server's socket in SOCKET_ENV, or, when warm
-# ranks are on but the pool cannot serve, why not in COLD_ENV (the shim logs it, starts cold);
-# the shim takes both out of the environment its torchrun and ranks inherit.
+# The local executor gives a job's attempt loop the warm server's socket in SOCKET_ENV, or, when warm
+# ranks are on but the pool cannot serve, why not in COLD_ENV (the attempt loop logs it, starts cold);
+# the attempt loop takes both out of the environment its torchrun and ranks inherit.
 SOCKET_ENV = WARM_SOCKET_ENV
 COLD_ENV = WARM_COLD_ENV
 RELAY_PATH = Path(__file__).resolve().parent / "relay.py"

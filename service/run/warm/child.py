@@ -77,7 +77,7 @@ def _apply(message: dict, fds: list[int]) -> None:
             os.close(fd)
     os.chdir(message["cwd"])
     env = {str(k): str(v) for k, v in dict(message["env"]).items()}
-    # The job's shim takes the ranks' stacks (service.run.stacks); a warm rank is not below it.
+    # The job's attempt loop takes the ranks' stacks (service.run.stackdump); a warm rank is not below it.
     # Out of a rank's environment (a cold rank has no such variable); torchrun's agent keeps it
     # for the ranks it starts.
     tracer = env.pop(STACKS_TRACER, "") if "RANK" in env else env.get(STACKS_TRACER, "")

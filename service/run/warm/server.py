@@ -1,6 +1,6 @@
 """The warm server: ``python -u -m service.run.warm.server --socket PATH --pool N [--preload M,...]``.
 
-A per-host fork server that has imported torch (and ``--preload``: torchvision, the worker's
+A per-host fork server that has imported torch (and ``--preload``: torchvision, the built-in trainer's
 modules, torchrun's agent). It keeps ``N`` idle children forked from itself; each serves exactly
 one relay (``service.run.warm.relay``: the rank program torchrun starts) and becomes that program —
 the relay's stdio, environment, working directory, ``sys.path`` and args — then exits. Idle
@@ -81,7 +81,7 @@ class Server:
     started: float = field(default_factory=time.time)
     inode: int = 0
     wake_fds: tuple[int, ...] = ()
-    # The torchyard processes using this server (one per `serve` worker); when all are gone, drain.
+    # The torchyard processes using this server (one per API process of `serve`); when all are gone, drain.
     owners: set[int] = field(default_factory=set)
     lock_fd: int | None = None  # held (flock) while serving: no second server at this socket
     # No rank ran since a sweep found no stray child: nothing can be re-parented here until the

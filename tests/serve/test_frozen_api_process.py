@@ -1,13 +1,13 @@
-"""A worker frozen (SIGSTOP) while it holds a database lock stalls no other worker.
+"""An API process frozen (SIGSTOP) while it holds a database lock stalls no other API process.
 
-``torchyard serve --workers 2`` on SQLite and on PostgreSQL: one worker is frozen inside a record
+``torchyard serve --workers 2`` on SQLite and on PostgreSQL: one API process is frozen inside a record
 batch's transaction, holding its lock (SQLite's write lock, or the job's record lock on
 PostgreSQL). The test freezes it there by watching the lock, not by a pause in the product: on
-PostgreSQL it holds the job's record lock itself until the worker's batch waits for it, freezes
-the worker, then lets the lock go to it (``pg_locks`` shows the frozen worker's transaction
-holding it); on SQLite it freezes the worker the moment ``/proc/locks`` shows it holding the
+PostgreSQL it holds the job's record lock itself until the API process's batch waits for it, freezes
+the API process, then lets the lock go to it (``pg_locks`` shows the frozen API process's transaction
+holding it); on SQLite it freezes the API process the moment ``/proc/locks`` shows it holding the
 write lock, and keeps it frozen if it still does (else thaws it and tries another batch). The
-other worker keeps answering ``/healthz`` and reads at once, even with more record posts waiting
+other API process keeps answering ``/healthz`` and reads at once, even with more record posts waiting
 than it has threads (awaited as read by it, ``await_requests_read``); writes that need the held
 lock are answered 503 with ``Retry-After`` within the lock timeout (bounded slots plus the lock
 wait), never hang; and after SIGCONT every retried batch lands exactly once. Below that, the
@@ -47,10 +47,10 @@ from worker.env import WorkerEnv
 from worker.reporter import Reporter
 
 LOCK_TIMEOUT_S = 2.0
-# Batches posted to catch the SQLite worker inside one (each ~50 ms long; about half are caught).
+# Batches posted to catch the SQLite API process inside one (each ~50 ms long; about half are caught).
 CATCH_TRIES = 40
 BALLAST = 999  # records beside the batch's loss: a transaction long enough to be seen
-# Record posts sent at once to the healthy worker: more than Starlette's 40 threads.
+# Record posts sent at once to the healthy API process: more than Starlette's 40 threads.
 BURST = 45
 # A slot wait plus a lock wait, each at most the lock timeout; then scheduling slack.
 ANSWER_WITHIN_S = 2 * LOCK_TIMEOUT_S + 3.0
@@ -62,7 +62,7 @@ SUBMIT = {"name": "frozen-submit", "dataset": "synthetic", "synthetic_samples": 
 
 
 class Conn:
-    """One kept-alive HTTP/1.1 connection. It never reconnects, so it stays with the worker
+    """One kept-alive HTTP/1.1 connection. It never reconnects, so it stays with the API process
     the kernel gave it to (``SO_REUSEPORT``); one that timed out is not used again."""
 
     def __init__(self, port: int) -> None:
@@ -111,7 +111,7 @@ class Conn:
 
 
 async def _by_role(port: int, supervisor_conns: int) -> tuple[list[Conn], list[Conn]]:
-    """Connections to each worker, told apart by ``/healthz``'s role: (supervisor's,
+    """Connections to each API process, told apart by ``/healthz``'s role: (supervisor's,
     standby's), at least ``supervisor_conns`` and 1."""
     sup: list[Conn] = []
     standby: list[Conn] = []
@@ -137,13 +137,13 @@ def _batch(step: int, *, ballast_from: int | None = None) -> dict:
     return {"records": records}
 
 
-def _worker_of(server: LiveServer, conn: Conn) -> int:
-    """The pid of the worker process serving ``conn`` (its end of the connection)."""
-    for worker in psutil.Process(server.proc.pid).children():
-        for c in worker.net_connections(kind="tcp"):
+def _api_process_of(server: LiveServer, conn: Conn) -> int:
+    """The pid of the API process serving ``conn`` (its end of the connection)."""
+    for proc in psutil.Process(server.proc.pid).children():
+        for c in proc.net_connections(kind="tcp"):
             if c.laddr.port == server.port and c.raddr and c.raddr.port == conn.local_port:
-                return worker.pid
-    raise AssertionError("no worker holds the connection")
+                return proc.pid
+    raise AssertionError("no API process holds the connection")
 
 
 def _sqlite_write_lock_holders(db: Path) -> set[int]:
@@ -186,8 +186,8 @@ def _freeze_when_holding(db: Path, pid: int, answered: threading.Event) -> bool:
 async def _freeze_inside_a_sqlite_batch(
     db: Path, conn: Conn, pid: int, path: str, auth: dict[str, str],
 ) -> asyncio.Future:
-    """Batches (step 0's loss and ballast) on ``conn`` until its worker ``pid`` is frozen holding
-    the write lock inside one; that batch's request, answered once the worker thaws."""
+    """Batches (step 0's loss and ballast) on ``conn`` until its API process ``pid`` is frozen holding
+    the write lock inside one; that batch's request, answered once the API process thaws."""
     for attempt in range(CATCH_TRIES):
         answered = threading.Event()
         request = asyncio.ensure_future(conn.request(
@@ -197,7 +197,7 @@ async def _freeze_inside_a_sqlite_batch(
             return request
         status, _h, body, _s = await request
         assert status == 200, (status, body)
-    raise AssertionError(f"the worker was never caught holding the lock in {CATCH_TRIES} batches")
+    raise AssertionError(f"the API process was never caught holding the lock in {CATCH_TRIES} batches")
 
 
 def _record_lock_waits(cur: Any, job_id: int, granted: bool) -> list[int]:
@@ -211,9 +211,9 @@ def _record_lock_waits(cur: Any, job_id: int, granted: bool) -> list[int]:
 async def _freeze_inside_a_postgresql_batch(
     url: str, job_id: int, conn: Conn, pid: int, path: str, auth: dict[str, str],
 ) -> asyncio.Future:
-    """The job's record lock, held here, handed to the worker ``pid`` frozen meanwhile: its batch
+    """The job's record lock, held here, handed to the API process ``pid`` frozen meanwhile: its batch
     waits for the lock, it is frozen while it waits, the lock is let go, and PostgreSQL grants
-    it to the frozen worker's waiting transaction. That batch's request, answered once thawed."""
+    it to the frozen API process's waiting transaction. That batch's request, answered once thawed."""
     import psycopg
 
     holder = psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"))
@@ -226,13 +226,13 @@ async def _freeze_inside_a_postgresql_batch(
         deadline = time.monotonic() + 30
         with watcher.cursor() as cur:
             while not (waiting := _record_lock_waits(cur, job_id, granted=False)):
-                assert time.monotonic() < deadline, "the worker's batch never waited for the lock"
+                assert time.monotonic() < deadline, "the API process's batch never waited for the lock"
                 await asyncio.sleep(0.005)
             os.kill(pid, signal.SIGSTOP)  # within its lock wait (LOCK_TIMEOUT_S): it holds on
             await asyncio.to_thread(_stopped, pid)
-            holder.rollback()  # the lock goes to the frozen worker's transaction
+            holder.rollback()  # the lock goes to the frozen API process's transaction
             while _record_lock_waits(cur, job_id, granted=True) != waiting:
-                assert time.monotonic() < deadline, "the lock never went to the frozen worker"
+                assert time.monotonic() < deadline, "the lock never went to the frozen API process"
                 await asyncio.sleep(0.005)
         return request
     finally:
@@ -272,7 +272,7 @@ def _post_until_stored(server: LiveServer, path: str, body: dict, headers: dict[
 
 
 @both_stores
-def test_a_frozen_worker_holding_the_lock_stalls_no_other_worker(
+def test_a_frozen_api_process_holding_the_lock_stalls_no_other(
     live_server_factory, database_url: str | None, store: str,  # type: ignore[no-untyped-def]
 ) -> None:
     server: LiveServer = live_server_factory(
@@ -290,7 +290,7 @@ def test_a_frozen_worker_holding_the_lock_stalls_no_other_worker(
 
     async def freeze_one_and_use_the_other() -> None:
         healthy, standby = await _by_role(server.port, BURST + 4)
-        pid = _worker_of(server, standby[0])
+        pid = _api_process_of(server, standby[0])
         if database_url is None:
             paused = await _freeze_inside_a_sqlite_batch(db, standby[0], pid, records_path, auth)
         else:
@@ -304,7 +304,7 @@ def test_a_frozen_worker_holding_the_lock_stalls_no_other_worker(
                 "POST", "/jobs", SUBMIT, {"Idempotency-Key": "frozen-submit"},
                 timeout_s=ANSWER_WITHIN_S + 5))
             await asyncio.sleep(0)  # each task's first step: its request is sent
-            # The healthy worker has all of them in hand: waiting for slots and for the lock.
+            # The healthy API process has all of them in hand: waiting for slots and for the lock.
             await asyncio.to_thread(await_requests_read, server.port,
                                     [conn.local_port for conn in healthy[:BURST + 1]])
             reads = {}
@@ -322,8 +322,8 @@ def test_a_frozen_worker_holding_the_lock_stalls_no_other_worker(
 
     asyncio.run(freeze_one_and_use_the_other())
 
-    # The healthy worker answered health checks and reads at once, while more record posts
-    # than it has threads waited on the frozen worker's lock.
+    # The healthy API process answered health checks and reads at once, while more record posts
+    # than it has threads waited on the frozen API process's lock.
     for path, (status, _h, _body, took_s) in answers["reads"].items():
         assert status == 200 and took_s < QUICK_S, (path, status, took_s)
     # Writes needing the held lock: 503 with Retry-After, within the bound, none stored.
@@ -334,7 +334,7 @@ def test_a_frozen_worker_holding_the_lock_stalls_no_other_worker(
     status, head, body, took_s = answers["submit"]
     if store == "sqlite":  # one write lock for the whole file
         assert status == 503 and head.get("retry-after") == RETRY_AFTER, (status, body)
-        # The supervisor (the healthy worker) had nothing to write during the freeze, and its
+        # The supervisor (the healthy API process) had nothing to write during the freeze, and its
         # loop takes no write lock then (it reads first): it never waited on the frozen one.
         # A loop write meeting a held lock: test_a_write_waits_for_a_held_lock_at_most_its_timeout.
         assert "database busy, retrying" not in server.log.read_text()
@@ -370,7 +370,7 @@ def test_a_frozen_worker_holding_the_lock_stalls_no_other_worker(
 
 
 async def _roles_answering(port: int) -> set[str]:
-    """The roles that answer ``/healthz`` over new connections (both workers, once thawed)."""
+    """The roles that answer ``/healthz`` over new connections (both API processes, once thawed)."""
     conns = [Conn(port) for _ in range(20)]
     answers = await asyncio.gather(*(c.request("GET", "/healthz", timeout_s=10) for c in conns))
     for conn in conns:

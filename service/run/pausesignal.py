@@ -3,7 +3,7 @@
 The supervisor asks by writing ``RUN_DIR/pause.json`` (``RunDir.pause_request``). The attempt
 loop polls for it; when it appears:
 
-1. every rank program on this host gets SIGTERM at once (cold ranks below the shim, warm ones
+1. every rank program on this host gets SIGTERM at once (cold ranks below the attempt loop, warm ones
    as the warm server names them: ``service.run.rankprocs``). The built-in trainer and a script
    that calls ``worker.should_stop()`` take it as "stop at the next epoch's end with a
    checkpoint" and exit 0; a script that handles SIGTERM itself does what it does; any other

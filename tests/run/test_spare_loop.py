@@ -1,5 +1,5 @@
-"""The standby shim: a job's shim started ahead of the job takes the job's environment,
-directory and log, runs it as an ordinary shim would, and a server going away lets it go."""
+"""The spare attempt loop: a job's attempt loop started ahead of the job takes the job's environment,
+directory and log, runs it as an ordinary attempt loop would, and a server going away lets it go."""
 
 import json
 import os
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from service.executor.base import Phase, Submission
 from service.executor.local import LocalExecutor
-from service.executor.standby import StandbyShim
+from service.executor.spareloop import SpareLoop
 from torchyard_contract.launch import LaunchConfig
 from torchyard_contract.rundir import RunDir
 
@@ -28,25 +28,25 @@ def _run_dir(tmp_path: Path, job_id: int) -> RunDir:
     return run
 
 
-def _wait_standby(executor: LocalExecutor) -> None:
+def _wait_spare(executor: LocalExecutor) -> None:
     deadline = time.monotonic() + 30
-    while executor.standby is None or executor.standby._proc is None:
-        assert time.monotonic() < deadline, "no standby shim was started"
+    while executor.spare is None or executor.spare._proc is None:
+        assert time.monotonic() < deadline, "no spare attempt loop was started"
         time.sleep(0.05)
 
 
-def test_second_job_runs_in_the_standby_shim_with_its_own_env_and_log(tmp_path: Path) -> None:
-    executor = LocalExecutor(standby=True)
+def test_second_job_runs_in_the_spare_attempt_loop_with_its_own_env_and_log(tmp_path: Path) -> None:
+    executor = LocalExecutor(spare_loop=True)
     try:
         refs = {}
         for job_id in (1, 2):
             run = _run_dir(tmp_path, job_id)
             if job_id == 2:
-                _wait_standby(executor)
-                standby_pid = executor.standby._proc.pid  # type: ignore[union-attr]
+                _wait_spare(executor)
+                spare_pid = executor.spare._proc.pid  # type: ignore[union-attr]
             refs[job_id] = executor.submit(Submission(
                 job_id=job_id, run=run, env={"MARKER": f"job-{job_id}"}, nproc_per_node=1))
-        assert json.loads(refs[2])["pid"] == standby_pid
+        assert json.loads(refs[2])["pid"] == spare_pid
         deadline = time.monotonic() + 120
         while any(s.phase is not Phase.ended for s in executor.describe(refs).values()):
             assert time.monotonic() < deadline, "jobs did not end"
@@ -55,27 +55,27 @@ def test_second_job_runs_in_the_standby_shim_with_its_own_env_and_log(tmp_path: 
             run = RunDir(tmp_path / "runs" / str(job_id))
             assert json.loads(run.exit_file.read_text())["state"] == "succeeded"
             assert (run.root / "seen.txt").read_text() == f"job-{job_id} {run.root}"
-            assert (run.root / "shim.log").exists()
+            assert (run.root / "attempt-loop.log").exists()
     finally:
-        if executor.standby is not None:
-            executor.standby.close()
+        if executor.spare is not None:
+            executor.spare.close()
 
 
-def test_a_standby_whose_server_went_away_exits(tmp_path: Path) -> None:
-    standby = StandbyShim(sys.executable)
-    standby.refill()
+def test_a_spare_whose_server_went_away_exits(tmp_path: Path) -> None:
+    spare = SpareLoop(sys.executable)
+    spare.refill()
     deadline = time.monotonic() + 30
-    while standby._proc is None:
+    while spare._proc is None:
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    proc = standby._proc
-    standby.close()  # closes its stdin, as the server's exit would
+    proc = spare._proc
+    spare.close()  # closes its stdin, as the server's exit would
     assert proc.wait(timeout=30) == 0
-    assert standby.take(RunDir(tmp_path), dict(os.environ)) is None
+    assert spare.take(RunDir(tmp_path), dict(os.environ)) is None
 
 
-def test_a_shim_starts_without_the_retry_rules_or_built_attempt_models() -> None:
-    # Every job's shim (a standby one ahead of every job) pays its imports: the retry rules and
+def test_an_attempt_loop_starts_without_the_retry_rules_or_built_attempt_models() -> None:
+    # Every job's attempt loop (a spare one ahead of every job) pays its imports: the retry rules and
     # the attempt-file models' schemas were ~0.1 CPU s of its ~0.29 (docs/benchmarks.md). They
     # are built when first used: at a failure, on reading an earlier attempt.
     probe = (
@@ -93,7 +93,7 @@ def test_a_shim_starts_without_the_retry_rules_or_built_attempt_models() -> None
 
 def test_a_python_process_of_the_environment_imports_no_install_hook() -> None:
     # An editable install's import finder doubled every interpreter start (docs/dependencies.md):
-    # every shim, tee, relay and rank of every job paid it. A plain path line costs nothing.
+    # every attempt loop, tee, relay and rank of every job paid it. A plain path line costs nothing.
     probe = "import sys; print(sorted(m for m in sys.modules if m.startswith('__editable__')))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          check=True, timeout=60, cwd="/").stdout

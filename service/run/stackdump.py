@@ -1,14 +1,14 @@
-"""Where every rank is: Python stacks of a running attempt's ranks, taken by the job's shim.
+"""Where every rank is: Python stacks of a running attempt's ranks, taken by the job's attempt loop.
 
-The shim (``service.run.attemptloop``) takes them without any change to the job's script, with
+The attempt loop (``service.run.attemptloop``) takes them without any change to the job's script, with
 the sampler ``LaunchConfig.stack_sampler`` names (py-spy's ``dump``: every thread of a process,
-read through ptrace; the shim is the ranks' ancestor, so it has the rights where the kernel's Yama
+read through ptrace; the attempt loop is the ranks' ancestor, so it has the rights where the kernel's Yama
 ``ptrace_scope`` is 0 or 1 — a container also needs ``CAP_SYS_PTRACE``):
 
 * at a heartbeat timeout, before the group is stopped: :func:`hang_reason` keeps them in
   ``RUN_DIR/stacks/attempt-<n>.json`` and names the ranks that are not inside a collective,
   with their innermost frame of user code;
-* on request: the server writes ``RUN_DIR/stacks/requests/<nonce>``; the shim's poll
+* on request: the server writes ``RUN_DIR/stacks/requests/<nonce>``; the attempt loop's poll
   (:func:`answer_requests`) answers with ``RUN_DIR/stacks/<nonce>.json`` (the requests waiting
   at one poll share one snapshot).
 
@@ -18,11 +18,11 @@ server) into ``RUN_DIR/stacks/attempt-<n>-flight-recorder/``. Nothing here raise
 cannot be taken the snapshot's ``error`` says why and the attempt goes on as it would have.
 
 A rank program is the child of its ``service.run.ranktee`` (whose ``--run-dir`` names the run),
-with ``RANK`` in its environment. Locally the ranks are found below the shim; warm ranks
+with ``RANK`` in its environment. Locally the ranks are found below the attempt loop; warm ranks
 (``service.run.warm``) are processes of the warm server instead, which names them (its ``status``:
-pid, job and rank of each): each warm rank has let the shim trace it (``PR_SET_PTRACER``, see
+pid, job and rank of each): each warm rank has let the attempt loop trace it (``PR_SET_PTRACER``, see
 ``torchyard_contract.envnames.STACKS_TRACER``), as an ancestor may a cold one. On Slurm the
-shim runs ``python -m service.run.stacks`` on every node as a step overlapping the attempt's
+attempt loop runs ``python -m service.run.stackdump`` on every node as a step overlapping the attempt's
 (``srun --overlap``); each finds its node's ranks among all its processes and dumps them.
 """
 
@@ -163,7 +163,7 @@ def _dump(ranks: dict[int, psutil.Process], sampler: str, deadline: float) -> tu
 
 
 def _take_on_nodes(run: RunDir, config: LaunchConfig) -> tuple[list[dict], str | None]:
-    """Slurm: ``python -m service.run.stacks`` on every node of the allocation, as a step that
+    """Slurm: ``python -m service.run.stackdump`` on every node of the allocation, as a step that
     overlaps the running attempt's; each prints its node's entries as one JSON line."""
     job = os.environ.get("SLURM_JOB_ID")
     if not job:
@@ -178,7 +178,7 @@ def _take_on_nodes(run: RunDir, config: LaunchConfig) -> tuple[list[dict], str |
         "srun", f"--jobid={job}", "--overlap", f"--nodes={config.nnodes}",
         f"--ntasks={config.nnodes}", "--ntasks-per-node=1", "--cpus-per-task=1", "--mem=0",
         "--kill-on-bad-exit=0", "--export=ALL", f"--output={out_dir}/node-%n.json",
-        config.python, "-m", "service.run.stacks", str(run.root), str(config.world_size),
+        config.python, "-m", "service.run.stackdump", str(run.root), str(config.world_size),
         config.stack_sampler or "",
     ]
     try:
@@ -309,8 +309,8 @@ def _write_json(path: Path, data: dict) -> None:
 
 
 def node_main(argv: list[str]) -> None:
-    """``python -m service.run.stacks RUN_DIR WORLD_SIZE SAMPLER``: one node's ranks of that run
-    (a task of the shim's ``srun --overlap`` step), as one JSON line on stdout."""
+    """``python -m service.run.stackdump RUN_DIR WORLD_SIZE SAMPLER``: one node's ranks of that run
+    (a task of the attempt loop's ``srun --overlap`` step), as one JSON line on stdout."""
     run, world_size, sampler = RunDir(Path(argv[0])), int(argv[1]), argv[2]
     path = shutil.which(sampler) if sampler else None
     if path is None:

@@ -1,5 +1,5 @@
 """``torchyard serve --workers N`` as processes (``service.serve``): new connections spread
-over every worker, a worker that dies is replaced, and no worker outlives its parent."""
+over every API process, an API process that dies is replaced, and no API process outlives its parent."""
 
 import asyncio
 import os
@@ -27,17 +27,17 @@ WORKERS_2 = ("--workers", "2")
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, _migrated_sqlite: Path) -> Iterator[LiveServer]:
-    """``serve --workers 2`` for the tests that leave it and its workers alone (those that kill
-    the parent or a worker start their own)."""
-    home = tmp_path_factory.mktemp("workers") / "home"
+    """``serve --workers 2`` for the tests that leave it and its API processes alone (those that kill
+    the parent or an API process start their own)."""
+    home = tmp_path_factory.mktemp("api") / "home"
     _copy_sqlite(_migrated_sqlite, home)
     live = _start_server(home, NO_WARM, args=WORKERS_2)
     yield live
     _stop_server(live)
 
 
-def _workers(server: LiveServer) -> list[psutil.Process]:
-    """The worker processes (not multiprocessing's resource tracker)."""
+def _api_processes(server: LiveServer) -> list[psutil.Process]:
+    """The API processes (not multiprocessing's resource tracker)."""
     children = psutil.Process(server.proc.pid).children()
     return [p for p in children if "spawn_main" in " ".join(p.cmdline())]
 
@@ -65,13 +65,13 @@ def _until(condition, timeout_s: float, what: str):  # type: ignore[no-untyped-d
     return result
 
 
-def test_connections_reach_every_worker_and_a_dead_worker_is_replaced(
+def test_connections_reach_every_api_process_and_a_dead_one_is_replaced(
     live_server_factory,  # type: ignore[no-untyped-def]
 ) -> None:
     server: LiveServer = live_server_factory(_args=WORKERS_2, **NO_WARM)
-    first = _until(lambda: len(_workers(server)) == 2 and _workers(server), 30, "two workers")
-    # Exactly one worker supervises; both take connections (a shared accept socket gave a
-    # burst of connections all to one worker).
+    first = _until(lambda: len(_api_processes(server)) == 2 and _api_processes(server), 30, "two API processes")
+    # Exactly one API process supervises; both take connections (a shared accept socket gave a
+    # burst of connections all to one API process).
     roles = _until(lambda: (r := _roles_over_new_connections(server))["supervisor"] and r,
                    30, "a supervisor")
     assert roles["standby"] > 0 and roles["supervisor"] > 0, roles
@@ -81,8 +81,8 @@ def test_connections_reach_every_worker_and_a_dead_worker_is_replaced(
     victim.send_signal(signal.SIGKILL)
     victim.wait(10)
     replaced = _until(
-        lambda: len(w := _workers(server)) == 2 and victim.pid not in {p.pid for p in w} and w,
-        30, "a new worker",
+        lambda: len(w := _api_processes(server)) == 2 and victim.pid not in {p.pid for p in w} and w,
+        30, "a new API process",
     )
     assert server.proc.poll() is None
     # The replacement serves too, and one of the two supervises (a standby takes the lease of a
@@ -97,17 +97,17 @@ def test_connections_reach_every_worker_and_a_dead_worker_is_replaced(
 
 
 @pytest.mark.parametrize("parent_signal", [signal.SIGTERM, signal.SIGKILL])
-def test_workers_do_not_outlive_the_parent(
+def test_api_processes_do_not_outlive_the_parent(
     live_server_factory, parent_signal: signal.Signals,  # type: ignore[no-untyped-def]
 ) -> None:
     server: LiveServer = live_server_factory(_args=WORKERS_2, **NO_WARM)
-    workers = _until(lambda: len(_workers(server)) == 2 and _workers(server), 30, "two workers")
+    processes = _until(lambda: len(_api_processes(server)) == 2 and _api_processes(server), 30, "two API processes")
     os.kill(server.proc.pid, parent_signal)
     server.proc.wait(30)
     if parent_signal == signal.SIGTERM:
         assert server.proc.returncode == 0
     # SIGTERM: the parent stops them; SIGKILL: their parent-death signal does (they drain).
-    gone, alive = psutil.wait_procs(workers, timeout=20)
+    gone, alive = psutil.wait_procs(processes, timeout=20)
     assert not alive, [p.pid for p in alive]
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"{server.url}/healthz", timeout=2)
@@ -122,7 +122,7 @@ def test_a_second_server_cannot_share_the_port(server: LiveServer, tmp_path: Pat
     )
     assert second.returncode != 0
     assert f"cannot listen on 127.0.0.1:{server.port}" in second.stderr
-    assert _workers(server) and server.proc.poll() is None
+    assert _api_processes(server) and server.proc.poll() is None
 
 
 def _healthz_count(text: str) -> float:
@@ -134,16 +134,16 @@ def _healthz_count(text: str) -> float:
     )
 
 
-def test_every_scrape_counts_every_workers_requests(server: LiveServer) -> None:
-    # A scrape lands on one worker; per-process counters would show that worker's share only
+def test_every_scrape_counts_every_api_process_requests(server: LiveServer) -> None:
+    # A scrape lands on one API process; per-process counters would show that API process's share only
     # and jump between scrapes (read by Prometheus as resets). The counts are since the
     # server's start: the module's earlier tests' requests only add to them.
-    _until(lambda: len(_workers(server)) == 2, 30, "two workers")
+    _until(lambda: len(_api_processes(server)) == 2, 30, "two API processes")
     roles = _until(lambda: (r := _roles_over_new_connections(server))["standby"]
-                   and r["supervisor"] and r, 30, "both workers answering")
+                   and r["supervisor"] and r, 30, "both API processes answering")
     served = sum(roles.values())
     counts = []
-    for _ in range(12):  # new connections: scrapes land on both workers
+    for _ in range(12):  # new connections: scrapes land on both API processes
         with httpx.Client(base_url=server.url, timeout=10) as c:
             counts.append(_healthz_count(c.get("/metrics").text))
     assert min(counts) >= served, counts

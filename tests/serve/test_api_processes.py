@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.slow, both_stores]
 EPOCHS = 5
 
 
-def test_two_workers_store_every_job_and_record_once_and_never_share_a_slot(
+def test_two_api_processes_store_every_job_and_record_once_and_never_share_a_slot(
     live_server_factory,  # type: ignore[no-untyped-def]
 ) -> None:
     server: LiveServer = live_server_factory(
