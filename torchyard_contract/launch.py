@@ -10,6 +10,7 @@ import pwd
 from dataclasses import asdict, dataclass
 
 from torchyard_contract import runwrite
+from torchyard_contract.attempts import AttemptBudget, world_size
 from torchyard_contract.rundir import RunDir
 
 
@@ -69,7 +70,12 @@ class LaunchConfig:
 
     @property
     def world_size(self) -> int:
-        return self.nnodes * self.nproc_per_node
+        return world_size(self.nnodes, self.nproc_per_node)
+
+    def budget(self, paused_attempts: int = 0) -> AttemptBudget:
+        """The job's restart budget, ``paused_attempts``: the attempts a pause ended, as the
+        run directory holds them."""
+        return AttemptBudget(self.max_restarts, paused_attempts)
 
     @classmethod
     def read(cls, run: RunDir) -> "LaunchConfig":

@@ -6,7 +6,8 @@ so nothing is taken on trust (docs/security.md, "What a job can do"):
 * only names torchyard makes are read: ``attempts/1.json``, ``attempts/2.json``, … in order, and
   ``exit.json``; any other file there (``attempts/results.json``) is never looked at;
 * attempt ``n + 1`` exists only once attempt ``n`` has ended (the attempt loop's order), and never more
-  than the job's ``max_restarts + 1`` plus one per pause;
+  than the job's restart budget allows (``AttemptBudget.attempts_max``,
+  ``torchyard_contract.attempts``);
 * regular files only (a FIFO would block the reader), at most ``RUN_FILE_MAX_BYTES`` each;
 * every field is validated and bounded (``AttemptFile``, ``Outcome``).
 
@@ -168,8 +169,8 @@ def read_attempts(
 ) -> list[dict]:
     """Attempt records ``1, 2, …`` as plain dicts, up to the first missing or invalid one.
 
-    ``max_attempts``: the job's ``max_restarts + 1`` plus its pauses; ``world_size``: its ranks (exit codes of
-    other ranks are dropped)."""
+    ``max_attempts``: ``AttemptBudget.attempts_max`` of the job; ``world_size``: its ranks (exit
+    codes of other ranks are dropped)."""
     attempts: list[dict] = []
     for number in range(1, min(max_attempts, ATTEMPTS_MAX) + 1):
         path = run.attempt_file(number)

@@ -106,6 +106,7 @@ class AttemptLoop:
         earlier = read_attempts(run)
         self.first_number = 1 + max((a["number"] for a in earlier), default=0)
         self.paused_attempts = sum(1 for a in earlier if a.get("paused"))
+        self.restarts = config.budget(self.paused_attempts)  # torchyard_contract.attempts
 
     def on_sigterm(self, _signum: int, _frame: object) -> None:
         self.cancelled = True
@@ -284,8 +285,9 @@ class AttemptLoop:
             if code == 0 and reason is None:
                 outcome = {"state": "succeeded", "exit_code": 0, "reason": None}
                 break
-            failures = number - self.paused_attempts  # attempts a pause ended are no failures
-            last = startup or failures > self.config.max_restarts or reason == DEADLINE_REASON
+            failures = self.restarts.failures(number)  # attempts a pause ended are no failures
+            last = (startup or not self.restarts.allows_restart(failures)
+                    or reason == DEADLINE_REASON)
             # --- retries decided by the cause (service.run.retrydecision) ---
             if not startup and reason != DEADLINE_REASON and not self.stopped_by_loop:
                 # Imported here, at the first failure: its rules are pydantic models (~0.15 CPU s
@@ -293,7 +295,7 @@ class AttemptLoop:
                 from service.run import retrydecision
 
                 decided = retrydecision.decide_attempt(
-                    self.run, self.config, number, reason, failures, self.launcher == "slurm",
+                    self.run, self.config, number, reason, self.restarts, self.launcher == "slurm",
                     budget_s=retrydecision.budget_s(self.started, self.config.max_runtime_s))
                 last, reason = not decided.retry, decided.reason
                 if not last:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from service.run.elsewhere import failing_node
+from torchyard_contract.attempts import AttemptBudget
 from torchyard_contract.bounds import bounded_text
 from torchyard_contract.launch import LaunchConfig
 from torchyard_contract.retryrules import FailureRule, RankFailure, RulesOutOfTime, decide
@@ -68,25 +69,27 @@ def _failures(
 
 def decide_attempt(
     run: RunDir, config: LaunchConfig, number: int, reason: str | None,
-    failures: int | None = None, elsewhere: bool = False, budget_s: float = RULES_BUDGET_S,
+    restarts: AttemptBudget | None = None, elsewhere: bool = False,
+    budget_s: float = RULES_BUDGET_S,
 ) -> AttemptDecision:
     """Decide after failed attempt ``number``; records the decision in ``attempts/<n>.json``.
-    ``failures``: the job's failed attempts so far, this one included (``number`` less the
-    attempts a pause ended; default ``number``); ``elsewhere``: the launcher can restart the
-    job without a node (Slurm), so ``retry_elsewhere`` names the failing rank's; ``budget_s``:
-    the time the rules' patterns may take (past it they are not applied)."""
-    failures = number if failures is None else failures
+    ``restarts``: the job's restart budget (``torchyard_contract.attempts``; default: no
+    attempt a pause ended); ``elsewhere``: the launcher can restart the job without a node
+    (Slurm), so ``retry_elsewhere`` names the failing rank's; ``budget_s``: the time the rules'
+    patterns may take (past it they are not applied)."""
+    restarts = restarts if restarts is not None else config.budget()
     try:
-        return _decide(run, config, number, reason, failures, elsewhere, budget_s)
+        return _decide(run, config, number, reason, restarts, elsewhere, budget_s)
     # Never worse than before rules existed: retried while max_restarts allows.
     except (OSError, ValueError, RulesOutOfTime) as exc:
         print(f"attempt {number}: retry rules not applied: {exc}", flush=True)
-        return AttemptDecision(failures <= config.max_restarts, reason or "failed", 0.0)
+        return AttemptDecision(restarts.allows_restart(restarts.failures(number)),
+                               reason or "failed", 0.0)
 
 
 def _decide(
-    run: RunDir, config: LaunchConfig, number: int, reason: str | None, failures: int,
-    elsewhere: bool, budget_s: float,
+    run: RunDir, config: LaunchConfig, number: int, reason: str | None,
+    restarts: AttemptBudget, elsewhere: bool, budget_s: float,
 ) -> AttemptDecision:
     path = run.attempt_file(number)
     record = json.loads(path.read_text())
@@ -94,7 +97,8 @@ def _decide(
     failed, named = _failures(run, number, record, config.world_size)
     decision = decide(rules, failed, ranks_known=named, budget_s=max(0.0, budget_s))
     label = decision.label()
-    used_up = failures > config.max_restarts
+    failures = restarts.failures(number)
+    used_up = not restarts.allows_restart(failures)
     if decision.action == "fail":
         retry, summary = False, f"not restarted: {decision.why} ({label})"
     elif used_up:

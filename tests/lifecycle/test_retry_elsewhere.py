@@ -74,7 +74,7 @@ def test_retry_elsewhere_names_the_failing_ranks_node(tmp_path: Path) -> None:
     _failed_attempt(run, 1, {"0": -15, "2": 3})
     _node_file(run, 1, 0, "n1\n")
     _node_file(run, 1, 1, "n2\n")
-    decided = retrydecision.decide_attempt(run, _config(), 1, "a rank failed", 1, elsewhere=True)
+    decided = retrydecision.decide_attempt(run, _config(), 1, "a rank failed", elsewhere=True)
     assert decided.retry and decided.excluded_node == "n2"
     assert decided.summary == "restarted elsewhere: rank 2 exited with code 3 (rule 1); " \
         "excluding node n2"
@@ -91,7 +91,7 @@ def test_an_unknown_node_is_a_retry_in_place_saying_why(
     _failed_attempt(run, 1, {"1": 3})
     if written is not None:
         _node_file(run, 1, 0, written)
-    decided = retrydecision.decide_attempt(run, _config(nnodes=1), 1, "x", 1, elsewhere=True)
+    decided = retrydecision.decide_attempt(run, _config(nnodes=1), 1, "x", elsewhere=True)
     assert decided.retry and decided.excluded_node is None
     assert decided.summary.startswith("restarted in place: rank 1 exited with code 3 (rule 1)")
     assert "restarting in place" in capsys.readouterr().out  # the attempt loop's log says why
@@ -104,11 +104,11 @@ def test_retry_elsewhere_stays_in_place_where_no_node_can_be_left_out(tmp_path: 
     run = RunDir(tmp_path)
     _failed_attempt(run, 1, {"0": 3})
     _node_file(run, 1, 0, "n1\n")
-    local = retrydecision.decide_attempt(run, _config(nnodes=1), 1, "x", 1, elsewhere=False)
+    local = retrydecision.decide_attempt(run, _config(nnodes=1), 1, "x", elsewhere=False)
     assert local.retry and local.excluded_node is None
     assert local.summary == "restarted: rank 0 exited with code 3 (rule 1)"
     # max_restarts used up: no restart, so no node is excluded either.
-    used_up = retrydecision.decide_attempt(run, _config(nnodes=1, max_restarts=0), 1, "x", 1,
+    used_up = retrydecision.decide_attempt(run, _config(nnodes=1, max_restarts=0), 1, "x",
                                            elsewhere=True)
     assert not used_up.retry and used_up.excluded_node is None
 
@@ -197,7 +197,7 @@ def test_the_decision_the_attempt_loop_wrote_is_stored_with_the_requeue(api: Tes
     job_id, run = _launched(api)
     _node_file(run, 1, 0, "n1\n")
     decided = retrydecision.decide_attempt(run, _config(job_id=job_id, nnodes=1), 1,
-                                           "a rank failed", 1, elsewhere=True)
+                                           "a rank failed", elsewhere=True)
     assert decided.retry and decided.excluded_node == "n1"
     _requeue(run, "n1")
     _finisher(api).finish(job_id, 3, ref="4242")

@@ -32,11 +32,12 @@ from pathlib import Path
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.domain.records.ingest import accept_records
-from service.domain.records.scope import job_attempts, world_size
+from service.domain.records.scope import job_attempts
 from service.domain.records.spool import SpoolChunk, SpoolTally, read_rank_spool
 from service.store import repository as repo
 from service.store.db import is_busy
 from service.store.tables import Job
+from torchyard_contract.attempts import spec_world_size
 from torchyard_contract.bounds import bounded_text
 from torchyard_contract.nodes import EXCLUDE_NODES_MAX
 from torchyard_contract.rundir import RunDir
@@ -159,7 +160,7 @@ class Finisher:
             # queued job becomes starting first, so its spools are stored and it may end.
             repo.transition(session, job_id, JobState.starting, started_at=repo.utcnow())
             spec = dict(job.spec or {})
-            ranks = world_size(spec)
+            ranks = spec_world_size(spec)
             # Named by a guard's stop already here: a reader between this commit and ``_end``
             # must not see the last attempt "cancelled" by the guard's own SIGTERM.
             repo.set_attempts(session, job_id, _named_by_stop(

@@ -10,32 +10,17 @@ is over (docs/metrics.md: no record is stored once a job is terminal).
 from dataclasses import dataclass
 
 from service.store.tables import Job
+from torchyard_contract.attempts import AttemptBudget, spec_world_size
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.runfiles import read_attempts
 from torchyard_contract.state import ACTIVE_STATES, JobState
 
 
-def world_size(spec: dict | None) -> int:
-    """Ranks of a job: ``nproc_per_node`` times ``nnodes`` (1 unless the spec has it)."""
-    spec = spec or {}
-    try:
-        return max(1, int(spec.get("nproc_per_node", 1))) * max(1, int(spec.get("nnodes", 1) or 1))
-    except (TypeError, ValueError):
-        return 1
-
-
-
-def attempt_limit(spec: dict | None, pauses: int = 0) -> int:
-    """Attempts a job may have: its ``max_restarts + 1``, and one more per pause."""
-    try:
-        return int((spec or {}).get("max_restarts", 0) or 0) + 1 + max(0, pauses)
-    except (TypeError, ValueError):
-        return 1 + max(0, pauses)
-
-
 def job_attempts(run: RunDir, spec: dict | None, pauses: int = 0) -> list[dict]:
-    """The attempt records the job's run directory holds, within its limits (attempts, ranks)."""
-    return read_attempts(run, attempt_limit(spec, pauses), world_size(spec))
+    """The attempt records the job's run directory holds, within its limits (attempts: its
+    restart budget, ``torchyard_contract.attempts``; ranks)."""
+    return read_attempts(run, AttemptBudget.of_spec(spec, pauses).attempts_max,
+                         spec_world_size(spec))
 
 
 @dataclass(frozen=True)
@@ -66,7 +51,7 @@ class RecordScope:
         latest = max(recorded, default=0)
         return cls(
             job_id=job.id,
-            ranks=world_size(job.spec),
+            ranks=spec_world_size(job.spec),
             attempts=frozenset(recorded) or frozenset({1}),
             latest_ended=bool(latest) and recorded[latest].get("ended_at") is not None,
             active=JobState(job.state) in ACTIVE_STATES,

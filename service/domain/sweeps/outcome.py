@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from service.domain.sweeps.spec import Objective
 from service.store import sweeps as store
 from service.store.tables import Job
+from torchyard_contract.attempts import spec_world_size
 from torchyard_contract.state import TERMINAL_STATES, JobState, TrialOutcome
 
 REDUCE: dict[str, Callable[[list[float]], float]] = {
@@ -24,10 +25,6 @@ REDUCE: dict[str, Callable[[list[float]], float]] = {
     "max": max,
 }
 Rows = Iterable[tuple[int, int, int, float]]  # (attempt, rank, epoch, value) of one trial
-
-
-def world_size(spec: dict) -> int:
-    return int(spec.get("nproc_per_node", 1)) * int(spec.get("nnodes", 1))
 
 
 def reduced_epochs(rows: Rows, ranks: int, reduce: str) -> dict[int, float]:
@@ -74,7 +71,7 @@ def trial_epochs(
         rows[job_id].append((attempt, rank, epoch, value))
     out = {}
     for job in jobs:
-        epochs = reduced_epochs(rows[job.id], world_size(job.spec), objective.reduce)
+        epochs = reduced_epochs(rows[job.id], spec_world_size(job.spec), objective.reduce)
         if job.pruned_epoch is not None:
             epochs = {e: v for e, v in epochs.items() if e <= job.pruned_epoch}
         out[job.id] = epochs

@@ -33,6 +33,7 @@ from service.domain.tracking.points import MeanFold, Point, rank_point, timestam
 from service.settings import Settings
 from service.store import tracking as store
 from service.store.tables import Job, Sweep, TrackingExport
+from torchyard_contract.attempts import spec_world_size
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.spec import JobSpec
 from torchyard_contract.state import TERMINAL_STATES, JobState
@@ -47,10 +48,6 @@ SKIPPED_LIST_MAX = 20  # file names quoted in the tag that says what was not upl
 
 class Deposed(Exception):  # noqa: N818 — a state, not a failure
     """This process lost the supervisor lease: it writes nothing more."""
-
-
-def world_size(spec: dict) -> int:
-    return int(spec.get("nproc_per_node", 1)) * int(spec.get("nnodes", 1))
 
 
 @dataclass
@@ -145,7 +142,7 @@ class RunExporter:
         held = self._folds.get(row.id)
         if held is not None and held[0] == row.acked_seq:
             return held[1]
-        fold = MeanFold(world_size(job.spec))
+        fold = MeanFold(spec_world_size(job.spec))
         with self.read_sessions() as session:
             fold.fold(store.epoch_records_through(session, job.id, row.acked_seq))
         self._folds[row.id] = (row.acked_seq, fold)

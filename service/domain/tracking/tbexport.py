@@ -15,10 +15,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.domain.lease import Lease
 from service.domain.tracking.points import MeanFold, rank_point
-from service.domain.tracking.runexport import BATCH_RECORDS, Deposed, world_size
+from service.domain.tracking.runexport import BATCH_RECORDS, Deposed
 from service.domain.tracking.tensorboard import EventFile
 from service.store import tracking as store
 from service.store.tables import TrackingExport
+from torchyard_contract.attempts import spec_world_size
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.state import TERMINAL_STATES, JobState
 
@@ -75,7 +76,7 @@ class TensorBoardExporter:
             last = store.last_seq(session, job.id)
         if writer is None:
             run = RunDir.for_job(self.runs_dir, job.id)
-            writer = _Writer(EventFile(run), MeanFold(world_size(spec)))
+            writer = _Writer(EventFile(run), MeanFold(spec_world_size(spec)))
             self._writers[row.id] = writer
         try:
             if rows:
