@@ -1,4 +1,10 @@
-"""Reading what a job's attempt loop wrote for the server: attempt records and the outcome.
+"""What a job's attempt loop writes for the server, attempt records and the outcome: one model
+per file, written (:func:`write_run_file`) and read (:func:`read_attempts`, :func:`read_outcome`)
+through it.
+
+The attempt loop builds its files with :func:`made` (its own values, not validated: validating
+would build the models' schemas, ~30 ms of CPU on every job's start path) and writes them
+atomically and confined (``torchyard_contract.runwrite``). The server validates what it reads.
 
 The job's processes can write in its run directory too (a script's relative paths land there),
 so nothing is taken on trust (docs/security.md, "What a job can do"):
@@ -18,11 +24,13 @@ nothing here raises.
 import json
 import logging
 import math
+from enum import Enum
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from torchyard_contract import runwrite
 from torchyard_contract.bounds import bounded_text
 from torchyard_contract.nodes import NodeName
 from torchyard_contract.rundir import RunDir
@@ -104,9 +112,22 @@ class AttemptFile(BaseModel):
     _reason = field_validator("reason")(lambda v: bounded_text(v) if v is not None else None)
 
 
-# The attempt loop ended its Slurm allocation to restart the job in a new one that leaves out
-# ``exclude_nodes`` (``retry_elsewhere``): not an end of the job, which is queued again.
-REQUEUE = "requeue"
+class OutcomeState(str, Enum):
+    """How a launch ended (``exit.json``'s ``state``). ``paused``: the job is to be resumed;
+    ``requeue``: the attempt loop ended its Slurm allocation to restart the job in a new one that
+    leaves out ``exclude_nodes`` (``retry_elsewhere``): not an end of the job, which is queued
+    again."""
+
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+    paused = "paused"
+    requeue = "requeue"
+
+
+# ``Outcome.state`` as its strict model reads JSON (tests/project/test_vocabularies.py).
+OutcomeStateName = Literal["succeeded", "failed", "cancelled", "paused", "requeue"]
+REQUEUE = OutcomeState.requeue
 OUTCOME_NODES_MAX = 16
 
 
@@ -115,13 +136,18 @@ class Outcome(BaseModel):
 
     model_config = _RUN_FILE_CONFIG
 
-    state: Literal["succeeded", "failed", "cancelled", "paused", "requeue"]
+    state: OutcomeStateName
     exit_code: int | None = Field(default=None, ge=-EXIT_CODE_BOUND, lt=EXIT_CODE_BOUND)
     reason: str | None = None
     # ``requeue``: the nodes to leave out from now on (the failing rank's); [] otherwise.
     exclude_nodes: list[NodeName] = Field(default_factory=list, max_length=OUTCOME_NODES_MAX)
+    attempts: int | None = Field(default=None, ge=0, le=ATTEMPTS_MAX)  # the launch's last
+    ended_at: float | None = None  # when the attempt loop wrote it (Unix seconds)
 
     _reason = field_validator("reason")(lambda v: bounded_text(v) if v is not None else None)
+    _ended = field_validator("ended_at", mode="before")(
+        lambda v: _time(float(v)) if isinstance(v, int | float) and not isinstance(v, bool) else v
+    )
 
 
 def _load(path: Path) -> object | None:
@@ -173,17 +199,8 @@ def read_attempts(
     codes of other ranks are dropped)."""
     attempts: list[dict] = []
     for number in range(1, min(max_attempts, ATTEMPTS_MAX) + 1):
-        path = run.attempt_file(number)
-        data = _load(path)
-        if data is None:
-            break
-        try:
-            record = AttemptFile.model_validate(data)
-        except ValidationError as exc:
-            _warn(path, f"invalid attempt record: {exc.error_count()} errors")
-            break
-        if record.number != number:
-            _warn(path, f"names attempt {record.number}")
+        record = read_attempt(run, number)
+        if record is None:
             break
         codes = {
             rank: code for rank, code in record.rank_exit_codes.items()
@@ -194,3 +211,52 @@ def read_attempts(
         if record.ended_at is None:
             break  # the attempt loop starts attempt n + 1 only after n ended
     return attempts
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def made(model: type[M], **values: object) -> M:
+    """A run file's model from its writer's own values, not validated (see the module's
+    docstring); a name the model does not have is a ``TypeError``, not a field quietly lost."""
+    unknown = set(values) - set(model.model_fields)
+    if unknown:
+        raise TypeError(f"{model.__name__} has no field {', '.join(sorted(unknown))}")
+    return model.model_construct(**values)
+
+
+def _plain(value: object) -> object:
+    """JSON's values of a model made with :func:`made` (its fields, in order)."""
+    if isinstance(value, BaseModel):
+        return {name: _plain(getattr(value, name)) for name in type(value).model_fields}
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def write_run_file(path: Path, model: BaseModel) -> None:
+    """``model`` as ``path`` (an attempt record, the outcome), atomically: a reader never sees
+    half a file, and nothing is written through a link the job planted (``runwrite``)."""
+    runwrite.make_dir(path.parent)
+    runwrite.write_file(path, json.dumps(_plain(model)).encode())
+
+
+def read_attempt(run: RunDir, number: int) -> AttemptFile | None:
+    """Attempt ``number``'s record, validated; None when missing or invalid (logged)."""
+    path = run.attempt_file(number)
+    data = _load(path)
+    if data is None:
+        return None
+    try:
+        record = AttemptFile.model_validate(data)
+    except ValidationError as exc:
+        _warn(path, f"invalid attempt record: {exc.error_count()} errors")
+        return None
+    if record.number != number:
+        _warn(path, f"names attempt {record.number}")
+        return None
+    return record

@@ -9,11 +9,13 @@ enforces ``max_runtime_s`` and ``heartbeat_timeout_s`` (``max_runtime_s`` betwee
 the retry rules' matching is bounded by what is left of it, the backoff ends at it, and no attempt
 starts after it), and writes:
 
-* ``attempts/<n>.json`` — number, started_at, ended_at, exit_code, rank_exit_codes (per rank,
-  as torchrun's failure summary gives them; all 0 on success), reason, startup_failure;
-* ``exit.json`` — the launch's outcome: state (succeeded|failed|cancelled|paused|requeue),
-  exit_code, reason; ``requeue`` (Slurm, ``retry_elsewhere``) also ``exclude_nodes``: the job is
-  to be submitted again without the failing rank's node (``service.run.elsewhere``).
+* ``attempts/<n>.json`` (``torchyard_contract.runfiles.AttemptFile``) — number, started_at,
+  ended_at, exit_code, rank_exit_codes (per rank, as torchrun's failure summary gives them; all
+  0 on success), reason, startup_failure, paused;
+* ``exit.json`` (``Outcome``) — the launch's outcome: state (``OutcomeState``), exit_code,
+  reason, the last attempt's number and when it ended; ``requeue`` (Slurm, ``retry_elsewhere``)
+  also ``exclude_nodes``: the job is to be submitted again without the failing rank's node
+  (``service.run.elsewhere``).
 
 A pause (``RUN_DIR/pause.json``, ``service.run.pausesignal``) ends the attempt with the ranks'
 grace; the outcome is ``paused`` and a resumed job's next launch numbers its attempts on.
@@ -65,11 +67,19 @@ from torchyard_contract import claim as runclaim
 from torchyard_contract import envnames as names
 from torchyard_contract.launch import LaunchConfig
 from torchyard_contract.rundir import RunDir
-from torchyard_contract.runfiles import REQUEUE, read_attempts
+from torchyard_contract.runfiles import (
+    AttemptFile,
+    Outcome,
+    OutcomeState,
+    made,
+    read_attempts,
+    write_run_file,
+)
 
 POLL_S = 0.2
 STRAY_GRACE_S = 2.0  # SIGTERM → this → SIGKILL for processes a finished attempt left behind
 DEADLINE_REASON = "deadline exceeded"
+CANCELLED_REASON = "cancelled by user"
 
 
 def _wait_exit(handle: ProcessGroupHandle, timeout_s: float) -> None:
@@ -78,14 +88,6 @@ def _wait_exit(handle: ProcessGroupHandle, timeout_s: float) -> None:
         handle.popen.wait(timeout=timeout_s)  # type: ignore[union-attr]
     except subprocess.TimeoutExpired:
         pass
-
-
-def _write_json(path: Path, data: dict) -> None:
-    """Atomic: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
 
 
 class AttemptLoop:
@@ -121,15 +123,8 @@ class AttemptLoop:
         }
         if self.warm_socket:
             env[names.STACKS_TRACER] = str(os.getpid())
-        record = {
-            "number": number,
-            "started_at": time.time(),
-            "ended_at": None,
-            "exit_code": None,
-            "reason": None,
-            "startup_failure": None,
-        }
-        _write_json(self.run.attempt_file(number), record)
+        record = made(AttemptFile, number=number, started_at=time.time())
+        write_run_file(self.run.attempt_file(number), record)
         if self.why_cold:
             with open(logs / "torchrun.log", "a", encoding="utf-8") as log:
                 log.write(f"torchyard: warm start unavailable ({self.why_cold}); starting cold\n")
@@ -175,17 +170,14 @@ class AttemptLoop:
                 for log in self._launcher_logs(logs)
                 for r, c in failed_rank_exit_codes(log).items()
             }
-        record.update(
-            ended_at=time.time(),
-            exit_code=code,
-            reason=reason,
-            rank_exit_codes=rank_codes,
-            startup_failure=(code != 0 and not ready and forced_reason is None and not paused),
-        )
-        if paused:
-            record["paused"] = True
-        _write_json(self.run.attempt_file(number), record)
-        return code, reason, bool(record["startup_failure"])
+        startup = code != 0 and not ready and forced_reason is None and not paused
+        record = record.model_copy(update={
+            "ended_at": time.time(), "exit_code": code, "reason": reason,
+            "rank_exit_codes": rank_codes, "startup_failure": startup,
+            "paused": True if paused else None,
+        })
+        write_run_file(self.run.attempt_file(number), record)
+        return code, reason, startup
 
     def _start(self, number: int, logs: Path, env: dict[str, str]) -> ProcessGroupHandle:
         """Start one attempt's group: torchrun here, or (slurm) one torchrun per node via srun."""
@@ -271,19 +263,19 @@ class AttemptLoop:
         number = self.first_number
         while True:
             if self.pause.requested and not self.cancelled:  # asked between two attempts
-                outcome = {"state": "paused", "exit_code": None, "reason": PAUSED_REASON}
+                outcome = _outcome(OutcomeState.paused, None, PAUSED_REASON)
                 number -= 1
                 break
             code, reason, startup = self.run_attempt(number)
             stackdump.keep_with_attempt(self.run, number)  # the hang's stacks, Flight Recorder dumps
             if self.cancelled:
-                outcome = {"state": "cancelled", "exit_code": code, "reason": "cancelled by user"}
+                outcome = _outcome(OutcomeState.cancelled, code, CANCELLED_REASON)
                 break
             if reason == PAUSED_REASON:
-                outcome = {"state": "paused", "exit_code": code, "reason": PAUSED_REASON}
+                outcome = _outcome(OutcomeState.paused, code, PAUSED_REASON)
                 break
             if code == 0 and reason is None:
-                outcome = {"state": "succeeded", "exit_code": 0, "reason": None}
+                outcome = _outcome(OutcomeState.succeeded, 0, None)
                 break
             failures = self.restarts.failures(number)  # attempts a pause ended are no failures
             last = (startup or not self.restarts.allows_restart(failures)
@@ -300,34 +292,39 @@ class AttemptLoop:
                 last, reason = not decided.retry, decided.reason
                 if not last:
                     retrydecision.wait_backoff(
-                        decided.backoff_s,
+                        decided.decision.backoff_s,
                         lambda: self.cancelled or self.pause.requested or self._past_deadline())
                 if not last and self._past_deadline():  # no restart after the deadline
                     last, reason = True, DEADLINE_REASON
-                if not last and decided.excluded_node is not None:
+                excluded = decided.decision.excluded_node
+                if not last and excluded is not None:
                     # retry_elsewhere (Slurm): end this allocation; the server submits the job
                     # again without the node (service.run.elsewhere). A failure all the same.
                     print(f"attempt {number}: ending the allocation to restart without node "
-                          f"{decided.excluded_node}", flush=True)
+                          f"{excluded}", flush=True)
                     outcome = (
-                        {"state": "cancelled", "exit_code": code, "reason": "cancelled by user"}
+                        _outcome(OutcomeState.cancelled, code, CANCELLED_REASON)
                         if self.cancelled else
-                        {"state": REQUEUE, "exit_code": code, "reason": decided.summary,
-                         "exclude_nodes": [decided.excluded_node]}
+                        _outcome(OutcomeState.requeue, code, decided.decision.summary,
+                                 exclude_nodes=[excluded])
                     )
                     break
             # --- end retries decided by the cause ---
             if last:
                 if startup:
                     reason = f"start-up failure (not retried): {reason}"
-                outcome = {"state": "failed", "exit_code": code, "reason": reason}
+                outcome = _outcome(OutcomeState.failed, code, reason)
                 break
             number += 1
-        outcome.update(attempts=number, ended_at=time.time())
-        _write_json(self.run.exit_file, outcome)
+        outcome = outcome.model_copy(update={"attempts": number, "ended_at": time.time()})
+        write_run_file(self.run.exit_file, outcome)
         if self.launcher != "slurm":
             return 0
-        return exit_status(outcome["exit_code"])
+        return exit_status(outcome.exit_code)
+
+
+def _outcome(state: OutcomeState, code: int | None, reason: str | None, **more: object) -> Outcome:
+    return made(Outcome, state=state, exit_code=code, reason=reason, **more)
 
 
 def exit_status(code: int | None) -> int:

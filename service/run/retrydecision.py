@@ -4,7 +4,8 @@ The attempt loop (``service.run.attemptloop``) calls :func:`decide_attempt` once
 failed on its own (not a start-up failure, not the deadline, not a stop the attempt loop made): it gathers
 each failing rank's exit code (torchrun's failure summary, in the attempt record) and last lines
 of output (``RunDir.rank_output``), lets the job's ``on_failure`` rules and the defaults decide,
-and writes the decision into the attempt record (``decision``, ``torchyard_contract.runfiles``).
+and writes the decision into the attempt record (``AttemptFile.decision``, the contract's
+``AttemptDecision``: ``torchyard_contract.runfiles``).
 The patterns run here, in the job's own attempt loop, on RE2 (linear time, see
 ``torchyard_contract.retryrules``) and within a time budget (``RULES_BUDGET_S``, or what is left
 of the job's ``max_runtime_s`` if less): rules that have not decided by then are not applied
@@ -17,13 +18,10 @@ loop then ends the allocation so that the next one excludes it. When the node is
 elsewhere (the local launcher), the attempt is retried in place like ``retry``.
 """
 
-import json
-import os
 import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from service.run.elsewhere import failing_node
 from torchyard_contract.attempts import AttemptBudget
@@ -31,6 +29,13 @@ from torchyard_contract.bounds import bounded_text
 from torchyard_contract.launch import LaunchConfig
 from torchyard_contract.retryrules import FailureRule, RankFailure, RulesOutOfTime, decide
 from torchyard_contract.rundir import RunDir
+from torchyard_contract.runfiles import (
+    AttemptDecision,
+    AttemptFile,
+    made,
+    read_attempt,
+    write_run_file,
+)
 from torchyard_contract.safefile import read_tail
 
 TAIL_BYTES = 64 * 1024  # of each failing rank's output, for the rules' patterns
@@ -40,26 +45,31 @@ RULES_BUDGET_S = 5.0  # matching every rule against every failing rank's last li
 
 
 @dataclass(frozen=True)
-class AttemptDecision:
-    retry: bool
-    reason: str  # the job's reason when it is not retried
-    backoff_s: float
-    excluded_node: str | None = None  # retry_elsewhere: restart without this node (Slurm)
-    summary: str = ""  # the decision in words, with the rule
+class Verdict:
+    """What follows a failed attempt: its decision, as its record keeps it (``excluded_node``:
+    retry_elsewhere's node to restart without, Slurm; ``summary``: the decision in words), and
+    the job's reason should the job end here."""
+
+    decision: AttemptDecision
+    reason: str
+
+    @property
+    def retry(self) -> bool:
+        return self.decision.action != "fail"
 
 
 def _failures(
-    run: RunDir, number: int, record: dict, world_size: int
+    run: RunDir, number: int, record: AttemptFile, world_size: int
 ) -> tuple[list[RankFailure], bool]:
     """The failing ranks, first to blame first, and whether torchrun named them (False: no
     failure summary, e.g. its agent died with a warm server, so every rank stands in)."""
     codes = {
-        int(r): c for r, c in (record.get("rank_exit_codes") or {}).items()
-        if str(r).isdigit() and int(r) < world_size and c != 0
+        int(r): c for r, c in record.rank_exit_codes.items()
+        if r.isdigit() and int(r) < world_size and c != 0
     }
     named = bool(codes)
-    if not codes and isinstance(record.get("exit_code"), int):
-        codes = dict.fromkeys(range(world_size), record["exit_code"])  # no summary: every rank
+    if not codes and record.exit_code is not None:
+        codes = dict.fromkeys(range(world_size), record.exit_code)  # no summary: every rank
     # The rank that failed first is not one torchrun stopped (-SIGTERM) because another failed.
     order = sorted(codes, key=lambda r: (codes[r] == -signal.SIGTERM, r))
     return [
@@ -71,7 +81,7 @@ def decide_attempt(
     run: RunDir, config: LaunchConfig, number: int, reason: str | None,
     restarts: AttemptBudget | None = None, elsewhere: bool = False,
     budget_s: float = RULES_BUDGET_S,
-) -> AttemptDecision:
+) -> Verdict:
     """Decide after failed attempt ``number``; records the decision in ``attempts/<n>.json``.
     ``restarts``: the job's restart budget (``torchyard_contract.attempts``; default: no
     attempt a pause ended); ``elsewhere``: the launcher can restart the job without a node
@@ -83,16 +93,19 @@ def decide_attempt(
     # Never worse than before rules existed: retried while max_restarts allows.
     except (OSError, ValueError, RulesOutOfTime) as exc:
         print(f"attempt {number}: retry rules not applied: {exc}", flush=True)
-        return AttemptDecision(restarts.allows_restart(restarts.failures(number)),
-                               reason or "failed", 0.0)
+        retry = restarts.allows_restart(restarts.failures(number))
+        return Verdict(made(AttemptDecision, action="retry" if retry else "fail",
+                            summary=bounded_text(f"retry rules not applied: {exc}", 700)),
+                       reason or "failed")
 
 
 def _decide(
     run: RunDir, config: LaunchConfig, number: int, reason: str | None,
     restarts: AttemptBudget, elsewhere: bool, budget_s: float,
-) -> AttemptDecision:
-    path = run.attempt_file(number)
-    record = json.loads(path.read_text())
+) -> Verdict:
+    record = read_attempt(run, number)  # as this process wrote it, read as the server reads it
+    if record is None:
+        raise ValueError(f"attempt {number}'s record cannot be read back")
     rules = [FailureRule.model_validate(r) for r in config.on_failure or []]
     failed, named = _failures(run, number, record, config.world_size)
     decision = decide(rules, failed, ranks_known=named, budget_s=max(0.0, budget_s))
@@ -120,23 +133,17 @@ def _decide(
     if retry and config.restart_backoff_s > 0:
         growth = min(2.0 ** (failures - 1), BACKOFF_GROWTH_MAX)
         backoff = config.restart_backoff_s * growth
-    record["decision"] = {
-        "action": (decision.action or "retry") if retry else "fail",
-        "rule": decision.rule,
-        "rank": decision.rank,
-        "cause": bounded_text(decision.why, 500),
-        "summary": bounded_text(summary, 700),
-        "backoff_s": backoff,
-    }
-    if excluded is not None:
-        record["decision"]["excluded_node"] = excluded
-    _write_json(path, record)
+    kept = made(
+        AttemptDecision, action=(decision.action or "retry") if retry else "fail",
+        rule=decision.rule, rank=decision.rank, cause=bounded_text(decision.why, 500),
+        summary=bounded_text(summary, 700), backoff_s=backoff, excluded_node=excluded,
+    )
+    write_run_file(run.attempt_file(number), record.model_copy(update={"decision": kept}))
     if decision.action == "fail":
         job_reason = f"{summary}: {reason}" if reason else summary
     else:
         job_reason = reason or summary  # used up: the last attempt's reason, as always
-    return AttemptDecision(retry, bounded_text(job_reason), backoff, excluded,
-                           bounded_text(summary, 700))
+    return Verdict(kept, bounded_text(job_reason))
 
 
 def budget_s(started: float, max_runtime_s: float | None) -> float:
@@ -152,9 +159,3 @@ def wait_backoff(seconds: float, stop: Callable[[], bool]) -> None:
     end = time.monotonic() + seconds
     while not stop() and (left := end - time.monotonic()) > 0:
         time.sleep(min(left, BACKOFF_POLL_S))
-
-
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)

@@ -39,8 +39,11 @@ from pathlib import Path
 import psutil
 
 from service.run.rankprocs import node_rank_processes, rank_processes
+from torchyard_contract import runwrite
 from torchyard_contract.launch import LaunchConfig
 from torchyard_contract.rundir import RunDir
+from torchyard_contract.runfiles import HangStacks, RankWhere, made, read_attempt, write_run_file
+from torchyard_contract.safefile import read_bytes
 from torchyard_contract.treeremoval import remove_tree
 
 DUMP_TIMEOUT_S = 10.0
@@ -48,6 +51,7 @@ SRUN_EXTRA_S = 10.0  # Slurm: starting the step on every node, on top of the dum
 FRAMES_MAX = 200  # per thread
 THREADS_MAX = 64  # per rank
 REQUESTS_MAX = 16  # answered per poll, all by one snapshot
+SNAPSHOT_MAX_BYTES = 8 * 1024 * 1024  # a hang's snapshot read back (the server's bound too)
 _COLLECTIVE_FILES = re.compile(
     r"torch/distributed/(?!elastic/)|torch/nn/parallel/distributed\.py"
 )
@@ -231,7 +235,7 @@ def hang_reason(
 ) -> str:
     """At a heartbeat timeout: take and keep the stacks; the reason, naming the stuck ranks."""
     snapshot = take(run, config, number, "heartbeat timeout", launcher, warm_socket)
-    _write_json(hang_file(run, number), snapshot)
+    _write_snapshot(hang_file(run, number), snapshot)
     return describe_hang(snapshot, reason)
 
 
@@ -273,7 +277,7 @@ def answer_requests(
         (requests / name).unlink(missing_ok=True)
     snapshot = take(run, config, number, "request", launcher, warm_socket)
     for name in names:
-        _write_json(stacks_dir(run) / f"{name}.json", snapshot)
+        _write_snapshot(stacks_dir(run) / f"{name}.json", snapshot)
 
 
 def keep_with_attempt(run: RunDir, number: int) -> None:
@@ -287,25 +291,27 @@ def keep_with_attempt(run: RunDir, number: int) -> None:
             for dump in dumps[:1024]:
                 if dump.is_file() and not dump.is_symlink():
                     os.replace(dump, kept / dump.name)
-        if not hang_file(run, number).is_file():
-            return
-        snapshot = json.loads(hang_file(run, number).read_text())
-        record = json.loads(run.attempt_file(number).read_text())
-        record["stacks"] = {
-            "error": snapshot.get("error"),
-            "ranks": [{k: r.get(k) for k in ("rank", "state", "collective", "where")}
-                      for r in snapshot.get("ranks", [])],
-        }
-        _write_json(run.attempt_file(number), record)
-    except (OSError, ValueError) as exc:
+        raw = read_bytes(hang_file(run, number), SNAPSHOT_MAX_BYTES)
+        if raw is None:
+            return  # no hang (or not a file this process wrote)
+        snapshot = json.loads(raw)
+        record = read_attempt(run, number)
+        if record is None:
+            raise ValueError(f"attempt {number}'s record cannot be read back")
+        stacks = made(HangStacks, error=snapshot.get("error"), ranks=[
+            made(RankWhere, **{k: r.get(k) for k in ("rank", "state", "collective", "where")})
+            for r in snapshot.get("ranks", [])
+        ])
+        write_run_file(run.attempt_file(number), record.model_copy(update={"stacks": stacks}))
+    except (OSError, ValueError, AttributeError) as exc:
         print(f"attempt {number}: stacks not kept: {exc}", flush=True)
 
 
-def _write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
+def _write_snapshot(path: Path, snapshot: dict) -> None:
+    """A snapshot for the server (``service.domain.files.stackrequest`` reads it), written as
+    every run file is: atomically, never through a link the job planted."""
+    runwrite.make_dir(path.parent)
+    runwrite.write_file(path, json.dumps(snapshot).encode())
 
 
 def node_main(argv: list[str]) -> None:

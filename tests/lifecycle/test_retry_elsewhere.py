@@ -75,8 +75,8 @@ def test_retry_elsewhere_names_the_failing_ranks_node(tmp_path: Path) -> None:
     _node_file(run, 1, 0, "n1\n")
     _node_file(run, 1, 1, "n2\n")
     decided = retrydecision.decide_attempt(run, _config(), 1, "a rank failed", elsewhere=True)
-    assert decided.retry and decided.excluded_node == "n2"
-    assert decided.summary == "restarted elsewhere: rank 2 exited with code 3 (rule 1); " \
+    assert decided.retry and decided.decision.excluded_node == "n2"
+    assert decided.decision.summary == "restarted elsewhere: rank 2 exited with code 3 (rule 1); " \
         "excluding node n2"
     [attempt] = read_attempts(run)
     assert attempt["decision"]["action"] == "retry_elsewhere"
@@ -92,8 +92,8 @@ def test_an_unknown_node_is_a_retry_in_place_saying_why(
     if written is not None:
         _node_file(run, 1, 0, written)
     decided = retrydecision.decide_attempt(run, _config(nnodes=1), 1, "x", elsewhere=True)
-    assert decided.retry and decided.excluded_node is None
-    assert decided.summary.startswith("restarted in place: rank 1 exited with code 3 (rule 1)")
+    assert decided.retry and decided.decision.excluded_node is None
+    assert decided.decision.summary.startswith("restarted in place: rank 1 exited with code 3 (rule 1)")
     assert "restarting in place" in capsys.readouterr().out  # the attempt loop's log says why
     [attempt] = read_attempts(run)
     assert attempt["decision"]["action"] == "retry_elsewhere"
@@ -105,12 +105,12 @@ def test_retry_elsewhere_stays_in_place_where_no_node_can_be_left_out(tmp_path: 
     _failed_attempt(run, 1, {"0": 3})
     _node_file(run, 1, 0, "n1\n")
     local = retrydecision.decide_attempt(run, _config(nnodes=1), 1, "x", elsewhere=False)
-    assert local.retry and local.excluded_node is None
-    assert local.summary == "restarted: rank 0 exited with code 3 (rule 1)"
+    assert local.retry and local.decision.excluded_node is None
+    assert local.decision.summary == "restarted: rank 0 exited with code 3 (rule 1)"
     # max_restarts used up: no restart, so no node is excluded either.
     used_up = retrydecision.decide_attempt(run, _config(nnodes=1, max_restarts=0), 1, "x",
                                            elsewhere=True)
-    assert not used_up.retry and used_up.excluded_node is None
+    assert not used_up.retry and used_up.decision.excluded_node is None
 
 
 def test_the_next_allocation_counts_a_requeued_attempt_as_a_failure(tmp_path: Path) -> None:
@@ -198,7 +198,7 @@ def test_the_decision_the_attempt_loop_wrote_is_stored_with_the_requeue(api: Tes
     _node_file(run, 1, 0, "n1\n")
     decided = retrydecision.decide_attempt(run, _config(job_id=job_id, nnodes=1), 1,
                                            "a rank failed", elsewhere=True)
-    assert decided.retry and decided.excluded_node == "n1"
+    assert decided.retry and decided.decision.excluded_node == "n1"
     _requeue(run, "n1")
     _finisher(api).finish(job_id, 3, ref="4242")
     job = api.get(f"/jobs/{job_id}").json()
@@ -206,7 +206,7 @@ def test_the_decision_the_attempt_loop_wrote_is_stored_with_the_requeue(api: Tes
     [attempt] = job["attempts"]
     assert attempt["decision"] == {
         "action": "retry_elsewhere", "rule": "1", "rank": 0, "cause": "rank 0 exited with code 3",
-        "summary": decided.summary, "backoff_s": 0.0, "excluded_node": "n1",
+        "summary": decided.decision.summary, "backoff_s": 0.0, "excluded_node": "n1",
     }, attempt
 
 

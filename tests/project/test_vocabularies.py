@@ -7,7 +7,7 @@ from typing import get_args
 
 import pytest
 
-from torchyard_contract import state
+from torchyard_contract import runfiles, state
 
 
 @pytest.mark.parametrize(("literal", "enum"), [
@@ -15,6 +15,7 @@ from torchyard_contract import state
     (state.TrialOutcomeName, state.TrialOutcome),
     (state.WebhookEventName, state.WebhookEvent),
     (state.DeliveryStateName, state.DeliveryState),
+    (runfiles.OutcomeStateName, runfiles.OutcomeState),
 ])
 def test_each_literal_names_its_enum(literal: object, enum: type[Enum]) -> None:
     assert list(get_args(literal)) == [member.value for member in enum]
