@@ -23,8 +23,10 @@ import uuid
 from typing import Any
 
 from torchyard_contract.rundir import RunDir
+from torchyard_contract.safefile import read_bytes
 
 ABANDONED = "abandoned_by"
+CLAIM_MAX_BYTES = 64 * 1024  # a claim is a few fields; the job can write where it lies
 
 
 def claim(run: RunDir, content: dict[str, Any]) -> dict[str, Any] | None:
@@ -42,9 +44,14 @@ def claim(run: RunDir, content: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def read_claim(run: RunDir) -> dict[str, Any] | None:
+    """The claim, read as every file a job can write is (``torchyard_contract.safefile``);
+    None when there is none, or it is not a regular file, too large, or not a JSON object."""
+    raw = read_bytes(run.claim_file, CLAIM_MAX_BYTES)
+    if raw is None:
+        return None
     try:
-        data = json.loads(run.claim_file.read_text())
-    except (OSError, ValueError):
+        data = json.loads(raw)
+    except ValueError:
         return None
     return data if isinstance(data, dict) else None
 

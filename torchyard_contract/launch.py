@@ -12,6 +12,9 @@ from dataclasses import asdict, dataclass
 from torchyard_contract import runwrite
 from torchyard_contract.attempts import AttemptBudget, world_size
 from torchyard_contract.rundir import RunDir
+from torchyard_contract.safefile import read_bytes
+
+LAUNCH_FILE_MAX_BYTES = 4 * 2**20  # as the server writes it: far less (argv, rules)
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,13 @@ class LaunchConfig:
 
     @classmethod
     def read(cls, run: RunDir) -> "LaunchConfig":
-        data = json.loads(run.launch_file.read_text())
+        """``launch.json``, read as every file a job can write is (``safefile``: a regular file
+        under ``LAUNCH_FILE_MAX_BYTES``, never through a link the job planted). Raises
+        ``ValueError`` (or ``TypeError``: fields that are not this model's) otherwise."""
+        raw = read_bytes(run.launch_file, LAUNCH_FILE_MAX_BYTES)
+        if raw is None:
+            raise ValueError(f"{run.launch_file}: missing, not a regular file, or too large")
+        data = json.loads(raw)
         if isinstance(data.get("run_as"), dict):
             data["run_as"] = RunAs(**data["run_as"])
         return cls(**data)

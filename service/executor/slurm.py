@@ -14,7 +14,6 @@ Logs: ``RUN_DIR/logs/attempt-<n>/node-<k>/`` per node (torchrun's per-local-rank
 the node's name in ``node``), ``node-<k>.log`` with each node's torchrun output.
 """
 
-import json
 import logging
 import threading
 import time
@@ -52,6 +51,7 @@ from service.executor.slurmscript import (
 )
 from torchyard_contract import claim as runclaim
 from torchyard_contract import runwrite
+from torchyard_contract.launch import LaunchConfig
 from torchyard_contract.nodes import rank_location, read_node_name
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.safefile import is_regular, read_bytes
@@ -385,7 +385,6 @@ def _inside(path: Path, root: Path) -> bool:
 def _nproc_per_node(run: RunDir) -> int:
     """From the attempt loop's ``launch.json`` (written before submit; no secrets)."""
     try:
-        return max(1, int(json.loads(read_bytes(run.launch_file, SPEC_MAX_BYTES) or b"")
-                          ["nproc_per_node"]))
-    except (OSError, ValueError, KeyError, TypeError):
+        return max(1, LaunchConfig.read(run).nproc_per_node)
+    except (OSError, ValueError, TypeError):
         return 1

@@ -65,6 +65,7 @@ from service.run.torchrun import LaunchRequest, LocalTorchrunLauncher
 from service.run.warm import COLD_ENV, RELAY_PATH, SOCKET_ENV
 from torchyard_contract import claim as runclaim
 from torchyard_contract import envnames as names
+from torchyard_contract import runwrite
 from torchyard_contract.launch import LaunchConfig
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.runfiles import (
@@ -357,7 +358,8 @@ def read_spare_request() -> str:
     os.environ.clear()
     os.environ.update({str(k): str(v) for k, v in request["env"].items()})
     os.chdir(root)
-    log = os.open(RunDir(Path(root)).attempt_loop_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    # Confined, as the executor opens it for an attempt loop it starts: never through a link.
+    log = runwrite.open_append(RunDir(Path(root)).attempt_loop_log)
     null = os.open(os.devnull, os.O_RDONLY)
     for fd, target in ((null, 0), (log, 1), (log, 2)):
         os.dup2(fd, target)

@@ -188,7 +188,8 @@ def _take_on_nodes(run: RunDir, config: LaunchConfig) -> tuple[list[dict], str |
     try:
         done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
                               timeout=DUMP_TIMEOUT_S + SRUN_EXTRA_S, check=False)
-        answers = [p.read_text(errors="replace") for p in sorted(out_dir.glob("node-*.json"))]
+        answers = [(read_bytes(p, SNAPSHOT_MAX_BYTES) or b"").decode("utf-8", "replace")
+                   for p in sorted(out_dir.glob("node-*.json"))]
     except (OSError, subprocess.TimeoutExpired) as exc:
         return [], f"srun could not run the sampler on the nodes: {exc}"[:500]
     finally:
