@@ -19,8 +19,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.api.schemas import ErrorBody
 from service.domain.intake.admission import AdmissionRefused
-from service.domain.intake.pathguard import PathRefused
 from service.store.db import is_busy
+from torchyard_contract.confinement import PathRefused
 
 logger = logging.getLogger(__name__)
 

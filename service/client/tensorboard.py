@@ -7,7 +7,7 @@ TensorBoard; ``--serve`` then runs a local TensorBoard on ``DIR`` and fetches wh
 import shutil
 import subprocess
 import time
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -21,6 +21,7 @@ from service.client.options import (
     connect,
     err_console,
 )
+from torchyard_contract.confinement import PathRefused, relative_parts
 
 PREFIX = "tensorboard/"
 REFRESH_S = 10.0
@@ -29,10 +30,10 @@ REFRESH_S = 10.0
 def _local_path(root: Path, path: str) -> Path | None:
     """Where the artifact ``tensorboard/...`` goes under ``root``; None for a path that would
     leave it (the server never lists one; a client does not trust that)."""
-    parts = PurePosixPath(path.removeprefix(PREFIX)).parts
-    if not parts or any(p in ("", ".", "..") or "/" in p for p in parts) or path.startswith("/"):
+    try:  # the untrusted trees' rule (torchyard_contract.confinement)
+        return root.joinpath(*relative_parts(path.removeprefix(PREFIX)))
+    except PathRefused:
         return None
-    return root.joinpath(*parts)
 
 
 def fetch(client: TorchyardClient, job_id: int, output: Path) -> int:

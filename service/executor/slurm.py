@@ -51,6 +51,7 @@ from service.executor.slurmscript import (
 )
 from torchyard_contract import claim as runclaim
 from torchyard_contract import runwrite
+from torchyard_contract.confinement import resolves_inside
 from torchyard_contract.launch import LaunchConfig
 from torchyard_contract.nodes import rank_location, read_node_name
 from torchyard_contract.rundir import RunDir
@@ -376,10 +377,8 @@ def _ended_status(
 
 
 def _inside(path: Path, root: Path) -> bool:
-    try:
-        return path.resolve().is_relative_to(root)
-    except (OSError, RuntimeError):
-        return False
+    """Read only what resolves inside the run directory (the trusted roots' rule)."""
+    return resolves_inside(path, [root]) is not None
 
 
 def _nproc_per_node(run: RunDir) -> int:

@@ -10,6 +10,8 @@ it is. A client downloads by the listed path, URL-quoted like any path (``%`` â†
 import os
 import re
 
+from torchyard_contract.confinement import name_refusal
+
 _ESCAPE = re.compile(rb"%([0-9A-Fa-f]{2})")
 
 
@@ -29,12 +31,11 @@ def listed_name(name: str | bytes) -> str:
 
 def name_bytes(listed: str) -> bytes | None:
     """The file name a listed name stands for, or None where it names no possible file (empty,
-    ``.``, ``..``, a ``/`` or a NUL byte, also written ``%2F`` or ``%00``). A ``%`` not followed
-    by two hex digits is taken as itself."""
+    ``.``, ``..``, a ``/`` or a NUL byte, also written ``%2F`` or ``%00``: the untrusted trees'
+    rule of ``torchyard_contract.confinement``). A ``%`` not followed by two hex digits is taken
+    as itself."""
     try:
         raw = _ESCAPE.sub(lambda m: bytes([int(m[1], 16)]), listed.encode("utf-8"))
     except UnicodeEncodeError:
         return None
-    if raw in (b"", b".", b"..") or b"/" in raw or b"\x00" in raw:
-        return None
-    return raw
+    return None if name_refusal(raw) is not None else raw

@@ -62,8 +62,7 @@ def served(st: os.stat_result, owner_uid: int) -> bool:
 
 
 def _parts(path: str) -> list[bytes]:
-    if not path or path.startswith("/"):
-        raise ArtifactNotFound(f"no artifact {path[:200]!r}")
+    """A listed path's names; an absolute or empty path has an empty one (refused)."""
     parts = [name_bytes(p) for p in path.split("/")]
     if any(p is None for p in parts):
         raise ArtifactNotFound(f"no artifact {path[:200]!r}")

@@ -25,6 +25,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, NoReturn
 
 from service.domain.files.diskspace import DiskFull, free_bytes
+from torchyard_contract.confinement import PathRefused, relative_parts
 
 CHUNK_BYTES = 1024 * 1024
 MAX_COMPONENT_BYTES = 255  # NAME_MAX of every filesystem the home may be on
@@ -80,21 +81,17 @@ class TreeWriter:
         self._floor_checked_at = 0
 
     def name(self, raw: str) -> PurePosixPath:
-        """The member's name, checked and normalised; counts it as a member."""
-        if "\x00" in raw:
-            raise ArchiveRefused(f"{shown(raw)}: a name must not contain NUL")
+        """The member's name, checked and normalised; counts it as a member. A plain relative
+        path (``torchyard_contract.confinement``: the untrusted trees' rule), valid UTF-8, within
+        the package's bounds."""
+        try:
+            parts = relative_parts(raw)
+        except PathRefused as exc:
+            raise ArchiveRefused(f"{shown(raw)}: {exc.rule}") from None
         try:
             encoded = raw.encode("utf-8")  # surrogates: bytes that were not UTF-8
         except UnicodeEncodeError:
             raise ArchiveRefused(f"{shown(raw)}: a name must be valid UTF-8") from None
-        path = PurePosixPath(raw)
-        if raw.startswith("/") or path.is_absolute():
-            raise ArchiveRefused(f"{shown(raw)}: absolute paths are not allowed")
-        if ".." in path.parts:
-            raise ArchiveRefused(f"{shown(raw)}: '..' is not allowed in a name")
-        parts = [p for p in path.parts if p != "."]
-        if not parts:
-            raise ArchiveRefused(f"{shown(raw)}: an empty name")
         if len(parts) > self.limits.max_depth:
             raise ArchiveRefused(
                 f"{shown(raw)}: {len(parts)} levels deep, more than {self.limits.max_depth} "

@@ -1,7 +1,7 @@
 """What a submission must satisfy beyond its schema, given this server's settings.
 
 Contract: :func:`admit` returns the spec to store, or raises :class:`AdmissionRefused` (403: the
-server is not configured to run this) or :class:`service.domain.intake.pathguard.PathRefused` (422: a path
+server is not configured to run this) or :class:`torchyard_contract.confinement.PathRefused` (422: a path
 outside the configured roots). It never touches the filesystem beyond resolving paths.
 
 * Script jobs (a spec with an ``entrypoint``) run arbitrary code, so they need API tokens to be
@@ -13,8 +13,8 @@ outside the configured roots). It never touches the filesystem beyond resolving 
 
 from pydantic import ValidationError
 
-from service.domain.intake.pathguard import PathRefused, confine
 from service.settings import Settings
+from torchyard_contract.confinement import PathRefused, confine
 from torchyard_contract.spec import JobSpec
 
 

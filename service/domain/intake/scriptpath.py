@@ -11,8 +11,9 @@ Contract:
   or ``package/module/__main__.py``) and runs with ``PYTHONPATH`` set to the directory that holds
   it and ``PYTHONSAFEPATH=1`` (the working directory is not on ``sys.path``), so the module comes
   from the script directory, not from site-packages.
-* Every candidate goes through :func:`service.domain.intake.pathguard.confine`: ``..`` and symlinks that lead
-  outside the script directories are refused even when the target exists.
+* Every candidate goes through :func:`torchyard_contract.confinement.confine` (the trusted
+  roots' rule): ``..`` and symlinks that lead outside the script directories are refused even
+  when the target exists.
 * Raises :class:`ScriptsDisabled` when no script directory is configured, :class:`ScriptRefused`
   (a ``ValueError`` naming the field) for an entrypoint that is outside them or missing.
 * A package job (``spec.package``) resolves its entrypoint the same way inside its own copy of
@@ -26,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.domain.intake.pathguard import PathRefused, confine
+from torchyard_contract.confinement import PathRefused, confine
 from torchyard_contract.spec import JobSpec
 
 FIELD = "entrypoint"

@@ -43,7 +43,6 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.domain.identity.caller import acting_for
 from service.domain.intake.admission import AdmissionRefused
-from service.domain.intake.pathguard import PathRefused
 from service.domain.intake.submission import Intake, SubmitRejected
 from service.domain.lease import Lease
 from service.domain.sweeps.outcome import outcome, trial_epochs
@@ -54,6 +53,7 @@ from service.store import sweeps as store
 from service.store.db import is_busy
 from service.store.tables import Job, Sweep, SweepTrial
 from torchyard_contract.bounds import bounded_text
+from torchyard_contract.confinement import PathRefused
 from torchyard_contract.state import TERMINAL_STATES, JobState, SweepState, TrialOutcome
 
 logger = logging.getLogger(__name__)

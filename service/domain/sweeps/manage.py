@@ -20,7 +20,6 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.domain.identity.caller import ADMIN, Caller
 from service.domain.intake.admission import AdmissionRefused
-from service.domain.intake.pathguard import PathRefused
 from service.domain.intake.submission import Intake, SubmitRejected
 from service.domain.sweeps.outcome import final_value, outcome, trial_epochs
 from service.domain.sweeps.spec import SweepSpec, extremes
@@ -28,6 +27,7 @@ from service.domain.tracking import enrolment as tracking
 from service.store import repository as repo
 from service.store import sweeps as store
 from service.store.tables import Sweep, SweepTrial
+from torchyard_contract.confinement import PathRefused
 from torchyard_contract.spec import JobSpec
 from torchyard_contract.state import TERMINAL_STATES, JobState, SweepState, TrialOutcome
 
