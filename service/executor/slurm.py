@@ -14,6 +14,7 @@ Logs: ``RUN_DIR/logs/attempt-<n>/node-<k>/`` per node (torchrun's per-local-rank
 the node's name in ``node``), ``node-<k>.log`` with each node's torchrun output.
 """
 
+import json
 import logging
 import threading
 import time
@@ -52,7 +53,7 @@ from service.executor.slurmscript import (
 from torchyard_contract import claim as runclaim
 from torchyard_contract import runwrite
 from torchyard_contract.confinement import resolves_inside
-from torchyard_contract.launch import LaunchConfig
+from torchyard_contract.launch import LAUNCH_FILE_MAX_BYTES
 from torchyard_contract.nodes import rank_location, read_node_name
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.safefile import is_regular, read_bytes
@@ -64,7 +65,7 @@ NAME = "slurm"
 SCRIPT_FILE = "job.sbatch"
 CANCEL_WAIT_S = 120.0  # after scancel: Slurm's KillWait plus the time to reap every node
 CANCEL_POLL_S = 0.2
-SPEC_MAX_BYTES = 4 * 2**20  # spec.json and launch.json as the server wrote them: far less
+SPEC_MAX_BYTES = 4 * 2**20  # spec.json as the server wrote it: far less
 # What the server runs; sacct is optional (only where there is accounting or a completion log).
 REQUIRED_PROGRAMS = ("sbatch", "squeue", "scontrol", "scancel", "sinfo")
 
@@ -384,6 +385,7 @@ def _inside(path: Path, root: Path) -> bool:
 def _nproc_per_node(run: RunDir) -> int:
     """From the attempt loop's ``launch.json`` (written before submit; no secrets)."""
     try:
-        return max(1, LaunchConfig.read(run).nproc_per_node)
-    except (OSError, ValueError, TypeError):
+        return max(1, int(json.loads(read_bytes(run.launch_file, LAUNCH_FILE_MAX_BYTES) or b"")
+                          ["nproc_per_node"]))
+    except (OSError, ValueError, KeyError, TypeError):
         return 1

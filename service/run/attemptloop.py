@@ -20,11 +20,12 @@ starts after it), and writes:
 A pause (``RUN_DIR/pause.json``, ``service.run.pausesignal``) ends the attempt with the ranks'
 grace; the outcome is ``paused`` and a resumed job's next launch numbers its attempts on.
 
-Launchers (``--launcher``): ``local`` (default) runs each attempt's torchrun on this host;
-``slurm`` — inside a Slurm allocation, on its batch host — runs each attempt as one job step,
-``srun`` starting torchrun on every node with a static rendezvous here
-(``service.executor.slurmscript``), and exits with the outcome's exit code (the batch script
-``exec``s the attempt loop, so Slurm's record of the job carries the last attempt's real exit code).
+The launcher (``--launcher``, ``service.run.launcher``, chosen once at start) is what differs
+between where the ranks run: ``local`` (default) runs each attempt's torchrun on this host;
+``slurm`` — inside a Slurm allocation, on its batch host (``service.executor.slurmscript``) —
+runs each attempt as one job step, ``srun`` starting torchrun on every node with a static
+rendezvous here, and exits with the outcome's exit code (the batch script ``exec``s the attempt
+loop, so Slurm's record of the job carries the last attempt's real exit code).
 
 Input: ``RUN_DIR/launch.json`` (see ``LaunchConfig``: among others the rank program argv, the
 built-in trainer or a script job's resolved script and args) and the rank environment in its own
@@ -49,8 +50,9 @@ import sys
 import time
 from pathlib import Path
 
-from service.run import fastexit, ranktee, stackdump
+from service.run import ranktee, stackdump
 from service.run.exitreason import describe_exit, failed_rank_exit_codes
+from service.run.launcher import LAUNCHERS, Launcher, LocalLauncher, launcher_for
 from service.run.pausesignal import PAUSED_REASON, PauseWatch
 from service.run.proctree import (
     ProcessGroupHandle,
@@ -59,10 +61,7 @@ from service.run.proctree import (
     start_ticks,
     stop_descendants,
 )
-from service.run.socketport import free_port
-from service.run.srun import StepRequest, build_srun_command
-from service.run.torchrun import LaunchRequest, LocalTorchrunLauncher
-from service.run.warm import COLD_ENV, RELAY_PATH, SOCKET_ENV
+from service.run.warm import COLD_ENV, SOCKET_ENV
 from torchyard_contract import claim as runclaim
 from torchyard_contract import envnames as names
 from torchyard_contract import runwrite
@@ -93,16 +92,14 @@ def _wait_exit(handle: ProcessGroupHandle, timeout_s: float) -> None:
 
 class AttemptLoop:
     def __init__(
-        self, run: RunDir, config: LaunchConfig, launcher: str = "local",
-        warm_socket: str | None = None, why_cold: str | None = None,
+        self, run: RunDir, config: LaunchConfig, launcher: Launcher | None = None,
     ) -> None:
-        self.run, self.config, self.launcher = run, config, launcher
-        self.warm_socket = warm_socket  # warm ranks (service.run.warm, local only); None = cold
-        self.why_cold = why_cold  # warm ranks are on but the pool could not serve this job
+        self.run, self.config = run, config
+        self.launcher = launcher if launcher is not None else LocalLauncher()
         self.cancelled = False
         self.started = time.time()
         self.stopped_by_loop = False
-        self.pause = PauseWatch(run, config, launcher, warm_socket)
+        self.pause = PauseWatch(run, config, self.launcher)
         # A resumed (or restarted elsewhere) job's run directory holds its earlier launches'
         # attempts: numbering goes on after them; the ones a pause ended used no restart, one
         # a requeue ended (retry_elsewhere) failed and used one, as a retry in place does.
@@ -121,19 +118,16 @@ class AttemptLoop:
         env = {
             names.ATTEMPT: str(number),
             **self.config.rank_env(os.environ.get("PYTHONPATH")),
+            **self.launcher.attempt_env(),
         }
-        if self.warm_socket:
-            env[names.STACKS_TRACER] = str(os.getpid())
         record = made(AttemptFile, number=number, started_at=time.time())
         write_run_file(self.run.attempt_file(number), record)
-        if self.why_cold:
-            with open(logs / "torchrun.log", "a", encoding="utf-8") as log:
-                log.write(f"torchyard: warm start unavailable ({self.why_cold}); starting cold\n")
-        handle = self._start(number, logs, env)
+        # Each rank under service.run.ranktee: both streams also in one file, in the order written.
+        program = ranktee.wrap(self.run, number, self.launcher.rank_program(self.run, self.config))
+        handle = self.launcher.start(self.run, self.config, logs, program, env)
         forced_reason: str | None = None
         while (code := handle.poll()) is None:
-            stackdump.answer_requests(self.run, self.config, number, self.launcher,
-                                   self.warm_socket)  # GET .../stacks
+            stackdump.answer_requests(self.run, self.config, number, self.launcher)  # GET .../stacks
             forced_reason = self._why_stop(number)
             if forced_reason is None and self.pause.grace_over():
                 forced_reason = PAUSED_REASON  # the ranks had their grace; stop what is left
@@ -161,14 +155,14 @@ class AttemptLoop:
         elif code == 0:
             reason = None
         else:
-            reason = describe_exit(code, logs, self._launcher_logs(logs)[0],
+            reason = describe_exit(code, logs, self.launcher.torchrun_logs(logs)[0],
                                    self.config.nproc_per_node)
         if code == 0:
             rank_codes = {str(r): 0 for r in range(self.config.world_size)}
         else:
             rank_codes = {
                 str(r): c
-                for log in self._launcher_logs(logs)
+                for log in self.launcher.torchrun_logs(logs)
                 for r, c in failed_rank_exit_codes(log).items()
             }
         startup = code != 0 and not ready and forced_reason is None and not paused
@@ -179,61 +173,6 @@ class AttemptLoop:
         })
         write_run_file(self.run.attempt_file(number), record)
         return code, reason, startup
-
-    def _start(self, number: int, logs: Path, env: dict[str, str]) -> ProcessGroupHandle:
-        """Start one attempt's group: torchrun here, or (slurm) one torchrun per node via srun."""
-        # Each rank under service.run.ranktee: both streams also in one file, in the order written.
-        # Warm: the tee (stdlib only, quick to start cold) runs the relay, whose warm process
-        # becomes the rank program itself. Cold: a ``-m`` program ends without tearing torch down.
-        rank_program = self.config.rank_program(self.run)
-        if self.warm_socket:
-            rank_program = (str(RELAY_PATH), self.warm_socket, *rank_program)
-        else:
-            rank_program = fastexit.wrap(rank_program)
-        program = ranktee.wrap(self.run, number, rank_program)
-        if self.launcher != "slurm":
-            req = LaunchRequest(
-                job_id=self.config.job_id,
-                python=self.config.python,
-                nproc_per_node=self.config.nproc_per_node,
-                master_port=free_port(),
-                run_dir=self.run.root,
-                logs_dir=logs,
-                program=program,
-                env=env,
-                relay=(str(RELAY_PATH), self.warm_socket) if self.warm_socket else None,
-                cwd=Path(self.config.cwd(self.run)),
-            )
-            return LocalTorchrunLauncher().start(req, new_session=False)
-        step = StepRequest(
-            python=self.config.python,
-            nnodes=self.config.nnodes,
-            nproc_per_node=self.config.nproc_per_node,
-            # Rank 0's store listens here, the batch host, on a port free here now.
-            master_addr=socket.gethostname(),
-            master_port=free_port(""),
-            logs_dir=logs,
-            program=program,
-            gpus_per_node=self.config.gpus_per_node,
-        )
-        with open(logs / "srun.log", "ab") as log:
-            popen = subprocess.Popen(
-                build_srun_command(step),
-                cwd=self.config.cwd(self.run),
-                env={**os.environ, **env},
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        return ProcessGroupHandle(pid=popen.pid, popen=popen)
-
-    def _launcher_logs(self, logs: Path) -> list[Path]:
-        """torchrun's own output: one file here, one per node (``node-<k>.log``) on Slurm; the
-        first one names the failure when no rank left an error file."""
-        if self.launcher != "slurm":
-            return [logs / "torchrun.log"]
-        nodes = sorted(logs.glob("node-*.log"), key=lambda p: p.name)
-        return [*nodes, logs / "srun.log"] if nodes else [logs / "srun.log"]
 
     def _past_deadline(self) -> bool:
         """The job has run longer than its ``max_runtime_s``."""
@@ -257,7 +196,7 @@ class AttemptLoop:
                 if idle > cfg.heartbeat_timeout_s:
                     stuck = f"rank {rank} made no progress for {cfg.heartbeat_timeout_s:g} s"
                     return stackdump.hang_reason(  # names it
-                        self.run, cfg, number, stuck, self.launcher, self.warm_socket)
+                        self.run, cfg, number, stuck, self.launcher)
         return None
 
     def main(self) -> int:
@@ -288,7 +227,8 @@ class AttemptLoop:
                 from service.run import retrydecision
 
                 decided = retrydecision.decide_attempt(
-                    self.run, self.config, number, reason, self.restarts, self.launcher == "slurm",
+                    self.run, self.config, number, reason, self.restarts,
+                    self.launcher.excludes_nodes,
                     budget_s=retrydecision.budget_s(self.started, self.config.max_runtime_s))
                 last, reason = not decided.retry, decided.reason
                 if not last:
@@ -319,20 +259,11 @@ class AttemptLoop:
             number += 1
         outcome = outcome.model_copy(update={"attempts": number, "ended_at": time.time()})
         write_run_file(self.run.exit_file, outcome)
-        if self.launcher != "slurm":
-            return 0
-        return exit_status(outcome.exit_code)
+        return self.launcher.exit_status(outcome.exit_code)
 
 
 def _outcome(state: OutcomeState, code: int | None, reason: str | None, **more: object) -> Outcome:
     return made(Outcome, state=state, exit_code=code, reason=reason, **more)
-
-
-def exit_status(code: int | None) -> int:
-    """A process exit status for an attempt's exit code (a signal -N becomes 128+N)."""
-    if code is None:
-        return 1
-    return 128 - code if code < 0 else min(code, 255)
 
 
 def wrong_user(config: LaunchConfig) -> str | None:
@@ -370,7 +301,8 @@ def read_spare_request() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m service.run.attemptloop")
-    parser.add_argument("--launcher", choices=("local", "slurm"), default="local")
+    parser.add_argument("--launcher", choices=LAUNCHERS, default="local",
+                        help="where the ranks run (service.run.launcher)")
     parser.add_argument(
         "--spare", action="store_true",
         help="wait for a run directory and environment on stdin (service.executor.spareloop)",
@@ -390,17 +322,16 @@ def main() -> None:
         sys.exit(1)
     # First of all: claim the launch, unless a recovering server gave it up (torchyard_contract.claim).
     me = os.getpid()
-    mine = {"pid": me, "create_time": create_time(me), "start_ticks": start_ticks(me),
-            "host": socket.gethostname()}
-    if args.launcher == "slurm" and os.environ.get("SLURM_JOB_ID"):
-        mine["slurm_job_id"] = os.environ["SLURM_JOB_ID"]  # how the Slurm executor adopts it
-    if (other := runclaim.claim(run, mine)) is not None:
-        print(f"attempt loop: not running job: the launch was claimed already: {other}", file=sys.stderr)
-        sys.exit(0)
     # The executor's, for this process only: torchrun and the ranks do not inherit it.
     warm_socket = os.environ.pop(SOCKET_ENV, None)
     why_cold = os.environ.pop(COLD_ENV, None)
-    loop = AttemptLoop(run, config, args.launcher, warm_socket, why_cold)
+    launcher = launcher_for(args.launcher, warm_socket, why_cold)
+    mine = {"pid": me, "create_time": create_time(me), "start_ticks": start_ticks(me),
+            "host": socket.gethostname(), **launcher.claim_fields()}
+    if (other := runclaim.claim(run, mine)) is not None:
+        print(f"attempt loop: not running job: the launch was claimed already: {other}", file=sys.stderr)
+        sys.exit(0)
+    loop = AttemptLoop(run, config, launcher)
     signal.signal(signal.SIGTERM, loop.on_sigterm)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the server's terminal going away is not a cancel
     sys.exit(loop.main())

@@ -112,7 +112,7 @@ def failed_rank_exit_codes(torchrun_log: Path) -> dict[int, int]:
 
 
 def describe_exit(
-    exit_code: int, logs_dir: Path, launcher_log: Path, nproc_per_node: int = 1
+    exit_code: int, logs_dir: Path, torchrun_log: Path, nproc_per_node: int = 1
 ) -> str:
     """The attempt's reason: the first failing rank's exception, named by its global rank
     (``nproc_per_node``: where a job has a torchrun per node), else the exit and log tail."""
@@ -127,5 +127,5 @@ def describe_exit(
     rank_error = _first_rank_error(logs_dir, nproc_per_node)
     if rank_error:
         return bounded_text(f"{rank_error} ({prefix})")
-    tail = _tail(launcher_log)
+    tail = _tail(torchrun_log)
     return bounded_text(f"{prefix}; last output:\n{tail}" if tail else prefix)

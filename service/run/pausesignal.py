@@ -3,8 +3,9 @@
 The supervisor asks by writing ``RUN_DIR/pause.json`` (``RunDir.pause_request``). The attempt
 loop polls for it; when it appears:
 
-1. every rank program on this host gets SIGTERM at once (cold ranks below the attempt loop, warm ones
-   as the warm server names them: ``service.run.rankprocs``). The built-in trainer and a script
+1. the launcher tells the ranks (``Launcher.tell_pause``, ``service.run.launcher``): locally
+   every rank program gets SIGTERM at once (cold ranks below the attempt loop, warm ones as the
+   warm server names them: ``service.run.rankprocs``). The built-in trainer and a script
    that calls ``worker.should_stop()`` take it as "stop at the next epoch's end with a
    checkpoint" and exit 0; a script that handles SIGTERM itself does what it does; any other
    script ends at once, as Python's default SIGTERM action ends it, and resumes later the way it
@@ -19,13 +20,10 @@ and the attempt is no failure (no restart is used). A request already there befo
 starts (it came during a restart's backoff) ends the launch without starting one.
 """
 
-import signal
 import time
 from dataclasses import dataclass
 
-import psutil
-
-from service.run.rankprocs import rank_processes
+from service.run.launcher import Launcher
 from torchyard_contract.launch import LaunchConfig
 from torchyard_contract.rundir import RunDir
 
@@ -36,8 +34,7 @@ PAUSED_REASON = "paused"
 class PauseWatch:
     run: RunDir
     config: LaunchConfig
-    launcher: str
-    warm_socket: str | None = None
+    launcher: Launcher  # how the ranks are told (service.run.launcher)
     seen_at: float | None = None  # monotonic time the request was first seen, None before
 
     @property
@@ -58,14 +55,8 @@ class PauseWatch:
         return time.monotonic() - self.seen_at > self.config.pause_grace_s
 
     def _tell_ranks(self) -> None:
-        if self.launcher == "slurm":
+        told = self.launcher.tell_pause(self.run, self.config)
+        if told is None:
             return  # on other hosts: they read the request file (worker.should_stop)
-        told = 0
-        for proc in rank_processes(self.run, self.config, self.warm_socket).values():
-            try:
-                proc.send_signal(signal.SIGTERM)
-                told += 1
-            except psutil.Error:
-                continue
         print(f"pause requested: SIGTERM sent to {told} rank(s); "
               f"{self.config.pause_grace_s:g} s to stop", flush=True)

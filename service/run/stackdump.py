@@ -17,8 +17,10 @@ record and moves the NCCL Flight Recorder's dumps (``TORCH_NCCL_DEBUG_INFO_TEMP_
 server) into ``RUN_DIR/stacks/attempt-<n>-flight-recorder/``. Nothing here raises: when stacks
 cannot be taken the snapshot's ``error`` says why and the attempt goes on as it would have.
 
-A rank program is the child of its ``service.run.ranktee`` (whose ``--run-dir`` names the run),
-with ``RANK`` in its environment. Locally the ranks are found below the attempt loop; warm ranks
+Where the ranks are is the launcher's to know (``service.run.launcher``, its ``dump_stacks``;
+this module samples the processes it names). A rank program is the child of its
+``service.run.ranktee`` (whose ``--run-dir`` names the run), with ``RANK`` in its environment.
+Locally the ranks are found below the attempt loop; warm ranks
 (``service.run.warm``) are processes of the warm server instead, which names them (its ``status``:
 pid, job and rank of each): each warm rank has let the attempt loop trace it (``PR_SET_PTRACER``, see
 ``torchyard_contract.envnames.STACKS_TRACER``), as an ancestor may a cold one. On Slurm the
@@ -32,22 +34,20 @@ import re
 import shutil
 import socket
 import subprocess
-import tempfile
 import time
 from pathlib import Path
+from typing import Protocol
 
 import psutil
 
-from service.run.rankprocs import node_rank_processes, rank_processes
+from service.run.rankprocs import node_rank_processes
 from torchyard_contract import runwrite
 from torchyard_contract.launch import LaunchConfig
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.runfiles import HangStacks, RankWhere, made, read_attempt, write_run_file
 from torchyard_contract.safefile import read_bytes
-from torchyard_contract.treeremoval import remove_tree
 
 DUMP_TIMEOUT_S = 10.0
-SRUN_EXTRA_S = 10.0  # Slurm: starting the step on every node, on top of the dumps
 FRAMES_MAX = 200  # per thread
 THREADS_MAX = 64  # per rank
 REQUESTS_MAX = 16  # answered per poll, all by one snapshot
@@ -104,34 +104,40 @@ def classify(threads: list[dict]) -> dict:
             "collective": collective, "where": where}
 
 
+class StackSource(Protocol):
+    """Where the ranks' stacks come from: the attempt loop's launcher
+    (``service.run.launcher``: below this process, or on every node of a Slurm allocation)."""
+
+    def dump_stacks(self, run: RunDir, config: LaunchConfig) -> tuple[list[dict], str | None]:
+        ...
+
+
 def take(
-    run: RunDir, config: LaunchConfig, number: int, trigger: str, launcher: str,
-    warm_socket: str | None = None,
+    run: RunDir, config: LaunchConfig, number: int, trigger: str, source: StackSource,
 ) -> dict:
-    """Every rank's stacks now (the ranks' dumps run in parallel), classified. ``launcher``
-    slurm: one task per node (``srun --overlap`` in the job's allocation) dumps that node's.
-    ``warm_socket``: the attempt's ranks are warm, found through that warm server."""
+    """Every rank's stacks now (the ranks' dumps run in parallel), classified."""
     started = time.time()
     snapshot: dict = {"attempt": number, "trigger": trigger, "taken_at": started,
                       "host": socket.gethostname(), "error": None, "ranks": []}
-    sampler = config.stack_sampler
-    path = shutil.which(sampler) if sampler else None
-    if path is None and launcher != "slurm":
-        snapshot["error"] = (f"the stack sampler {sampler!r} was not found" if sampler
-                             else "stacks are turned off (TORCHYARD_STACK_SAMPLER is off)")
-        return snapshot
-    if launcher == "slurm":
-        entries, error = _take_on_nodes(run, config)
-    else:
-        ranks = rank_processes(run, config, warm_socket)
-        entries, error = _dump(ranks, str(path), started + DUMP_TIMEOUT_S)
+    entries, error = source.dump_stacks(run, config)
     snapshot["ranks"] = sorted(entries, key=lambda e: e["rank"])
     snapshot["error"] = error
     snapshot["took_s"] = round(time.time() - started, 3)
     return snapshot
 
 
-def _dump(ranks: dict[int, psutil.Process], sampler: str, deadline: float) -> tuple[list[dict], str | None]:
+def find_sampler(sampler: str | None) -> tuple[str | None, str | None]:
+    """(the sampler's path, None), or (None, why there is none)."""
+    path = shutil.which(sampler) if sampler else None
+    if path is not None:
+        return path, None
+    return None, (f"the stack sampler {sampler!r} was not found" if sampler
+                  else "stacks are turned off (TORCHYARD_STACK_SAMPLER is off)")
+
+
+def dump_processes(
+    ranks: dict[int, psutil.Process], sampler: str, deadline: float,
+) -> tuple[list[dict], str | None]:
     """py-spy on each of ``ranks`` at once; the entries, and the error when none was taken."""
     if not ranks:
         return [], "no rank process found (the ranks have not started yet)"
@@ -166,37 +172,11 @@ def _dump(ranks: dict[int, psutil.Process], sampler: str, deadline: float) -> tu
     return entries, (errors[0] if errors and len(errors) == len(dumps) else None)
 
 
-def _take_on_nodes(run: RunDir, config: LaunchConfig) -> tuple[list[dict], str | None]:
-    """Slurm: ``python -m service.run.stackdump`` on every node of the allocation, as a step that
-    overlaps the running attempt's; each prints its node's entries as one JSON line."""
-    job = os.environ.get("SLURM_JOB_ID")
-    if not job:
-        return [], "not inside a Slurm allocation (SLURM_JOB_ID unset)"
-    # Each node's answer in a file of its own: long lines of two tasks interleave on a pipe.
-    try:
-        stacks_dir(run).mkdir(parents=True, exist_ok=True)
-        out_dir = Path(tempfile.mkdtemp(prefix="nodes-", dir=stacks_dir(run)))
-    except OSError as exc:
-        return [], f"no room for the nodes' answers: {exc}"[:500]
-    argv = [
-        "srun", f"--jobid={job}", "--overlap", f"--nodes={config.nnodes}",
-        f"--ntasks={config.nnodes}", "--ntasks-per-node=1", "--cpus-per-task=1", "--mem=0",
-        "--kill-on-bad-exit=0", "--export=ALL", f"--output={out_dir}/node-%n.json",
-        config.python, "-m", "service.run.stackdump", str(run.root), str(config.world_size),
-        config.stack_sampler or "",
-    ]
-    try:
-        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
-                              timeout=DUMP_TIMEOUT_S + SRUN_EXTRA_S, check=False)
-        answers = [(read_bytes(p, SNAPSHOT_MAX_BYTES) or b"").decode("utf-8", "replace")
-                   for p in sorted(out_dir.glob("node-*.json"))]
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return [], f"srun could not run the sampler on the nodes: {exc}"[:500]
-    finally:
-        try:
-            remove_tree(out_dir)  # in the run directory, which the job can write: any depth
-        except OSError:
-            pass  # left for the job's deletion
+def node_entries(answers: list[str]) -> tuple[list[dict], list[str]]:
+    """The rank entries of the nodes' answers (:func:`node_main`'s lines), one per rank, and
+    the nodes' errors. Nodes that share a host (a test cluster's) each see every rank there,
+    and their samplers attach to the same rank at once, where one of the two may be refused:
+    a dump that worked is kept over one that did not."""
     entries, errors = [], []
     for line in (line for text in answers for line in text.splitlines()):
         try:
@@ -207,19 +187,12 @@ def _take_on_nodes(run: RunDir, config: LaunchConfig) -> tuple[list[dict], str |
             entries += [e for e in node.get("ranks", []) if isinstance(e, dict)]
             if node.get("error"):
                 errors.append(f"{node.get('host')}: {node['error']}")
-    # One entry per rank: nodes that share a host (a test cluster's) each see them all, and
-    # their samplers attach to the same rank at once, where one of the two may be refused:
-    # keep a dump that worked over one that did not.
     by_rank: dict[object, dict] = {}
     for entry in entries:
         kept = by_rank.get(entry.get("rank"))
         if kept is None or (kept.get("error") and not entry.get("error")):
             by_rank[entry.get("rank")] = entry
-    entries = list(by_rank.values())
-    if not entries:
-        why = errors[0] if errors else " ".join(done.stderr.decode("utf-8", "replace").split())
-        return [], (why or f"srun exited with {done.returncode}")[:500]
-    return entries, None
+    return list(by_rank.values()), errors
 
 
 def _sampler_error(stderr: str) -> str:
@@ -231,11 +204,10 @@ def _sampler_error(stderr: str) -> str:
 
 
 def hang_reason(
-    run: RunDir, config: LaunchConfig, number: int, reason: str, launcher: str = "local",
-    warm_socket: str | None = None,
+    run: RunDir, config: LaunchConfig, number: int, reason: str, source: StackSource,
 ) -> str:
     """At a heartbeat timeout: take and keep the stacks; the reason, naming the stuck ranks."""
-    snapshot = take(run, config, number, "heartbeat timeout", launcher, warm_socket)
+    snapshot = take(run, config, number, "heartbeat timeout", source)
     _write_snapshot(hang_file(run, number), snapshot)
     return describe_hang(snapshot, reason)
 
@@ -259,8 +231,7 @@ def describe_hang(snapshot: dict, reason: str) -> str:
 
 
 def answer_requests(
-    run: RunDir, config: LaunchConfig, number: int, launcher: str = "local",
-    warm_socket: str | None = None,
+    run: RunDir, config: LaunchConfig, number: int, source: StackSource,
 ) -> None:
     """Answer the server's requests for stacks (``stacks/requests/<nonce>``): those waiting at
     this poll (up to ``REQUESTS_MAX``) all get one snapshot, so however many are asked at once
@@ -276,7 +247,7 @@ def answer_requests(
         return
     for name in names:
         (requests / name).unlink(missing_ok=True)
-    snapshot = take(run, config, number, "request", launcher, warm_socket)
+    snapshot = take(run, config, number, "request", source)
     for name in names:
         _write_snapshot(stacks_dir(run) / f"{name}.json", snapshot)
 
@@ -319,14 +290,11 @@ def node_main(argv: list[str]) -> None:
     """``python -m service.run.stackdump RUN_DIR WORLD_SIZE SAMPLER``: one node's ranks of that run
     (a task of the attempt loop's ``srun --overlap`` step), as one JSON line on stdout."""
     run, world_size, sampler = RunDir(Path(argv[0])), int(argv[1]), argv[2]
-    path = shutil.which(sampler) if sampler else None
-    if path is None:
-        entries: list[dict] = []
-        error: str | None = (f"the stack sampler {sampler!r} was not found" if sampler
-                             else "stacks are turned off (TORCHYARD_STACK_SAMPLER is off)")
-    else:
-        entries, error = _dump(node_rank_processes(run, world_size), path,
-                               time.time() + DUMP_TIMEOUT_S)
+    path, error = find_sampler(sampler)
+    entries: list[dict] = []
+    if path is not None:
+        entries, error = dump_processes(node_rank_processes(run, world_size), path,
+                                        time.time() + DUMP_TIMEOUT_S)
     print(json.dumps({"host": socket.gethostname(), "ranks": entries, "error": error}), flush=True)
 
 

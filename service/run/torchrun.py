@@ -1,23 +1,19 @@
-"""Starting one attempt's rank group: a pure torchrun command builder and a step that runs it.
+"""One attempt's torchrun on this host: a pure command builder.
 
-``build_command`` is pure (printable as a dry run, unit-testable); ``LocalTorchrunLauncher.start``
-runs it. The job's attempt loop (``service.run.attemptloop``) calls it; starting the job itself is an
-executor's (``service.executor``).
+``build_command`` is pure (printable as a dry run, unit-testable); the local launcher
+(``service.run.launcher.LocalLauncher``) runs it for the job's attempt loop; starting the job
+itself is an executor's (``service.executor``).
 """
 
-import os
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from service.run import fastexit
-from service.run.proctree import ProcessGroupHandle
-from torchyard_contract.childenv import environ_for_children
 
 
 @dataclass(frozen=True)
 class LaunchRequest:
-    """Everything needed to start one attempt; built by the job's attempt loop."""
+    """Everything needed to start one attempt's torchrun; built by the local launcher."""
 
     job_id: int
     python: str
@@ -64,22 +60,3 @@ def build_command(req: LaunchRequest) -> list[str]:
         "--monitor-interval=0.1",  # torchrun's default: notices a rank exit as plain torchrun does
         *req.program,
     ]
-
-
-class LocalTorchrunLauncher:
-    """Runs torchrun on this host, output to a log file, in the caller's (the attempt loop's) group."""
-
-    def start(self, req: LaunchRequest, *, new_session: bool = True) -> ProcessGroupHandle:
-        """Start torchrun; ``new_session=False`` keeps it in the caller's group (the attempt loop's)."""
-        env = {**environ_for_children(os.environ), **req.env}
-        with open(req.logs_dir / "torchrun.log", "ab") as log:
-            popen = subprocess.Popen(
-                build_command(req),
-                cwd=req.cwd or req.run_dir,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=new_session,
-            )
-        return ProcessGroupHandle(pid=popen.pid, popen=popen)

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.domain.loop.finisher import Finisher
 from service.run import retrydecision
 from service.run.attemptloop import AttemptLoop
+from service.run.launcher import SlurmLauncher
 from service.store import outbox
 from service.store import repository as repo
 from tests.conftest import both_stores
@@ -122,7 +123,7 @@ def test_the_next_allocation_counts_a_requeued_attempt_as_a_failure(tmp_path: Pa
     record["decision"] = {"action": "retry_elsewhere", "rule": "1", "rank": 0,
                           "excluded_node": "n1"}
     run.attempt_file(1).write_text(json.dumps(record))
-    loop = AttemptLoop(run, _config(nnodes=1), "slurm")
+    loop = AttemptLoop(run, _config(nnodes=1), SlurmLauncher())
     assert (loop.first_number, loop.paused_attempts) == (2, 0)
 
 
