@@ -1,3 +1,3 @@
 """torchyard service: REST API, storage and supervisor. Never imports torch."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -40,7 +40,7 @@ class RunDir:
     def attempt_loop_log(self) -> Path:
         """The attempt loop's own output (stdout and stderr): what it did between attempts, why
         a warm start was not possible, why it refused to run. Not served by the API (a rank's
-        log is: ``rank_output``); named ``shim.log`` before 0.2.0."""
+        log is: ``rank_output``); its name before 0.2.0 is in CHANGELOG.md."""
         return self.root / "attempt-loop.log"
 
     @property

@@ -30,7 +30,7 @@ def environment(run_dir: Path | None = None) -> dict[str, str]:
     return env
 
 
-def run_worker_group(run_dir: Path, spec: JobSpec, warm_socket: str | None = None) -> None:
+def run_rank_group(run_dir: Path, spec: JobSpec, warm_socket: str | None = None) -> None:
     """Run ``spec`` as a 2-rank torchrun group on CPU/gloo in ``run_dir`` (no API); its agent
     and ranks forked by the warm server at ``warm_socket`` when given (cold otherwise)."""
     run_dir.mkdir(parents=True, exist_ok=True)

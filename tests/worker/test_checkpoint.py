@@ -8,7 +8,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from tests.worker.rungroup import run_worker_group
+from tests.worker.rungroup import run_rank_group
 from torchyard_contract.spec import DatasetName, JobSpec, OptimizerName
 from worker.checkpoint import checkpoint_name, list_checkpoints, load_latest, save_checkpoint
 
@@ -77,13 +77,13 @@ def test_real_two_rank_resume_is_exact(tmp_path: Path, warm_ranks: str) -> None:
         synthetic_samples=256, optimizer=OptimizerName.adam, lr=0.01, seed=3,
     )  # fmt: skip
     run = tmp_path / "run"
-    run_worker_group(run, spec, warm_ranks)
+    run_rank_group(run, spec, warm_ranks)
     files = list_checkpoints(run / "checkpoints")
     assert len(files) == spec.keep_checkpoints
     assert [e for e, _ in files] == [2, 3]
     before = {rank: len(_spool(run, rank)) for rank in (0, 1)}
 
-    run_worker_group(run, spec.model_copy(update={"epochs": 5}), warm_ranks)
+    run_rank_group(run, spec.model_copy(update={"epochs": 5}), warm_ranks)
     assert [e for e, _ in list_checkpoints(run / "checkpoints")] == [4, 5]
     resumed: dict[int, dict[int, float]] = {}
     for rank in (0, 1):
@@ -94,7 +94,7 @@ def test_real_two_rank_resume_is_exact(tmp_path: Path, warm_ranks: str) -> None:
         resumed[rank] = {r["epoch"]: r["value"] for r in new if r["name"] == "loss"}
 
     straight = tmp_path / "straight"
-    run_worker_group(straight, spec.model_copy(update={"epochs": 5}), warm_ranks)
+    run_rank_group(straight, spec.model_copy(update={"epochs": 5}), warm_ranks)
     for rank in (0, 1):
         losses = {r["epoch"]: r["value"] for r in _spool(straight, rank) if r["name"] == "loss"}
         assert not any(r["name"] == "resumed_from_epoch" for r in _spool(straight, rank))
@@ -105,6 +105,6 @@ def test_real_two_rank_resume_is_exact(tmp_path: Path, warm_ranks: str) -> None:
 
     # Nothing left to train: exits 0, trains and reports nothing more.
     lines = {rank: len(_spool(run, rank)) for rank in (0, 1)}
-    run_worker_group(run, spec.model_copy(update={"epochs": 4}), warm_ranks)
+    run_rank_group(run, spec.model_copy(update={"epochs": 4}), warm_ranks)
     assert all(len(_spool(run, rank)) == lines[rank] for rank in (0, 1))
     assert [e for e, _ in list_checkpoints(run / "checkpoints")] == [4, 5]

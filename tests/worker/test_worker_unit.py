@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.worker.rungroup import run_worker_group
+from tests.worker.rungroup import run_rank_group
 from torchyard_contract.spec import DatasetName, JobSpec, ModelName
 from worker.datasets import load_dataset
 from worker.env import WorkerEnv
@@ -134,7 +134,7 @@ def test_real_two_rank_run(tmp_path: Path, warm_ranks: str) -> None:
     spec = JobSpec(
         name="t", dataset=DatasetName.synthetic, epochs=2, batch_size=32, synthetic_samples=256
     )
-    run_worker_group(tmp_path, spec, warm_ranks)
+    run_rank_group(tmp_path, spec, warm_ranks)
     for rank in (0, 1):
         assert (tmp_path / "attempts" / "1" / f"ready-rank-{rank}").exists()
         records = [
