@@ -9,6 +9,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from service.client.api import TorchyardClient
 from service.client.render import fmt_value, job_line
+from torchyard_contract.attempts import spec_world_size
 
 
 @dataclass
@@ -24,7 +25,7 @@ def follow(client: TorchyardClient, job: dict[str, Any], console: Console) -> Fo
     restarted job that re-reports epochs does not count them twice.
     """
     spec = job.get("spec", {})
-    ranks = int(spec.get("nproc_per_node", 1))
+    ranks = spec_world_size(spec)  # every node's ranks report
     epochs = spec.get("epochs")
     result = FollowResult(job=job)
     done: set[tuple[int, int]] = set()

@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field
 from service.api.deps import JobDep
 from service.api.errors import ERROR_RESPONSES, ApiError
 from service.executor.base import Executor
+from torchyard_contract.attempts import spec_world_size
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.safefile import open_regular
 from torchyard_contract.state import TERMINAL_STATES, JobState
@@ -122,7 +123,7 @@ def read_logs(
     ] = None,
 ) -> LogChunk:
     job_id = job.id
-    world = int(job.spec.get("nproc_per_node", 1)) * int(job.spec.get("nnodes", 1))
+    world = spec_world_size(job.spec)
     if rank >= world:
         raise ApiError(404, "not_found", f"job {job_id} has ranks 0..{world - 1}; no rank {rank}")
     # The state is read before the file: a terminal job's log does not grow any more.
