@@ -91,6 +91,9 @@ def _wait_exit(handle: ProcessGroupHandle, timeout_s: float) -> None:
 
 
 class AttemptLoop:
+    """One launch of a job: its attempts until the outcome (module docstring). ``launcher``:
+    where its ranks run (``service.run.launcher``; default: this host, cold)."""
+
     def __init__(
         self, run: RunDir, config: LaunchConfig, launcher: Launcher | None = None,
     ) -> None:
