@@ -26,6 +26,10 @@ from typing import BinaryIO
 TAIL_READ_BYTES = 64 * 1024  # how much of a log's end a tail reads
 MAX_SYMLINKS = 40  # as the kernel's own path walk
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# The walk looks directories up without reading them (O_PATH), as the kernel's own path walk
+# does: a directory the reader may pass through but not list (a home of mode 0711 above a
+# run-as job's run directory, read by the job's attempt loop) is no obstacle.
+_WALK_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def trusted(dir_st: os.stat_result) -> bool:
@@ -42,14 +46,16 @@ def foreign(st: os.stat_result, dir_st: os.stat_result) -> bool:
 def open_parent(path: Path | str) -> tuple[int, str] | None:
     """An open descriptor of the directory holding ``path``'s last component, reached without
     following a symlink outside trusted directories, and that component's name (``..``, ``.``
-    and an empty name are refused); None when there is no such directory. The caller closes it."""
+    and an empty name are refused); None when there is no such directory. The descriptor is for
+    lookups relative to it (``O_PATH``: ``openat``, ``mkdirat``, ``renameat``, ``fstat``), not for
+    listing it. The caller closes it."""
     text = os.fspath(path)
     todo = [c for c in text.split("/") if c not in ("", ".")]
     if not todo or todo[-1] == "..":
         return None
     leaf = todo.pop()
     try:
-        fd = os.open("/" if text.startswith("/") else ".", _DIR_FLAGS)
+        fd = os.open("/" if text.startswith("/") else ".", _WALK_FLAGS)
     except OSError:
         return None
     hops = 0
@@ -57,7 +63,7 @@ def open_parent(path: Path | str) -> tuple[int, str] | None:
         while todo:
             name = todo.pop(0)
             try:
-                nxt = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                nxt = os.open(name, _WALK_FLAGS, dir_fd=fd)
             except OSError as exc:
                 if exc.errno not in (errno.ELOOP, errno.ENOTDIR) or not trusted(os.fstat(fd)):
                     raise
@@ -67,7 +73,7 @@ def open_parent(path: Path | str) -> tuple[int, str] | None:
                     raise
                 todo[:0] = [c for c in target.split("/") if c not in ("", ".")]
                 if target.startswith("/"):
-                    nxt = os.open("/", _DIR_FLAGS)
+                    nxt = os.open("/", _WALK_FLAGS)
                 else:
                     continue
             os.close(fd)
