@@ -141,7 +141,7 @@ class Outcome(BaseModel):
     reason: str | None = None
     # ``requeue``: the nodes to leave out from now on (the failing rank's); [] otherwise.
     exclude_nodes: list[NodeName] = Field(default_factory=list, max_length=OUTCOME_NODES_MAX)
-    attempts: int | None = Field(default=None, ge=0, le=ATTEMPTS_MAX)  # the launch's last
+    attempts: int | None = Field(default=None, ge=0, le=2**31)  # the launch's last attempt
     ended_at: float | None = None  # when the attempt loop wrote it (Unix seconds)
 
     _reason = field_validator("reason")(lambda v: bounded_text(v) if v is not None else None)
