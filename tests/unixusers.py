@@ -92,7 +92,10 @@ def python_for_users(workdir: Path) -> Path | None:
         site = venv / "lib" / version / "site-packages"
         import site as this_site
 
-        (site / "torchyard-test.pth").write_text("\n".join(this_site.getsitepackages()) + "\n")
+        # addsitedir, not a plain path line: it also reads the .pth files there (the editable
+        # install's, which puts the checkout on the path).
+        (site / "torchyard-test.pth").write_text("".join(
+            f"import site; site.addsitedir({d!r})\n" for d in this_site.getsitepackages()))
     reachable(venv)
     return python
 
