@@ -10,6 +10,7 @@
 | ``sharedservers`` | ``shared_server``, ``shared_script_server``, ``add_script`` |
 | ``clusters`` | the Slurm test cluster: ``slurm``, ``slurm_server``, ``module_slurm_server`` |
 | ``jobs`` | ``hooks``, ``every_record``, ``assert_each_record_once``, ``give_token``, ``cli`` |
+| ``threadserver`` | ``serve_in_thread``: an app served in a thread of the test process |
 | ``connections`` | ``await_requests_read``: a request known to be in a live server's hands |
 
 Helpers stay importable from here (``from tests.conftest import LiveServer, hooks``). A fixture
