@@ -5,7 +5,7 @@
 | ``suite`` | the ``--bench`` option, one byte-compile per run, xdist groups and order |
 | ``processes`` | ``REPO_ROOT``, ``child_environ``, ``LOOPBACK_TLS``, ``gone``, ending processes |
 | ``ports`` | ports reserved for live servers, handed to them as sockets; ``free_port`` |
-| ``stores`` | ``store``, ``both_stores``, ``database_url``, ``postgres_server``, ``api`` |
+| ``stores`` | ``store``, ``both_stores``, ``database_url``, ``postgres_server``, ``api``, ``sessions`` |
 | ``servers`` | ``LiveServer``, ``live_server``, ``live_server_factory``, ``leader_and_standby`` |
 | ``sharedservers`` | ``shared_server``, ``shared_script_server``, ``add_script`` |
 | ``clusters`` | the Slurm test cluster: ``slurm``, ``slurm_server``, ``module_slurm_server`` |
