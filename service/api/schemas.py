@@ -339,6 +339,19 @@ class MetricRead(BaseModel):
         )
 
 
+def metric_item(r: MetricRecord) -> dict[str, object]:
+    """A stored record (a row or a ``MetricRecord``) as the ``MetricRead`` it reads as: its
+    fields in order, for pydantic-core to serialize (``pydantic_core.to_json``) without a
+    model per record. The hot reads (polls, event streams) write pages this way; building
+    and dumping a ``MetricRead`` per record was a tenth of a poll's CPU (docs/benchmarks.md
+    §7). ``tests/api/test_hotreads.py`` checks both write the same bytes."""
+    return {
+        "seq": r.seq, "attempt": r.attempt, "rank": r.rank, "epoch": r.epoch,
+        "step": None if r.step == EPOCH_STEP else r.step, "name": r.name,
+        "value": r.nonfinite if r.nonfinite else r.value, "time": r.time,
+    }
+
+
 class MetricsPage(BaseModel):
     job_id: int
     state: JobState

@@ -160,8 +160,10 @@ def _copy_records(raw: Any, job_id: int, rows: list[tuple]) -> int:
     import psycopg
 
     with raw.cursor() as cur:
-        cur.execute("SELECT pg_advisory_xact_lock(%s, %s)", (_RECORDS_LOCK_CLASS, job_id))
-        cur.execute(f"SAVEPOINT {_COPY_SAVEPOINT}")
+        # One round trip for both: a query without parameters goes by the simple protocol,
+        # which takes several statements (both numbers are ints, formatted by us).
+        cur.execute(f"SELECT pg_advisory_xact_lock({_RECORDS_LOCK_CLASS:d}, {job_id:d}); "
+                    f"SAVEPOINT {_COPY_SAVEPOINT}")
         try:
             with cur.copy(_POSTGRES_COPY_RECORDS) as copy:
                 for row in rows:

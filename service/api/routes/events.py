@@ -38,12 +38,13 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import StreamingResponse
 from fastapi.sse import KEEPALIVE_COMMENT
+from pydantic_core import to_json
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.api.deps import JobDep, get_changes, get_session_factory
 from service.api.drain import draining
 from service.api.hotreads import HotReads
-from service.api.schemas import JobRead, MetricRead
+from service.api.schemas import JobRead, metric_item
 from service.store import records as recordstore
 from service.store import repository as repo
 from torchyard_contract.state import TERMINAL_STATES
@@ -99,7 +100,7 @@ def _read_tail(factory: sessionmaker[Session], job_id: int, after: int) -> Tail:
         row = repo.get_job(session, job_id)
         job = JobRead.from_row(row)  # type: ignore[arg-type]
         rows = recordstore.read_records(session, job_id, after, EVENTS_PAGE)
-        records = [(r.seq, f"event: metric\ndata: {MetricRead.from_row(r).model_dump_json()}\n"
+        records = [(r.seq, f"event: metric\ndata: {to_json(metric_item(r)).decode()}\n"  # type: ignore[arg-type]
                     f"id: {r.seq}-") for r in rows]
     return Tail(row.state_changes or 0, job.state in TERMINAL_STATES,  # type: ignore[union-attr]
                 job.model_dump_json(), records)
