@@ -33,7 +33,7 @@ from service.api.middleware.bodylimit import BodyLimitMiddleware
 from service.api.middleware.browserguard import BrowserGuardMiddleware, JsonBodyMiddleware
 from service.api.middleware.head import HeadAsGetMiddleware
 from service.api.middleware.signin import SignIn
-from service.api.middleware.writegate import WriteGate
+from service.api.middleware.writegate import RECORD_SLOTS, WriteGate
 from service.api.openapi import ServedDocument
 from service.api.routes import (
     apidocs,
@@ -104,6 +104,7 @@ def build_api(
     app.state.hot_reads = HotReads()  # metrics polls and event streams (bounded, shared)
     app.state.stacks_gate = StacksGate(settings.stacks_per_job, settings.stacks_in_flight)
     app.state.write_gate = WriteGate(settings.db_lock_timeout_s)  # writes on the thread pool (bounded)
+    app.state.record_gate = WriteGate(settings.db_lock_timeout_s, RECORD_SLOTS)  # record posts'
     app.state.read_session_factory = parts.read_session_factory
     app.state.read_engine = parts.read_engine  # hot reads take a plain connection (service.api.deps)
     app.state.supervisor = supervisor

@@ -8,8 +8,9 @@ is over (docs/metrics.md: no record is stored once a job is terminal).
 """
 
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
 
-from service.store.tables import Job
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.runfiles import read_attempts
 from torchyard_contract.state import ACTIVE_STATES, JobState
@@ -38,6 +39,22 @@ def job_attempts(run: RunDir, spec: dict | None, pauses: int = 0) -> list[dict]:
     return read_attempts(run, attempt_limit(spec, pauses), world_size(spec))
 
 
+class JobFacts(Protocol):
+    """What the record rules read of a job: the ORM ``Job``, or the plain row of
+    ``service.store.records.job_for_records`` (cheaper, on the hot path)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def spec(self) -> Any: ...
+    @property
+    def attempts(self) -> Any: ...
+    @property
+    def first_metric_at(self) -> datetime | None: ...
+
+
 @dataclass(frozen=True)
 class Refusal:
     status: int  # 409 over, 422 no such rank/attempt, 503 the next attempt, not recorded yet
@@ -58,7 +75,7 @@ class RecordScope:
     active: bool
 
     @classmethod
-    def of(cls, job: Job) -> "RecordScope":
+    def of(cls, job: JobFacts) -> "RecordScope":
         recorded: dict[int, dict] = {}
         for a in job.attempts or []:
             if isinstance(a, dict) and isinstance(a.get("number"), int):
