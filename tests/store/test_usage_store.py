@@ -117,6 +117,6 @@ def test_standing_decays_by_half_per_half_life_and_a_budget_is_spent(
     assert nlp.factor == pytest.approx(nlp.recent_slot_hours / 2) and (nlp.rank, vision.rank) == (1, 2)
     assert later["vision"].recent_slot_hours == pytest.approx(vision.recent_slot_hours / 2, rel=1e-9)
     assert vision.period_slot_hours == pytest.approx(2) and vision.spent is not None
-    assert vision.spent.startswith("team vision used 2.0 of 1.5 slot-hours this month")
+    assert vision.spent.startswith("team vision used 2 of 1.5 slot-hours this month")
     assert book is not None and book.spent["vision"] == later["vision"].spent
     assert book.factor["vision"] == pytest.approx(later["vision"].factor)

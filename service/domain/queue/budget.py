@@ -30,12 +30,17 @@ def utc_minutes(at: float) -> str:
     return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%MZ")
 
 
+def hours(value: float) -> str:
+    """Slot-hours as people read them: ``500.2``; a small budget's ``0.00123``."""
+    return f"{value:.1f}" if value >= 10 else f"{value:.3g}"
+
+
 def spent_reason(team: str, used_s: float, slot_hours: float, period: Period,
                  resets_at: float | None) -> str:
     """Why a team past its budget starts nothing, naming the budget and when it frees."""
-    used = used_s / HOUR_S
+    used = hours(used_s / HOUR_S)
     if period is Period.month:
-        return (f"team {team} used {used:.1f} of {slot_hours:g} slot-hours this month; "
+        return (f"team {team} used {used} of {slot_hours:g} slot-hours this month; "
                 f"resets {utc_minutes(resets_at or 0.0)}")
-    return (f"team {team} used {used:.1f} of {slot_hours:g} slot-hours in the last 30 days; "
+    return (f"team {team} used {used} of {slot_hours:g} slot-hours in the last 30 days; "
             "frees as that usage ages out")
