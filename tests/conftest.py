@@ -86,6 +86,7 @@ both_stores = pytest.mark.parametrize("store", STORES, indirect=True)
 XDIST_GROUPS = {
     "test_slurm.py": "slurm", "test_slurm_security.py": "slurm",
     "test_slurm_pending_cancel.py": "slurm", "test_slurm_run_as.py": "slurm",
+    "test_slurm_accounts.py": "slurm",
     "test_failover.py": "failover",
     # Their plain torchrun groups share one warm server (tests/worker/conftest.py).
     "test_checkpoint.py": "rungroup", "test_worker_unit.py": "rungroup",

@@ -84,10 +84,6 @@ def _utc(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-def _wall(job: dict) -> float:
-    return sum(a["ended_at"] - a["started_at"] for a in job["attempts"])
-
-
 def _holds(run: tuple[float, float], attempt: dict) -> None:
     """The run covers the attempt and ends within 1 s of it. Its start is the launch: before
     the attempt by the attempt loop's start-up (~0.2 s on a quiet machine; more under load),

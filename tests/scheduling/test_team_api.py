@@ -141,3 +141,30 @@ def test_a_member_sees_their_own_team_only(world: tuple[ThreadServer, Cast]) -> 
         assert alice.get("/teams/a").json()["fair_share"]["rank"] >= 1
         assert {"a", "b"} <= {t["name"] for t in admin.get("/teams").json()}
         assert alice.patch("/teams/a", json={"share": 5}).status_code == 403
+
+
+def test_a_sweeps_parallel_is_capped_by_its_teams_max_slots_unless_its_trials_borrow(
+    world: tuple[ThreadServer, Cast],
+) -> None:
+    from service.domain.sweeps.driver import SweepDriver
+    from service.domain.sweeps.spec import SweepSpec
+    from service.store import sweeps as sweepstore
+
+    server, cast = world
+    space = {"lr": {"type": "uniform", "low": 0.01, "high": 0.1}}
+    with server.client(BOOTSTRAP) as boot:
+        assert boot.post("/teams", json={"name": "sweepers", "quota": {"max_slots": 5}}).status_code == 201
+    factory = server.app.state.session_factory
+    found = {}
+    for name, base, team in (("two-rank", {**ONE, "nproc_per_node": 2}, "sweepers"),
+                             ("borrowing", {**ONE, "nproc_per_node": 2, "preemptible": True},
+                              "sweepers"),
+                             ("big", {**ONE, "nproc_per_node": 4, "nnodes": 2}, "sweepers"),
+                             ("no-team", {**ONE, "nproc_per_node": 2}, None)):
+        spec = SweepSpec.model_validate({"spec": base, "space": space, "parallel": 8})
+        with factory() as session:
+            sweep = sweepstore.create_sweep(session, name, 0, spec.model_dump(mode="json"),
+                                            owner="alice", team=team)
+            found[name] = SweepDriver._parallel(session, sweep, spec)
+            session.rollback()
+    assert found == {"two-rank": 2, "borrowing": 8, "big": 1, "no-team": 8}
