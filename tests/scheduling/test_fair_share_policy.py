@@ -41,7 +41,7 @@ def test_a_team_at_its_quota_waits_saying_so_and_a_preemptible_job_borrows() -> 
     p = plan(queue, cpus(2), [], NOW, book)
     assert launched(p) == [2], "the preemptible one borrows the idle slot"
     assert p.waiting[1].reason == "team vision holds 1 of its 1 slot"
-    assert p.waiting[3].reason == "team vision holds 2 of its 1 slot"  # counting the borrower
+    assert p.waiting[3].reason == "team vision holds 1 of its 1 slot"  # (the borrower comes last)
     half = TeamBook(max_slots={"vision": 4}, held={"vision": 3})
     assert plan([job(4, "vision", count=2)], cpus(4), [], NOW, half).waiting[4].reason == \
         "team vision holds 3 of its 4 slots; this job needs 2"
@@ -53,9 +53,23 @@ def test_a_borrower_takes_idle_slots_only_and_reserves_none() -> None:
     queue = [job(1, "vision", preemptible=True, count=2), job(2, "nlp")]
     p = plan(queue, cpus(1), running, NOW, book)
     assert launched(p) == [2], "the borrower blocks nothing behind it"
-    assert p.waiting[1].reason == ("needs 2 CPU slots; 1 free; past team vision's 1 slots it "
+    assert p.waiting[1].reason == ("needs 2 CPU slots; 0 free; past team vision's 1 slots it "
                                    "may only borrow idle ones")
     assert 1 not in [h.id for h in p.heads.values()]
+
+
+def test_a_borrower_never_takes_a_slot_a_job_within_its_quota_waits_for() -> None:
+    # vision has used less (it would come first) but is at its quota: its preemptible job only
+    # borrows, after nlp's job within its quota took the one free slot.
+    book = TeamBook(factor={"vision": 0.0, "nlp": 9.0}, max_slots={"vision": 1},
+                    held={"vision": 1})
+    queue = [job(1, "vision", preemptible=True), job(2, "nlp")]
+    p = plan(queue, cpus(1), [], NOW, book)
+    assert launched(p) == [2]
+    assert p.waiting[1] == (1, "needs 1 CPU slot; 0 free; past team vision's 1 slots it may "
+                               "only borrow idle ones")
+    assert launched(plan(queue, cpus(2), [], NOW, TeamBook(
+        factor={"vision": 0.0, "nlp": 9.0}, max_slots={"vision": 1}, held={"vision": 1}))) == [2, 1]
 
 
 def test_a_spent_budget_holds_every_job_of_the_team_and_nothing_else() -> None:

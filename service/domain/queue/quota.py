@@ -71,6 +71,8 @@ class TeamBook:
     max_slots: dict[str, int] = field(default_factory=dict)
     held: dict[str | None, int] = field(default_factory=dict)
     spent: dict[str, str] = field(default_factory=dict)
+    # (team, held, count) → the quota's reason: a pass asks it of thousands of jobs
+    _reasons: dict[tuple[str, int, int], str] = field(default_factory=dict)
 
     def order_key(self, team: str | None, priority: int, job_id: int) -> tuple[float, int, int]:
         return (self.factor.get(team, 0.0), -priority, job_id)
@@ -89,9 +91,15 @@ class TeamBook:
         held = self.held.get(team, 0)
         if held + count <= cap:
             return None
-        unit = "slot" if cap == 1 else "slots"
-        reason = f"team {team} holds {held} of its {cap} {unit}"
-        return reason if held >= cap else f"{reason}; this job needs {count}"
+        key = (team, held, count)
+        reason = self._reasons.get(key)
+        if reason is None:
+            unit = "slot" if cap == 1 else "slots"
+            reason = f"team {team} holds {held} of its {cap} {unit}"
+            if held < cap:
+                reason = f"{reason}; this job needs {count}"
+            self._reasons[key] = reason
+        return reason
 
     def borrowing(self, team: str | None, count: int) -> bool:
         """Would this job run past its team's ``max_slots`` (on borrowed slots)?"""

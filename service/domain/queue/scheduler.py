@@ -20,7 +20,8 @@ Anti-starvation is EASY backfill with a reservation, per resource kind (GPUs, CP
 With teams (a :class:`service.domain.queue.quota.TeamBook`), the order is fair share first
 (lowest factor, then priority, then id), a job its team's budget or quota holds waits without
 a reservation (it could not use one), and a preemptible job past its team's quota starts only
-on idle slots and reserves none (it borrows). The reservation goes to the first job in that
+on idle slots and reserves none (it borrows): borrowers are considered after every other job,
+so they take only what jobs within their quota leave. The reservation goes to the first job in that
 order that waits for capacity alone: no job starves. Every waiting job's reason names the rule
 that holds it: capacity, quota, budget, fair share or a reservation.
 """
@@ -29,6 +30,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
+from itertools import chain
 from typing import NamedTuple
 
 from service.domain.queue.quota import TeamBook, whose
@@ -146,7 +148,11 @@ def plan(
         factor = teams.factor
         order = sorted(queue, key=lambda j: (factor.get(j.team, 0.0), -j.priority, j.id))
         limited = frozenset((*teams.spent, *teams.max_slots))  # teams a rule may hold
-    for job in order:
+    # Borrowers go after every job within its quota, whatever their factor: idle slots are
+    # what those leave (else a borrower of a team low in usage took the slot a reclaim freed).
+    deferred: list[QueuedJob] = []
+    deferred_ids: set[int] = set()
+    for job in chain(order, deferred):  # deferred: read once ``order`` is done, filled meanwhile
         borrowing = False
         if job.team in limited and teams is not None:
             held_by = teams.hold(job.team, job.count, job.preemptible)
@@ -156,6 +162,10 @@ def plan(
                 continue
             # (one that is not preemptible and past the quota was held just now)
             borrowing = job.preemptible and teams.borrowing(job.team, job.count)
+            if borrowing and job.id not in deferred_ids:
+                deferred_ids.add(job.id)
+                deferred.append(job)
+                continue
         pool = free.setdefault(job.kind, [])
         fits = len(pool) >= job.count
         reservation = reservations.get(job.kind)
