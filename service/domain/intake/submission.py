@@ -91,6 +91,9 @@ class Intake:
     # then refused by it); False: this host's limits are checked here.
     executor_queues_jobs: bool
     queued: Callable[[], None]  # wakes the loop
+    # Read-only sessions (no write lock on SQLite): what a check reads that may run inside a
+    # writer's open transaction (a sweep's trial is made in the driver's) reads through these.
+    read_sessions: sessionmaker[Session] | None = None
 
     def submit(
         self, spec: JobSpec, idempotency_key: str | None = None, caller: Caller = ADMIN,
@@ -145,7 +148,7 @@ class Intake:
             raise SubmitRejected("insufficient_storage", str(exc), status=507) from exc
 
     def _vet_admitted(self, session: Session, spec: JobSpec, caller: Caller) -> Vetted:
-        self.check_team(session, spec, caller)
+        self.check_team(spec, caller)
         self.check_runnable(spec, caller)
         try:  # names only; URLs and secrets are read when each delivery is sent
             webhooks = webhookconf.subscriptions(spec.notify, self.settings.webhooks_file)
@@ -165,14 +168,17 @@ class Intake:
         return repo.create_job(session, vetted.spec, idempotency_key, vetted.webhooks,
                                owner=caller.user, team=caller.team)
 
-    def check_team(self, session: Session, spec: JobSpec, caller: Caller) -> None:
+    def check_team(self, spec: JobSpec, caller: Caller) -> None:
         """What the caller's team allows (docs/scheduling.md, "Teams"): a member submits at most
         at its ``max_priority`` (admins at any); on this host a job that is not preemptible
         needs at most its ``max_slots`` (a preemptible one may run on borrowed slots); a member
-        charges its ``slurm_account`` and ``slurm_qos``, not another. 422 naming the field."""
+        charges its ``slurm_account`` and ``slurm_qos``, not another. 422 naming the field.
+        Reads the team through the read-only sessions: it may run inside a writer's open
+        transaction (a sweep's trial), where a second writer session would wait on the first."""
         if caller.team is None:
             return
-        team = identitystore.get_team(session, caller.team)
+        with (self.read_sessions or self.sessions)() as session:
+            team = identitystore.get_team(session, caller.team)
         if team is None:
             return
         if not caller.admin and spec.priority > team.max_priority:

@@ -130,7 +130,8 @@ class Supervisor:
             opened=open_executor_run,
         )
         self.intake = Intake(self.settings, self.session_factory, self.inventory,
-                             self.executor.queues_jobs, self._queue_changed)
+                             self.executor.queues_jobs, self._queue_changed,
+                             read_sessions=self.ctx.read_sessions)
         launcher = Launcher(self.ctx)
         self.pauses = Pauses(self.ctx)
         self.scheduling: Scheduling = (

@@ -128,9 +128,10 @@ class Sweeps:
             raise SweepRejected("invalid_request", why, field="space")
         with self.sessions() as session:
             try:
-                base = self.intake.vet(session, spec.spec, caller).spec  # every check of POST /jobs
-                # ... and its team's limits as its trials will meet them (made as a member)
-                self.intake.check_team(session, base, acting_for(caller.user, caller.team))
+                # its team's limits as its trials will meet them (made as a member), then every
+                # check of POST /jobs
+                self.intake.check_team(spec.spec, acting_for(caller.user, caller.team))
+                base = self.intake.vet(session, spec.spec, caller).spec
                 for key, dim in spec.space.items():  # every spec field set, at its bounds
                     if spec.sets_field(key):
                         for value in extremes(dim):
