@@ -80,9 +80,12 @@ class HostScheduling:
         # until it launches (the launch itself is compare-and-set, so a job cancelled meanwhile
         # is skipped, and the allocation's unique key would refuse a double booking anyway).
         with ctx.read_sessions() as reader:
+            kinds: dict[str, str] = {}  # device → kind: a few distinct ones among 10,000 jobs
             queue = [
                 scheduler.QueuedJob(
-                    id=job_id, priority=priority, kind=resource_kind(device, ctx.inventory),
+                    id=job_id, priority=priority,
+                    kind=kinds.get(device) or kinds.setdefault(
+                        device, resource_kind(device, ctx.inventory)),
                     count=count, max_runtime_s=max_runtime_s, team=team,
                     preemptible=bool(preemptible),
                 )
@@ -97,7 +100,11 @@ class HostScheduling:
             teams = self.standings.book(reader, now, held_by_team(active))
         # Checked at submit, but a restart with fewer GPUs or slots can leave a job that never
         # fits: it would hold the head of its kind's queue forever, so it fails instead.
-        queue = [job for job in queue if not self._fail_if_never_fits(job)]
+        never = {(kind, count) for kind, count in {(j.kind, j.count) for j in queue}
+                 if capacity_shortfall(kind, count, ctx.inventory) is not None}
+        if never:
+            queue = [job for job in queue
+                     if (job.kind, job.count) not in never or not self._fail_if_never_fits(job)]
         free = {
             kind: [r for r in ctx.inventory.resource_names(kind) if r not in held]
             for kind in (scheduler.GPU, scheduler.CPU)
