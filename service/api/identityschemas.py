@@ -38,7 +38,8 @@ class TeamFields(BaseModel):
         "(must exist on this host, and on every Slurm node; not root, not the server's own "
         "user); null = the server's user")
     quota: Quota | None = Field(default=None, description="slots held at once and slot-hours "
-                                "per period; null = unlimited")
+                                "per period; null = unlimited. PATCH merges it: the quota's "
+                                "fields sent change, null clears one")
     # Left out: unchanged (PATCH) or the default (POST); never null.
     share: float = Field(default=1.0, gt=0, le=SHARE_MAX, allow_inf_nan=False,
                          description="fair-share weight: its factor is its recent usage "

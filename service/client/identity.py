@@ -75,10 +75,10 @@ def team_set(
     with connect(url, token) as client:
         if no_quota:
             body["quota"] = None
-        elif max_slots is not None or slot_hours is not None or period is not None:
-            quota = client.request("GET", f"/teams/{name}")["quota"] or {}
+        else:  # merged into the team's quota by the server (a JSON merge patch)
             changed = {"max_slots": max_slots, "slot_hours": slot_hours, "period": period}
-            body["quota"] = {**quota, **{k: v for k, v in changed.items() if v is not None}}
+            if quota := {k: v for k, v in changed.items() if v is not None}:
+                body["quota"] = quota
         team = client.request("PATCH", f"/teams/{name}", json=body)
     console.print(standing_rows([team]))
 

@@ -61,6 +61,11 @@ def test_team_settings_are_checked_and_patch_changes_only_what_is_sent(
         assert team["usage"]["period"] == "rolling_30d" and team["usage"]["resets_at"] is None
         team = boot.patch("/teams/settings", json={"max_priority": 80}).json()
         assert (team["quota"]["max_slots"], team["max_priority"]) == (4, 80)
+        team = boot.patch("/teams/settings", json={"quota": {"slot_hours": 800}}).json()
+        assert team["quota"] == {"max_slots": 4, "slot_hours": 800.0, "period": "rolling_30d"}, \
+            "a merge patch: the quota's other fields stay"
+        team = boot.patch("/teams/settings", json={"quota": {"max_slots": None}}).json()
+        assert team["quota"] == {"max_slots": None, "slot_hours": 800.0, "period": "rolling_30d"}
         assert boot.patch("/teams/settings", json={"quota": None}).json()["quota"] is None
 
 

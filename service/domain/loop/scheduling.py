@@ -3,9 +3,12 @@
 Two strategies behind one method, chosen by the executor's capability (``queues_jobs``):
 
 * :class:`HostScheduling` — the supervisor places jobs on this host's inventory
-  (``service.domain.queue.scheduler``: priority, FIFO, gang allocation, backfill behind a
-  reservation) and launches them (``service.domain.loop.launch``); a more urgent job that cannot
-  start may preempt preemptible ones (``service.domain.queue.preemption``).
+  (``service.domain.queue.scheduler``: fair share between teams, then priority, FIFO, gang
+  allocation, backfill behind a reservation; teams' quotas and budgets from
+  ``service.domain.queue.standing``) and launches them (``service.domain.loop.launch``); a job
+  of a team within its quota that cannot start takes borrowed slots back
+  (``service.domain.queue.reclaim``), else a more urgent one may preempt its own team's
+  preemptible ones (``service.domain.queue.preemption``).
 * :class:`ExecutorQueueing` — the executor queues and places jobs itself (Slurm): every queued
   job is handed to it at once, each on a submit thread (``service.domain.loop.submits``), and stays
   ``queued`` until the executor starts it (``service.domain.loop.reaping``).

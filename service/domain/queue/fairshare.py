@@ -85,25 +85,26 @@ class UsageLedger:
         return min(self._as_of, now) - FOLD_MEMORY_S
 
     def apply(self, rows: Iterable[UsageRow], now: float) -> None:
-        """Decay the sums to ``now`` and fold in the runs closed since (each once)."""
-        if self._as_of is not None and now > self._as_of:
-            factor = 2.0 ** (-(now - self._as_of) / self.half_life_s)
-            for team in self._decayed:
-                self._decayed[team] *= factor
+        """Decay the sums to ``now`` and fold in the runs closed since (each once). A clock
+        that went back (another server's) decays nothing: the sums stay as of the later time."""
         if self._as_of is None or now > self._as_of:
+            if self._as_of is not None:
+                factor = 2.0 ** (-(now - self._as_of) / self.half_life_s)
+                for team in self._decayed:
+                    self._decayed[team] *= factor
             self._as_of = now
+        at = self._as_of
         seen_open: dict[int, UsageRow] = {}
         for row in rows:
             if row.ended_at is None:
                 seen_open[row.id] = row
             elif row.id not in self._folded:
-                self._fold(row, self._as_of)
+                self._fold(row, row.ended_at, at)
         self._open = seen_open  # a run open before and absent now was closed (and folded)
         if now - self._pruned_at > FOLD_MEMORY_S:
             self._prune(now)
 
-    def _fold(self, row: UsageRow, now: float) -> None:
-        ended = row.ended_at if row.ended_at is not None else now  # (never None here)
+    def _fold(self, row: UsageRow, ended: float, now: float) -> None:
         self._folded[row.id] = ended
         self._decayed[row.team] += run_worth(row.slots, row.started_at, min(ended, now), now,
                                              self.half_life_s)
