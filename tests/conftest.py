@@ -92,13 +92,14 @@ XDIST_GROUPS = {
     "test_checkpoint.py": "rungroup", "test_worker_unit.py": "rungroup",
     **{name: name for name in (
         "test_dashboard.py", "test_fuzz.py", "test_hostile_scripts.py",
+        "test_fair_share_live.py", "test_dashboard_teams.py",
         "test_openapi.py", "test_warm_security.py", "test_warm_server.py",
     )},
 }
 # Files by their tests' total duration, longest first (``--durations=0`` on 2 cores).
 HEAVY_FIRST = [
     "test_slurm.py", "test_slurm_security.py", "test_failover.py", "test_bench_smoke.py",
-    "test_queue_live.py", "test_e2e.py", "test_warm_jobs.py", "test_workers.py",
+    "test_queue_live.py", "test_fair_share_live.py", "test_e2e.py", "test_warm_jobs.py", "test_workers.py",
     "test_fault.py", "test_dashboard.py", "test_dashboard_pages.py", "test_cli.py",
     "test_datasets_e2e.py",
     "test_warm_security.py", "test_checkpoint.py", "test_script_jobs.py",

@@ -181,7 +181,7 @@ def test_a_budget_spent_mid_job_lets_it_finish_holds_the_next_and_a_patch_releas
 ) -> None:
     server, tokens = box
     with _as(server, tokens["e"]) as e, server.client() as admin:
-        running = e.post("/jobs", json=spec(16)).json()["id"]
+        running = e.post("/jobs", json=spec(12)).json()["id"]
         server.wait_for(running, {"running"})
         deadline = time.monotonic() + 60
         while (team := e.get("/teams/e").json())["usage"]["budget_spent"] is None:
