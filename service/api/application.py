@@ -52,6 +52,7 @@ from service.api.routes import (
     summary,
     sweeps,
     teams,
+    usage,
     users,
 )
 from service.api.routes.prometheus import RequestTimer, Telemetry
@@ -60,6 +61,8 @@ from service.api.stacksgate import StacksGate
 from service.domain.files.diskspace import free_bytes
 from service.domain.identity.accounts import Accounts
 from service.domain.loop.supervisor import Supervisor
+from service.domain.queue.fairshare import HOUR_S
+from service.domain.queue.standing import Standings
 from service.executor.base import Executor, WarmReporter
 from service.settings import Settings
 from service.store.changefeed import ChangeFeed
@@ -113,6 +116,8 @@ def build_api(
     app.state.warm = parts.warm
     app.state.signin = signin
     app.state.accounts = Accounts(parts.session_factory, signin.close)
+    # Teams' usage and fair-share standing for GET /teams (this process's own ledger).
+    app.state.standings = Standings(settings.usage_half_life_h * HOUR_S)
     errors.install(app)
     app.state.telemetry = Telemetry(
         parts.read_session_factory, supervisor.inventory, parts.warm,
@@ -134,6 +139,7 @@ def build_api(
     app.include_router(packages.router)
     app.include_router(artifacts.router)
     app.include_router(teams.router)
+    app.include_router(usage.router)
     app.include_router(users.router)
     app.include_router(audit.router)
     app.include_router(prometheus_router)

@@ -229,9 +229,10 @@ class JobRead(BaseModel):
 
 
 def _waiting_reason(job: Job, waiting: Waiting) -> str:
-    """The scheduler's reason; a preempted job says first who it made room for."""
+    """The scheduler's reason; a preempted job says first why it was paused (``preempted by
+    job 12``, ``paused to return 2 slots to team nlp``)."""
     if job.preempted_by is not None:
-        return f"preempted by job {job.preempted_by}; {waiting.reason}"
+        return f"{job.reason or f'preempted by job {job.preempted_by}'}; {waiting.reason}"
     return waiting.reason
 
 

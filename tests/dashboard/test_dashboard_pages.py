@@ -433,7 +433,7 @@ def test_resources_show_the_holder_and_the_waiting_reason_and_cancel_by_keyboard
 
 
 PAGES = ["#/", "#/jobs/{job}", "#/sweeps", "#/sweeps/{sweep}", "#/compare?jobs={job},{trial}",
-         "#/resources", "#/submit"]
+         "#/resources", "#/teams", "#/submit"]
 
 
 def test_every_page_fits_a_phone(server, pruned_sweep, outputs_job, browser) -> None:  # type: ignore[no-untyped-def]

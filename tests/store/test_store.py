@@ -90,7 +90,7 @@ def test_scheduling_pass_reads_spec_fields_from_the_database(factories) -> None:
     b = _job(writer)
     with reader() as s:
         queue = sorted(repo.queued_for_scheduling(s))
-    assert queue == [(a, 4, "cpu", 3, 12.5), (b, 0, "auto", 1, None)]
+    assert queue == [(a, 4, "cpu", 3, 12.5, None, False), (b, 0, "auto", 1, None, None, False)]
 
 
 def _race(writer: sessionmaker[Session], job_id: int, targets: list[JobState]) -> list[JobState]:

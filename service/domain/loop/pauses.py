@@ -82,11 +82,13 @@ class Pauses:
             self.ctx.queue_changed()
         return job
 
-    def preempt(self, session: Session, job_id: int, by: int) -> bool:
+    def preempt(self, session: Session, job_id: int, by: int, why: str | None = None) -> bool:
         """running/starting → pausing to make room for job ``by`` (a scheduling pass, in its
-        session, under the lease's fence); True if it won. Counted in ``preemptions``."""
+        session, under the lease's fence); True if it won. Counted in ``preemptions``. ``why``:
+        the reason it is paused and then waits (default ``preempted by job <by>``; a reclaim
+        says which team gets its slots back)."""
         return repo.transition(session, job_id, JobState.pausing,
-                               reason=f"preempted by job {by}", preempted_by=by,
+                               reason=why or f"preempted by job {by}", preempted_by=by,
                                preemptions=Job.preemptions + 1)
 
     def resume_preempted(self) -> None:
