@@ -17,7 +17,8 @@ from pathlib import Path
 from bench.common import Row, fmt, machine
 
 BENCHES = ("startup", "endpath", "orchestration", "trainer", "ingest", "polling", "scheduling",
-           "slurm", "stores", "stacks", "pause", "idle", "procstart", "dashboard", "tracking")
+           "fairshare", "slurm", "stores", "stacks", "pause", "idle", "procstart", "dashboard",
+           "tracking")
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 START, END = "<!-- bench:results:start -->", "<!-- bench:results:end -->"
 

@@ -68,7 +68,7 @@ def fill(home: Path, jobs: int, trials: int, epochs: int) -> int:
             for n in range(1, trials + 1):
                 params = {"lr": 10 ** (-4 + 4 * n / trials), "batch_size": [32, 64, 128][n % 3]}
                 job = repo.create_job(session, spec.trial_spec(sweep.id, n, params))
-                sweepstore.mark_trial(session, job.id, sweep.id, params)
+                sweepstore.mark_trial(session, job.id, sweep.id, n, params)
                 pruned = n % 4 == 0
                 job.state = (JobState.cancelled if pruned else JobState.succeeded).value
                 job.pruned_epoch = epochs // 2 if pruned else None

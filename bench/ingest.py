@@ -68,16 +68,14 @@ def measure(server: Server, job_id: int, token: str, writers: int, batches: int,
     threads = [threading.Thread(target=write, args=(w,)) for w in range(writers)]
     for t in threads:
         t.start()
-    # The server and its API processes (``--workers``), if any.
-    server_procs = [psutil.Process(server.proc.pid)]
-    server_procs += server_procs[0].children(recursive=True)
+    procs = server_processes(server)
     start_gate.wait()
-    cpu0 = _cpu(server_procs)
+    cpu0 = server_cpu(procs)
     t0 = time.perf_counter()
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
-    server_cpu = _cpu(server_procs) - cpu0
+    used_cpu = server_cpu(procs) - cpu0
     total = sum(accepted)
     return {
         "records": total,
@@ -85,14 +83,21 @@ def measure(server: Server, job_id: int, token: str, writers: int, batches: int,
         "errors": sum(errors),
         "wall_s": wall,
         "records_per_s": total / wall,
-        "server_cpu_s": server_cpu,
-        "records_per_server_cpu_s": total / server_cpu if server_cpu > 0 else float("nan"),
+        "server_cpu_s": used_cpu,
+        "records_per_server_cpu_s": total / used_cpu if used_cpu > 0 else float("nan"),
         "p50_ms": percentile(latencies, 50) * 1000,
         "p99_ms": percentile(latencies, 99) * 1000,
     }
 
 
-def _cpu(procs: list[psutil.Process]) -> float:
+def server_processes(server: Server) -> list[psutil.Process]:
+    """The server and its worker processes (``--workers``), if any."""
+    procs = [psutil.Process(server.proc.pid)]
+    return procs + procs[0].children(recursive=True)
+
+
+def server_cpu(procs: list[psutil.Process]) -> float:
+    """User + system CPU-seconds of ``procs`` so far."""
     total = 0.0
     for proc in procs:
         try:

@@ -9,6 +9,7 @@ Goal: p99 <= 10 ms and flat as the table grows; concurrent: zero errors.
 """
 
 import asyncio
+import itertools
 import json
 import tempfile
 import time
@@ -34,6 +35,9 @@ REQUEST_TIMEOUT_S = 30.0
 # A busy job: 100 records/s (e.g. 8 ranks x 12 step metrics/s); every poll reads what is new.
 WRITER_BATCH = 10
 WRITER_PERIOD_S = 0.1
+# The writer's epochs, over every run in this process: each batch holds new records (a replay
+# would be answered "duplicates" and give the pollers nothing to read). Epoch 0 is the warm-up's.
+_WRITER_EPOCHS = itertools.count(1)
 
 
 def sequential(server: Server, job_id: int, after: int, limit: int, requests: int) -> list[float]:
@@ -96,11 +100,11 @@ async def _concurrent(server: Server, job_id: int, token: str, pollers: int, dur
         nonlocal errors, written
         headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
         conn = Connection(host, port)
-        batch = 0
         try:
             while time.monotonic() < deadline:
+                epoch = next(_WRITER_EPOCHS)
                 records = [
-                    {"attempt": 1, "rank": BENCH_RANKS - 1, "epoch": batch, "step": i, "name": "loss",
+                    {"attempt": 1, "rank": BENCH_RANKS - 1, "epoch": epoch, "step": i, "name": "loss",
                      "value": 1.0, "time": time.time()}
                     for i in range(WRITER_BATCH)
                 ]
@@ -117,7 +121,6 @@ async def _concurrent(server: Server, job_id: int, token: str, pollers: int, dur
                     written += result["accepted"]
                 else:
                     errors += 1
-                batch += 1
                 await asyncio.sleep(WRITER_PERIOD_S)
         finally:
             await conn.close()

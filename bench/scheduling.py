@@ -101,7 +101,7 @@ def scheduling_pass(home: Path, repeats: int) -> tuple[float, float, int]:
         with factory() as session:
             queue = [
                 scheduler.QueuedJob(job_id, priority, scheduler.CPU, count, max_runtime_s)
-                for job_id, priority, _device, count, max_runtime_s
+                for job_id, priority, _device, count, max_runtime_s, _team, _preemptible
                 in repo.queued_for_scheduling(session)
             ]
     finally:

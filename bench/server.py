@@ -41,7 +41,10 @@ class Server:
         """``program``: the ``python`` arguments that run the ``torchyard`` command (a
         benchmark's variant of ``-m service``)."""
         home.mkdir(parents=True, exist_ok=True)
-        sock = socket.create_server(("127.0.0.1", 0), backlog=2048)
+        # SO_REUSEPORT, as `serve --port` opens its own: `serve --fd --workers N` then gives each
+        # worker a socket of its own on the port (service.serve.worker_sockets); without it they
+        # all accept from this one and a burst of connections lands on one worker.
+        sock = socket.create_server(("127.0.0.1", 0), backlog=2048, reuse_port=True)
         port, fd = sock.getsockname()[1], sock.fileno()
         full_env = {
             **os.environ,

@@ -5,11 +5,12 @@
 | ``suite`` | the ``--bench`` option, one byte-compile per run, xdist groups and order |
 | ``processes`` | ``REPO_ROOT``, ``child_environ``, ``LOOPBACK_TLS``, ``gone``, ending processes |
 | ``ports`` | ports reserved for live servers, handed to them as sockets; ``free_port`` |
-| ``stores`` | ``store``, ``both_stores``, ``database_url``, ``postgres_server``, ``api`` |
+| ``stores`` | ``store``, ``both_stores``, ``database_url``, ``postgres_server``, ``api``, ``sessions`` |
 | ``servers`` | ``LiveServer``, ``live_server``, ``live_server_factory``, ``leader_and_standby`` |
 | ``sharedservers`` | ``shared_server``, ``shared_script_server``, ``add_script`` |
 | ``clusters`` | the Slurm test cluster: ``slurm``, ``slurm_server``, ``module_slurm_server`` |
 | ``jobs`` | ``hooks``, ``every_record``, ``assert_each_record_once``, ``give_token``, ``cli`` |
+| ``threadserver`` | ``serve_in_thread``: an app served in a thread of the test process |
 | ``connections`` | ``await_requests_read``: a request known to be in a live server's hands |
 
 Helpers stay importable from here (``from tests.conftest import LiveServer, hooks``). A fixture

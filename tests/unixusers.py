@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
 from torchyard_contract.launch import RunAs
 
 
@@ -92,7 +94,10 @@ def python_for_users(workdir: Path) -> Path | None:
         site = venv / "lib" / version / "site-packages"
         import site as this_site
 
-        (site / "torchyard-test.pth").write_text("\n".join(this_site.getsitepackages()) + "\n")
+        # addsitedir, not a plain path line: it also reads the .pth files there (the editable
+        # install's, which puts the checkout on the path).
+        (site / "torchyard-test.pth").write_text("".join(
+            f"import site; site.addsitedir({d!r})\n" for d in this_site.getsitepackages()))
     reachable(venv)
     return python
 
@@ -129,3 +134,19 @@ def read_as(user: RunAs, paths: dict[str, str], python: Path) -> dict[str, str |
         [str(python), "-c", PROBE, json.dumps(paths)], user=user.uid, group=user.gid,
         extra_groups=[], cwd="/", capture_output=True, text=True, timeout=60, check=True)
     return json.loads(done.stdout)
+
+
+def skip_or_fail(why: str) -> None:
+    """Skip, saying why; under CI (``CI=true``) fail instead: CI has what these tests need."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(why)
+    pytest.skip(why)
+
+
+@contextmanager
+def users_or_skip(*bases: str) -> Iterator[list[RunAs]]:
+    """:func:`unix_users`, or the test skipped (failed under CI) where they cannot be made."""
+    if (why := why_not()) is not None:
+        skip_or_fail(why)
+    with unix_users(*bases) as users:
+        yield users

@@ -33,7 +33,7 @@ from service.api.middleware.bodylimit import BodyLimitMiddleware
 from service.api.middleware.browserguard import BrowserGuardMiddleware, JsonBodyMiddleware
 from service.api.middleware.head import HeadAsGetMiddleware
 from service.api.middleware.signin import SignIn
-from service.api.middleware.writegate import WriteGate
+from service.api.middleware.writegate import RECORD_SLOTS, WriteGate
 from service.api.openapi import ServedDocument
 from service.api.routes import (
     apidocs,
@@ -52,6 +52,7 @@ from service.api.routes import (
     summary,
     sweeps,
     teams,
+    usage,
     users,
 )
 from service.api.routes.prometheus import RequestTimer, Telemetry
@@ -60,6 +61,8 @@ from service.api.stacksgate import StacksGate
 from service.domain.files.diskspace import free_bytes
 from service.domain.identity.accounts import Accounts
 from service.domain.loop.supervisor import Supervisor
+from service.domain.queue.fairshare import HOUR_S
+from service.domain.queue.standing import Standings
 from service.executor.base import Executor, WarmReporter
 from service.settings import Settings
 from service.store.changefeed import ChangeFeed
@@ -104,6 +107,7 @@ def build_api(
     app.state.hot_reads = HotReads()  # metrics polls and event streams (bounded, shared)
     app.state.stacks_gate = StacksGate(settings.stacks_per_job, settings.stacks_in_flight)
     app.state.write_gate = WriteGate(settings.db_lock_timeout_s)  # writes on the thread pool (bounded)
+    app.state.record_gate = WriteGate(settings.db_lock_timeout_s, RECORD_SLOTS)  # record posts'
     app.state.read_session_factory = parts.read_session_factory
     app.state.read_engine = parts.read_engine  # hot reads take a plain connection (service.api.deps)
     app.state.supervisor = supervisor
@@ -112,6 +116,8 @@ def build_api(
     app.state.warm = parts.warm
     app.state.signin = signin
     app.state.accounts = Accounts(parts.session_factory, signin.close)
+    # Teams' usage and fair-share standing for GET /teams (this process's own ledger).
+    app.state.standings = Standings(settings.usage_half_life_h * HOUR_S)
     errors.install(app)
     app.state.telemetry = Telemetry(
         parts.read_session_factory, supervisor.inventory, parts.warm,
@@ -133,6 +139,7 @@ def build_api(
     app.include_router(packages.router)
     app.include_router(artifacts.router)
     app.include_router(teams.router)
+    app.include_router(usage.router)
     app.include_router(users.router)
     app.include_router(audit.router)
     app.include_router(prometheus_router)

@@ -71,6 +71,8 @@ RULES: dict[tuple[str, str], Rule] = {
     ("GET", "/jobs"): Rule.signed_in,
     ("GET", "/sweeps"): Rule.signed_in,
     ("GET", "/packages/{digest}"): Rule.signed_in,
+    ("GET", "/usage"): Rule.signed_in,  # admins: everyone's; others: their team's
+    ("GET", "/teams"): Rule.signed_in,  # admins: every team; others: their own
     # reading one job or sweep
     ("GET", _JOB): Rule.team_viewer,
     ("GET", f"{_JOB}/wait"): Rule.team_viewer,
@@ -86,7 +88,9 @@ RULES: dict[tuple[str, str], Rule] = {
     ("GET", f"{_JOB}/deliveries"): Rule.team_viewer,
     ("GET", "/sweeps/{sweep_id}"): Rule.team_viewer,
     ("GET", "/sweeps/{sweep_id}/series"): Rule.team_viewer,
-    # making things, as the caller's team (issue 47 caps members' priority: see Intake)
+    ("GET", "/teams/{name}"): Rule.team_viewer,  # its quota, usage and fair-share rank
+    # making things, as the caller's team (a member's priority is capped by its team's
+    # max_priority: Intake.check_team)
     ("POST", "/jobs"): Rule.member,
     ("POST", "/sweeps"): Rule.member,
     ("POST", "/packages"): Rule.member,
@@ -100,8 +104,6 @@ RULES: dict[tuple[str, str], Rule] = {
     ("GET", "/metrics"): Rule.admin,  # Prometheus: every job's name and state
     ("GET", "/audit"): Rule.admin,
     ("POST", "/teams"): Rule.admin,
-    ("GET", "/teams"): Rule.admin,
-    ("GET", "/teams/{name}"): Rule.admin,
     ("PATCH", "/teams/{name}"): Rule.admin,
     ("POST", "/users"): Rule.admin,
     ("GET", "/users"): Rule.admin,

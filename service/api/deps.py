@@ -141,16 +141,25 @@ def _is_list(annotation: object) -> bool:
     return any(_is_list(arg) for arg in get_args(annotation) if get_origin(annotation) is not None)
 
 
+_DECLARED = "torchyard_query_params"  # the route's own attribute: its parameters, walked once
+
+
 async def reject_unknown_query(request: Request) -> None:
     """422 for a query parameter the route does not declare ("unknown field"), and for one
     that is not a list but given more than once (which one would count is not in the schema).
 
     ``async``: it only looks at the request, so it runs on the event loop instead of costing
-    every request a hop to the thread pool."""
+    every request a hop to the thread pool. A request without a query string (every record
+    post) is done at once; the route's parameters are walked once per route."""
+    if not request.scope.get("query_string"):
+        return
     route = request.scope.get("route")
     if not isinstance(route, APIRoute) or not route.include_in_schema:
         return
-    declared = _query_params(route.dependant)  # a walk of a few nodes: cheaper than caching
+    declared = getattr(route, _DECLARED, None)
+    if declared is None:
+        declared = _query_params(route.dependant)
+        setattr(route, _DECLARED, declared)
     unknown = sorted({k for k in request.query_params if k not in declared})
     repeated = sorted({
         k for k in request.query_params

@@ -1,18 +1,28 @@
 """Request and response shapes of teams, users, tokens, ``/me`` and the audit log.
 
 A team's settings are one model (``TeamFields``): ``POST /teams`` takes them with the name,
-``PATCH /teams/{name}`` any subset (fields left out stay as they are; ``null`` clears one).
-Issue 47's ``quota``, ``share``, ``max_priority`` and ``slurm_account`` are a field here and a
-column of ``teams`` each.
+``PATCH /teams/{name}`` any subset (fields left out stay as they are; ``null`` clears one that
+may be null). Each is a column of ``teams``; what the scheduler makes of ``quota``, ``share``
+and ``max_priority`` is docs/scheduling.md, "Teams: quotas, fair share and budgets".
 """
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from service.api.schemas import UtcDatetime
+from service.api.usageschemas import (
+    SHARE_MAX,
+    FairShareRead,
+    Quota,
+    TeamUsageRead,
+    standing_parts,
+)
 from service.domain.identity.caller import Role
+from service.domain.queue.quota import DEFAULT_MAX_PRIORITY
+from service.domain.queue.standing import Standing
 from service.store.tables import ApiToken, AuditEntry, Team, User
+from torchyard_contract.spec_types import PRIORITY_MAX, PRIORITY_MIN, SlurmName
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
@@ -27,6 +37,22 @@ class TeamFields(BaseModel):
         default=None, description="the Unix user its jobs run as when the server runs as root "
         "(must exist on this host, and on every Slurm node; not root, not the server's own "
         "user); null = the server's user")
+    quota: Quota | None = Field(default=None, description="slots held at once and slot-hours "
+                                "per period; null = unlimited. PATCH merges it: the quota's "
+                                "fields sent change, null clears one")
+    # Left out: unchanged (PATCH) or the default (POST); never null.
+    share: float = Field(default=1.0, gt=0, le=SHARE_MAX, allow_inf_nan=False,
+                         description="fair-share weight: its factor is its recent usage "
+                         "divided by this (2 = it may use twice as much as a team of 1)")
+    max_priority: int = Field(default=DEFAULT_MAX_PRIORITY, ge=PRIORITY_MIN, le=PRIORITY_MAX,
+                              strict=True, description="the highest priority its members may "
+                              "submit (422 above it); admins submit at any")
+    slurm_account: SlurmName | None = Field(
+        default=None, description="Slurm executor: the account its jobs are charged to "
+        "(sbatch --account) unless the spec names one; members may name no other")
+    slurm_qos: SlurmName | None = Field(
+        default=None, description="Slurm executor: its jobs' QOS (sbatch --qos) unless the spec "
+        "names one; members may name no other")
 
 
 class TeamCreate(TeamFields):
@@ -44,11 +70,31 @@ class TeamRead(BaseModel):
     isolation: str = Field(description="what keeps this team's jobs apart from other teams' "
                            "on this host, said plainly (without unix_user, or when the server "
                            "is not root, API roles do not isolate files or processes)")
+    quota: Quota | None
+    share: float
+    max_priority: int
+    slurm_account: str | None
+    slurm_qos: str | None
+    usage: TeamUsageRead | None = Field(default=None, description="what it holds and used")
+    fair_share: FairShareRead | None = Field(default=None, description="its factor and rank")
 
     @classmethod
-    def from_row(cls, team: Team, isolation: str) -> "TeamRead":
+    def from_row(cls, team: Team, isolation: str, standing: Standing | None = None) -> "TeamRead":
+        usage, fair_share = standing_parts(standing)
         return cls(name=team.name, created_at=team.created_at, unix_user=team.unix_user,
-                   isolation=isolation)
+                   isolation=isolation, quota=_quota(team.quota), share=team.share,
+                   max_priority=team.max_priority, slurm_account=team.slurm_account,
+                   slurm_qos=team.slurm_qos, usage=usage, fair_share=fair_share)
+
+
+def _quota(stored: object) -> Quota | None:
+    """The stored quota (the API wrote it); one that no longer validates reads as none."""
+    if not isinstance(stored, dict):
+        return None
+    try:
+        return Quota.model_validate(stored)
+    except ValidationError:
+        return None
 
 
 class UserCreate(BaseModel):

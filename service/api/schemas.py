@@ -1,5 +1,6 @@
 """HTTP shapes (apart from the ORM tables). The job spec itself is ``torchyard_contract.spec.JobSpec``."""
 
+import dataclasses
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
@@ -15,6 +16,8 @@ from pydantic import (
     create_model,
     field_validator,
 )
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+from pydantic_core import PydanticUndefined
 
 from service.domain.queue.scheduler import Waiting
 from service.executor.reference import attempt_loop_pid
@@ -226,9 +229,10 @@ class JobRead(BaseModel):
 
 
 def _waiting_reason(job: Job, waiting: Waiting) -> str:
-    """The scheduler's reason; a preempted job says first who it made room for."""
+    """The scheduler's reason; a preempted job says first why it was paused (``preempted by
+    job 12``, ``paused to return 2 slots to team nlp``)."""
     if job.preempted_by is not None:
-        return f"preempted by job {job.preempted_by}; {waiting.reason}"
+        return f"{job.reason or f'preempted by job {job.preempted_by}'}; {waiting.reason}"
     return waiting.reason
 
 
@@ -336,6 +340,19 @@ class MetricRead(BaseModel):
         )
 
 
+def metric_item(r: MetricRecord) -> dict[str, object]:
+    """A stored record (a row or a ``MetricRecord``) as the ``MetricRead`` it reads as: its
+    fields in order, for pydantic-core to serialize (``pydantic_core.to_json``) without a
+    model per record. The hot reads (polls, event streams) write pages this way; building
+    and dumping a ``MetricRead`` per record was a tenth of a poll's CPU (docs/benchmarks.md
+    §7). ``tests/api/test_hotreads.py`` checks both write the same bytes."""
+    return {
+        "seq": r.seq, "attempt": r.attempt, "rank": r.rank, "epoch": r.epoch,
+        "step": None if r.step == EPOCH_STEP else r.step, "name": r.name,
+        "value": r.nonfinite if r.nonfinite else r.value, "time": r.time,
+    }
+
+
 class MetricsPage(BaseModel):
     job_id: int
     state: JobState
@@ -351,21 +368,36 @@ class RecordBatch(BaseModel):
     records: list[RecordPost] = Field(max_length=1000)
 
 
-# RecordPost's fields and bounds, validated entirely inside pydantic-core: strict types (a JSON
-# integer for an integer; a number or one of the three names for a value) and no Python
-# validator per record, about a third of RecordBatch's CPU on a 1000-record batch
-# (docs/benchmarks.md, "Stores and API processes"). It takes a subset of what RecordBatch takes, so a
-# body it refuses goes to RecordBatch, which decides (it also takes 5.0 for the integer 5) and
-# words the errors.
-_StrictRecord = create_model(
-    "StrictRecord", __config__=ConfigDict(strict=True, extra="forbid"),
-    **{
-        name: (field.annotation, field) for name, field in RecordPost.model_fields.items()
-        if name != "value"
-    },
-    # A JSON number too large for a float (1e400) would read as inf here; RecordBatch refuses it.
-    value=(Annotated[float, Field(allow_inf_nan=False)] | NonFinite, ...),
-)
+# RecordPost's fields and bounds, validated entirely inside pydantic-core, straight into the
+# records the store takes: strict types (a JSON integer for an integer; a number or one of the
+# three names for a value) and no Python call per record. A third of RecordBatch's CPU on a
+# 1000-record batch (docs/benchmarks.md, "Stores and API processes"), and half of that again by
+# building no model per record: pydantic-core fills a slotted dataclass that *is* a
+# ``RecordIn`` (issue 50). It takes a subset of what RecordBatch takes, so a body it refuses
+# goes to RecordBatch, which decides (it also takes 5.0 for the integer 5) and words the errors.
+def _strict_record_type() -> type[RecordIn]:
+    annotations: dict[str, object] = {}
+    defaults: dict[str, object] = {}
+    for name in (f.name for f in dataclasses.fields(RecordIn)):
+        info = RecordPost.model_fields[name]
+        if name == "value":
+            # A JSON number too large for a float (1e400) would read as inf; RecordBatch
+            # refuses it. A name is decoded to its float by the one Python call, names only.
+            annotations[name] = (Annotated[float, Field(allow_inf_nan=False)]
+                                 | Annotated[NonFinite, AfterValidator(decode_value)])
+        else:
+            annotations[name] = (Annotated[(info.annotation, *info.metadata)]  # type: ignore[misc]
+                                 if info.metadata else info.annotation)
+        if info.default is not PydanticUndefined:
+            defaults[name] = info.default
+    namespace = {"__annotations__": annotations, "__module__": __name__, **defaults}
+    return pydantic_dataclass(  # type: ignore[no-any-return]
+        type("StrictRecord", (RecordIn,), namespace), frozen=True, slots=True, kw_only=True,
+        config=ConfigDict(strict=True, extra="forbid"),
+    )
+
+
+_StrictRecord = _strict_record_type()
 _StrictBatch = create_model(
     "StrictBatch", __config__=ConfigDict(extra="forbid"),
     records=(list[_StrictRecord], RecordBatch.model_fields["records"]),  # type: ignore[valid-type]
@@ -376,12 +408,11 @@ def parse_record_batch(body: bytes) -> list[RecordIn]:
     """The records of a ``RecordBatch`` JSON body, values decoded to floats. Raises pydantic's
     ``ValidationError`` (RecordBatch's) when the body is not one."""
     try:
-        records = _StrictBatch.model_validate_json(body).records  # type: ignore[attr-defined]
+        return _StrictBatch.model_validate_json(body).records  # type: ignore[attr-defined,no-any-return]
     except ValidationError:
         records = RecordBatch.model_validate_json(body).records
     return [
-        RecordIn(r.attempt, r.rank, r.epoch, r.step, r.name,
-                 r.value if r.value.__class__ is float else decode_value(r.value), r.time)
+        RecordIn(r.attempt, r.rank, r.epoch, r.step, r.name, r.value, r.time)  # type: ignore[arg-type]
         for r in records
     ]
 

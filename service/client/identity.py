@@ -16,8 +16,10 @@ from service.client.options import (
     console,
     err_console,
 )
+from service.client.usage import standing_rows, usage
 
-team_app = typer.Typer(help="Teams (admin): what jobs, sweeps, secrets and packages belong to.")
+team_app = typer.Typer(help="Teams: what jobs, sweeps, secrets and packages belong to; their "
+                       "quotas, budgets and fair share.")
 user_app = typer.Typer(help="Users (admin): people and pipelines, each a role in a team.")
 token_app = typer.Typer(help="Personal API tokens (your own; an admin: anyone's).")
 Name = Annotated[str, typer.Argument(help="lower-case letters, digits, '.', '_', '-'")]
@@ -46,10 +48,39 @@ def team_add(
 
 @team_app.command("list")
 def team_list(url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
-    """Every team."""
+    """Every team (yours, unless you are an admin): limits, slots held, usage, fair-share rank."""
     with connect(url, token) as client:
         teams = client.request("GET", "/teams")
-    console.print(_table(["name", "unix_user", "created_at"], teams))
+    console.print(standing_rows(teams))
+
+
+@team_app.command("set")
+def team_set(
+    name: Name,
+    max_slots: Annotated[int | None, typer.Option(min=0, help="slots held at once")] = None,
+    slot_hours: Annotated[float | None, typer.Option(min=0, help="budget per period")] = None,
+    period: Annotated[str | None, typer.Option(help="month | rolling_30d")] = None,
+    no_quota: Annotated[bool, typer.Option("--no-quota", help="no limit at all")] = False,
+    share: Annotated[float | None, typer.Option(help="fair-share weight (default 1)")] = None,
+    max_priority: Annotated[int | None, typer.Option(help="members' highest priority")] = None,
+    slurm_account: Annotated[str | None, typer.Option(help="sbatch --account")] = None,
+    slurm_qos: Annotated[str | None, typer.Option(help="sbatch --qos")] = None,
+    url: UrlOpt = DEFAULT_URL, token: TokenOpt = None,
+) -> None:
+    """Change a team's quota, share, priority cap or Slurm account (admin); quota fields not
+    given keep their value."""
+    body: dict = {k: v for k, v in (("share", share), ("max_priority", max_priority),
+                                    ("slurm_account", slurm_account), ("slurm_qos", slurm_qos))
+                  if v is not None}
+    with connect(url, token) as client:
+        if no_quota:
+            body["quota"] = None
+        else:  # merged into the team's quota by the server (a JSON merge patch)
+            changed = {"max_slots": max_slots, "slot_hours": slot_hours, "period": period}
+            if quota := {k: v for k, v in changed.items() if v is not None}:
+                body["quota"] = quota
+        team = client.request("PATCH", f"/teams/{name}", json=body)
+    console.print(standing_rows([team]))
 
 
 @user_app.command("add")
@@ -162,3 +193,4 @@ def register(app: typer.Typer) -> None:
     app.add_typer(token_app, name="token")
     app.command()(whoami)
     app.command()(audit)
+    app.command()(usage)

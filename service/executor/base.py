@@ -48,6 +48,10 @@ class Submission:
     # groups (its team's; None = the server's own user). Only a server running as root is
     # given one; its run directory already belongs to that user.
     run_as: RunAs | None = None
+    # The job's team's Slurm account and QOS (``teams.slurm_account``/``slurm_qos``): what an
+    # executor that charges accounts uses when the spec names none; the local one ignores them.
+    account: str | None = None
+    qos: str | None = None
 
 
 @dataclass(frozen=True)

@@ -145,8 +145,8 @@ class SlurmExecutor:
             max_runtime_s=spec.max_runtime_s,
             stop_grace_s=self.stop_grace_s,
             partition=partition,
-            account=spec.account or self.defaults.account,
-            qos=spec.qos or self.defaults.qos,
+            account=spec.account or sub.account or self.defaults.account,
+            qos=spec.qos or sub.qos or self.defaults.qos,
             constraint=spec.constraint or self.defaults.constraint,
             exclude=tuple(sub.exclude_nodes),
         )

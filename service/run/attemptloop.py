@@ -319,7 +319,16 @@ def main() -> None:
     if not become_subreaper():
         print("not a child subreaper (no prctl): daemons a job leaves may outlive it", flush=True)
     run = RunDir(root.resolve())
-    config = LaunchConfig.read(run)
+    try:
+        config = LaunchConfig.read(run)
+    except FileNotFoundError:
+        # A server that died before writing launch.json gave the launch up on its recovery (it
+        # claimed it): a late start runs nothing, and says so.
+        if (other := runclaim.read_claim(run)) is not None:
+            print(f"attempt loop: not running job: the launch was claimed already: {other}",
+                  file=sys.stderr)
+            sys.exit(0)
+        raise
     if (wrong := wrong_user(config)) is not None:  # before the claim: this process runs nothing
         print(f"attempt loop: not running job {config.job_id}: {wrong}", file=sys.stderr, flush=True)
         sys.exit(1)

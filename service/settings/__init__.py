@@ -97,6 +97,11 @@ class Settings(
         description="a job preempted once runs at least this long after each start before "
         "it may be preempted again (no thrashing; docs/lifecycle.md)",
     )
+    usage_half_life_h: float = Field(
+        default=168.0, gt=0, le=8760, allow_inf_nan=False,
+        description="half-life of recent usage in the fair-share factor, in hours (default a "
+        "week): a slot-hour used this long ago counts half (docs/scheduling.md)",
+    )
     python_executable: str | None = Field(
         default=None,
         description="Python interpreter that runs torchrun and the ranks; unset = the server's "

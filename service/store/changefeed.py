@@ -19,13 +19,15 @@ import logging
 import threading
 from collections.abc import Iterable
 
-from sqlalchemy import event, text
+from sqlalchemy import event
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 logger = logging.getLogger(__name__)
 
 CHANNEL = "torchyard_jobs"
 _CHANGED = "torchyard_changed_jobs"
+_NOTIFY = "SELECT pg_notify(%s, %s)"
 LISTEN_RETRY_S = 1.0
 # With LISTEN every commit is heard; a waiter still re-reads this often in case the listening
 # connection dropped (notifications sent while it reconnects are lost).
@@ -105,11 +107,18 @@ def attach(factory: sessionmaker[Session], feed: ChangeFeed) -> None:
     def _notify_in_transaction(session: Session) -> None:
         changed = session.info.get(_CHANGED)
         if changed and session.get_bind().dialect.name == "postgresql":
-            for job_id in sorted(changed):
-                session.execute(
-                    text("SELECT pg_notify(:channel, :payload)"),
-                    {"channel": CHANNEL, "payload": str(job_id)},
-                )
+            # On the driver's connection of the session's transaction: SQLAlchemy's execution
+            # path cost more than the statement (a record batch commits one per job).
+            # The driver's errors are raised as SQLAlchemy's, as for every other statement.
+            import psycopg
+
+            raw = session.connection().connection.driver_connection
+            try:
+                with raw.cursor() as cur:
+                    for job_id in sorted(changed):
+                        cur.execute(_NOTIFY, (CHANNEL, str(job_id)))
+            except psycopg.Error as exc:
+                raise DBAPIError.instance(_NOTIFY, None, exc, psycopg.Error) from exc
 
     @event.listens_for(factory, "after_commit")
     def _tell_this_process(session: Session) -> None:

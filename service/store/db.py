@@ -203,10 +203,12 @@ def _server_engine(url: str, *, readonly: bool, lock_timeout_s: float) -> Engine
 
     READ COMMITTED (PostgreSQL's default) is what the compare-and-set transitions need: an
     ``UPDATE … WHERE state IN (…)`` that waited on a concurrent one re-reads the row and matches
-    nothing if the other won. The reader's connections are read-only for their whole life
-    (``default_transaction_read_only``), so a stray write fails (a guard against mistakes, not
-    a security boundary); set once per new connection rather than by a ``SET TRANSACTION``
-    round trip per request, and without touching the ``options`` a URL may carry.
+    nothing if the other won. The reader runs each statement on its own (autocommit: the same
+    reads as READ COMMITTED, without a transaction's round trips); its connections are
+    read-only for their whole life (``default_transaction_read_only``), so a stray write fails
+    (a guard against mistakes, not a security boundary); set once per new connection rather
+    than by a ``SET TRANSACTION`` round trip per request, and without touching the
+    ``options`` a URL may carry.
 
     The writer's connections get ``lock_timeout`` and ``idle_in_transaction_session_timeout``
     the same way (see the module docstring); a transaction of a ``with_lock_timeout`` engine
@@ -218,7 +220,10 @@ def _server_engine(url: str, *, readonly: bool, lock_timeout_s: float) -> Engine
         # Each connection is a server process: keep fewer idle than SQLite's, never wait for one.
         pool_size=SERVER_POOL_SIZE,
         max_overflow=POOL_OVERFLOW,
-        isolation_level="READ COMMITTED",
+        # The reader in autocommit: under READ COMMITTED each statement reads the latest commit
+        # anyway, so a read transaction bought nothing but its BEGIN and ROLLBACK round trips
+        # (two of a metrics poll's four; docs/benchmarks.md §7).
+        isolation_level="AUTOCOMMIT" if readonly else "READ COMMITTED",
     )
     if readonly:
 

@@ -21,7 +21,7 @@ from torchyard_contract.records import decode_value, nonfinite_name
 EPOCH_STEP = -1  # stored step of a per-epoch record; the API shows it as null
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RecordIn:
     attempt: int
     rank: int
@@ -33,6 +33,23 @@ class RecordIn:
 
 
 _RECORDS = MetricRecord.__table__
+_JOBS = Job.__table__
+
+
+# What a batch needs to know of its job, read in the batch's own write transaction: one row of
+# plain columns, built once (an ORM Job per batch, with every column, showed in profiles).
+_JOB_FOR_RECORDS = select(
+    _JOBS.c.id, _JOBS.c.state, _JOBS.c.spec, _JOBS.c.attempts, _JOBS.c.first_metric_at,
+    _JOBS.c.token_hash, _JOBS.c.ended_at,
+).where(_JOBS.c.id == bindparam("job_id"))
+
+
+def job_for_records(session: Session, job_id: int) -> Row[Any] | None:
+    """The job's ``id``, ``state``, ``spec``, ``attempts``, ``first_metric_at``,
+    ``token_hash`` and ``ended_at`` as attributes of one row (what scope, the loss guard, the
+    first-metric time and the token check read); None when there is no such job."""
+    # Through the session's connection: the ORM's execution path costs more than the query.
+    return session.connection().execute(_JOB_FOR_RECORDS, {"job_id": job_id}).first()
 
 
 _RECORDS_AFTER = (
@@ -143,8 +160,10 @@ def _copy_records(raw: Any, job_id: int, rows: list[tuple]) -> int:
     import psycopg
 
     with raw.cursor() as cur:
-        cur.execute("SELECT pg_advisory_xact_lock(%s, %s)", (_RECORDS_LOCK_CLASS, job_id))
-        cur.execute(f"SAVEPOINT {_COPY_SAVEPOINT}")
+        # One round trip for both: a query without parameters goes by the simple protocol,
+        # which takes several statements (both numbers are ints, formatted by us).
+        cur.execute(f"SELECT pg_advisory_xact_lock({_RECORDS_LOCK_CLASS:d}, {job_id:d}); "
+                    f"SAVEPOINT {_COPY_SAVEPOINT}")
         try:
             with cur.copy(_POSTGRES_COPY_RECORDS) as copy:
                 for row in rows:
@@ -157,15 +176,21 @@ def _copy_records(raw: Any, job_id: int, rows: list[tuple]) -> int:
         return len(rows)
 
 
-def mark_first_metric(session: Session, job_id: int, records: Sequence[RecordIn]) -> None:
+def mark_first_metric(
+    session: Session, job_id: int, records: Sequence[RecordIn], known: datetime | None = None
+) -> None:
     """Set the job's ``first_metric_at`` from the earliest rank time in ``records``, once.
 
     Later batches change nothing, except one holding an earlier record (a spool replayed
-    after the API was down), which moves it back.
+    after the API was down), which moves it back. ``known``: the job's ``first_metric_at`` as
+    read in this transaction; a batch no earlier than it writes nothing (the value only ever
+    moves back, so a stale ``known`` can only cost the conditional UPDATE below).
     """
     if not records:
         return
     first = datetime.fromtimestamp(min(r.time for r in records), UTC).replace(tzinfo=None)
+    if known is not None and known <= first:
+        return
     session.execute(
         update(Job)
         .where(Job.id == job_id)

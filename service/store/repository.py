@@ -2,11 +2,13 @@
 changed means someone else won. The other stores: the lease (``lease``), the queue snapshot
 (``queue``), the change feed (``changefeed``) and chart series (``series``)."""
 
+import time
 from collections.abc import Iterable, Sequence
 
 from sqlalchemy import Connection, bindparam, delete, false, func, select, update
 from sqlalchemy.orm import Session
 
+from service.store import usage
 from service.store.changefeed import note_change
 from service.store.clock import utcnow
 from service.store.outbox import WEBHOOK_EVENTS, queue_webhook
@@ -126,15 +128,18 @@ def list_jobs(
 
 def queued_for_scheduling(
     session: Session,
-) -> Sequence[tuple[int, int, str, int, float | None]]:
-    """(id, priority, device, nproc_per_node, max_runtime_s) of every queued job: only what a
-    scheduling pass needs, extracted from the spec by the database (no JSON decoding here)."""
+) -> Sequence[tuple[int, int, str, int, float | None, str | None, bool]]:
+    """(id, priority, device, nproc_per_node, max_runtime_s, team, preemptible) of every queued
+    job: only what a scheduling pass needs, extracted from the spec by the database (no JSON
+    decoding here)."""
     q = select(
         Job.id,
         Job.priority,
         Job.spec["device"].as_string(),
         Job.spec["nproc_per_node"].as_integer(),
         Job.spec["max_runtime_s"].as_float(),
+        Job.team,
+        Job.preemptible,
     ).where(Job.state == JobState.queued.value)
     return session.execute(q).tuples().all()
 
@@ -284,12 +289,19 @@ def allocated_resources(session: Session) -> dict[str, int]:
 
 
 def allocate(session: Session, job_id: int, resources: Iterable[str]) -> None:
-    session.add_all(Allocation(resource=r, job_id=job_id) for r in resources)
+    """Book ``resources`` for the job and open its usage run (``service.store.usage``) in the
+    same transaction: slots held and slots counted never differ."""
+    names = list(resources)
+    session.add_all(Allocation(resource=r, job_id=job_id) for r in names)
     session.flush()
+    usage.open_run(session, job_id, len(names), time.time())
 
 
 def release(session: Session, job_id: int) -> None:
+    """Free the job's resources and close its usage run, if open (once: a second release, by
+    another path that frees the same job, closes nothing)."""
     session.execute(delete(Allocation).where(Allocation.job_id == job_id))
+    usage.close_runs(session, job_id, time.time())
 
 
 def request_stop(session: Session, job_id: int, reason: str) -> bool:

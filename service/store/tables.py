@@ -260,9 +260,9 @@ class WebhookDelivery(Base):
 
 
 class Team(Base):
-    """A team: the unit jobs, sweeps, secrets and packages belong to. One column per setting
-    (``unix_user`` now; a quota, a share, a priority cap and a Slurm account come with
-    issue 47), each settable by ``POST``/``PATCH /teams`` (``service.api.identityschemas``)."""
+    """A team: the unit jobs, sweeps, secrets and packages belong to. One column per setting,
+    each settable by ``POST``/``PATCH /teams`` (``service.api.identityschemas``); what the
+    scheduler makes of them: docs/scheduling.md, "Teams: quotas, fair share and budgets"."""
 
     __tablename__ = "teams"
     __table_args__ = ({"sqlite_autoincrement": True},)
@@ -273,6 +273,35 @@ class Team(Base):
     # The Unix user its jobs run as when the server runs as root (issue 46, item 6); null =
     # the server's own user.
     unix_user: Mapped[str | None] = mapped_column(String(32))
+    # {"max_slots": int | null, "slot_hours": float | null, "period": "month" | "rolling_30d"};
+    # null = unlimited (service.domain.queue.quota reads it). 0018_fair_share.
+    quota: Mapped[dict | None] = mapped_column(JSON)
+    # The fair-share weight: a team's factor is its recent usage divided by this.
+    share: Mapped[float] = mapped_column(Float, default=1.0, server_default="1")
+    # The highest priority its members may submit (admins: any).
+    max_priority: Mapped[int] = mapped_column(Integer, default=50, server_default="50")
+    # Passed to sbatch as --account / --qos (the Slurm executor).
+    slurm_account: Mapped[str | None] = mapped_column(String(64))
+    slurm_qos: Mapped[str | None] = mapped_column(String(64))
+
+
+class SlotUsage(Base):
+    """Who used what (``service.store.usage``): one row each time a job starts holding slots,
+    written with the allocation (local) or when the executor says it started (Slurm), closed
+    once — compare-and-set on ``ended_at IS NULL`` — when they are freed, so a restart never
+    counts a run twice. Times: seconds since the epoch on the writing server's clock. Team and
+    owner are the job's, copied: the account outlives the job (no foreign key)."""
+
+    __tablename__ = "slot_usage"
+    __table_args__ = ({"sqlite_autoincrement": True},)
+
+    id: Mapped[int] = mapped_column(Int64, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(Integer, index=True)
+    team: Mapped[str | None] = mapped_column(String(64))
+    owner: Mapped[str | None] = mapped_column(String(64))
+    slots: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[float] = mapped_column(Float)
+    ended_at: Mapped[float | None] = mapped_column(Float, index=True)
 
 
 class User(Base):

@@ -50,7 +50,8 @@ EXCLUDED = [schemathesis.checks.positive_data_acceptance]
 # as POST /jobs documents: ranks that do not fit this host, a dataset_root outside
 # TORCHYARD_DATA_DIRS, an entrypoint that is not a file in the script directories, resume_from
 # naming no job, secret_env naming a secret the server does not hold, nnodes > 1 or a Slurm
-# field on the local executor, a package not uploaded here, notify naming no webhook endpoint;
+# field on the local executor, a package not uploaded here, notify naming no webhook endpoint,
+# mlflow set on a server that exports to no MLflow tracking server;
 # and a retry rule's log_pattern that Python's re does not compile (the schema cannot say it).
 # Entries are fnmatch patterns.
 # A sweep's base spec may be refused for the same reasons, and its space by rules across fields
@@ -59,7 +60,7 @@ EXCLUDED = [schemathesis.checks.positive_data_acceptance]
 # script's {placeholder} in args names a dimension.
 JOB_STATE_DEPENDENT = {"nproc_per_node", "dataset_root", "entrypoint", "resume_from",
                        "secret_env", "nnodes", "partition", "account", "qos", "constraint",
-                       "package", "notify", "on_failure.*.log_pattern"}
+                       "package", "notify", "on_failure.*.log_pattern", "mlflow", "mlflow.*"}
 STATE_DEPENDENT = {
     # The served document names this server's webhook endpoints (none: notify is empty).
     "POST /jobs": JOB_STATE_DEPENDENT - {"notify"},

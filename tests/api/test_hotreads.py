@@ -129,3 +129,30 @@ def test_no_more_reads_run_at_once_than_the_bound(limit: int) -> None:
     asyncio.run(main())
     assert read.calls == 20
     assert read.peak == limit
+
+
+def test_a_page_written_without_models_is_the_page_the_models_write() -> None:
+    # The hot reads serialize plain dicts (schemas.metric_item) instead of a MetricRead per
+    # record: the bytes must be those of MetricsPage, for every kind of record.
+    from types import SimpleNamespace
+
+    from pydantic_core import to_json
+
+    from service.api.schemas import MetricRead, MetricsPage, metric_item
+    from service.store.records import EPOCH_STEP
+
+    rows = [
+        SimpleNamespace(seq=1, attempt=1, rank=0, epoch=3, step=EPOCH_STEP, name="loss",
+                        value=0.25, nonfinite=None, time=1.5),
+        SimpleNamespace(seq=2, attempt=2, rank=7, epoch=0, step=2**62, name="a.b:c/d-e_f",
+                        value=-1e300, nonfinite=None, time=1796000000.123456),
+        SimpleNamespace(seq=3, attempt=1, rank=1, epoch=1, step=5, name="x", value=None,
+                        nonfinite="-Infinity", time=0.0),
+        SimpleNamespace(seq=4, attempt=1, rank=1, epoch=1, step=6, name="y", value=3.0,
+                        nonfinite=None, time=2.0),
+    ]
+    models = MetricsPage(job_id=9, state="running", next_after=4,
+                         items=[MetricRead.from_row(r) for r in rows]).model_dump_json()
+    plain = to_json({"job_id": 9, "state": "running",
+                     "items": [metric_item(r) for r in rows], "next_after": 4})
+    assert plain.decode() == models

@@ -6,21 +6,19 @@ The server is the real app under uvicorn in a thread with the supervisor off; th
 posted with the job's token and the log is a file where torchrun writes it, so no job has to run.
 """
 
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
 from service.app import create_app
 from service.settings import Settings
 from service.settings.tokens import new_token
 from service.store import repository as repo
 from tests.dashboard.browser import CHROMIUM, chart_traces
+from tests.fixtures.threadserver import serve_in_thread
 from torchyard_contract.rundir import RunDir
 
 pytestmark = pytest.mark.skipif(
@@ -36,16 +34,8 @@ def seeded(tmp_path: Path) -> Iterator[tuple[str, int]]:
     two nodes its restarts left out (``retry_elsewhere`` on Slurm)."""
     settings = Settings(home=tmp_path / "home", gpus="none", cpu_slots=2)
     app = create_app(settings, run_supervisor=False)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        assert thread.is_alive()
-        time.sleep(0.05)
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    try:
+    with serve_in_thread(app) as running:
+        url = running.url
         with httpx.Client(base_url=url, timeout=10) as c:
             job_id = c.post("/jobs", json={"name": "steps", "dataset": "digits", "epochs": 1,
                                            "nproc_per_node": 1}).json()["id"]
@@ -73,10 +63,6 @@ def seeded(tmp_path: Path) -> Iterator[tuple[str, int]]:
             job.exclude_nodes = ["n1", "n2"]  # as restarts elsewhere on Slurm leave it
             session.commit()
         yield url, job_id
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
-        sock.close()
 
 
 def test_per_step_only_job_is_charted_and_log_starts_at_the_tail(seeded, page) -> None:  # type: ignore[no-untyped-def]

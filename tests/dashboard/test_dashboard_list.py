@@ -5,14 +5,10 @@ sweep with more trials than the page draws one line each for.
 The server is the real app under uvicorn in a thread with the supervisor off, so the jobs posted
 stay queued and nothing runs (as tests/dashboard/test_dashboard_followers.py does)."""
 
-import socket
-import threading
-import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI
 from sqlalchemy import insert
 
@@ -24,6 +20,7 @@ from service.store import repository as repo
 from service.store import sweeps as sweepstore
 from service.store.tables import MetricRecord
 from tests.dashboard.browser import CHROMIUM
+from tests.fixtures.threadserver import serve_in_thread
 from torchyard_contract.state import JobState
 
 pytestmark = pytest.mark.skipif(
@@ -38,24 +35,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Fast
     settings = Settings(home=tmp_path_factory.mktemp("list") / "home", gpus="none", cpu_slots=2,
                         warm_ranks=False)
     app = create_app(settings, run_supervisor=False)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        assert thread.is_alive()
-        time.sleep(0.05)
-    base = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    try:
+    with serve_in_thread(app) as running:
+        base = running.url
         with httpx.Client(base_url=base, timeout=10) as c:
             for i in range(JOBS):
                 assert c.post("/jobs", json={"name": f"j{i + 1}", "dataset": "synthetic"}).status_code == 201
         yield base, app
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
-        sock.close()
 
 
 @pytest.fixture

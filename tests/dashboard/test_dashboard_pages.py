@@ -289,7 +289,9 @@ def test_outputs_download_byte_for_byte_and_the_spec_shows_secret_names_only(
     link = pg.locator("#output-rows a", has_text="model.bin")
     link.wait_for()
     rows = pg.locator("#output-rows tr").evaluate_all("rows => rows.map(r => r.dataset.path)")
-    assert rows == ["eval/scores.json", "model.bin"]
+    # The job's own files, and the TensorBoard event files the server wrote from its records.
+    assert [r for r in rows if not r.startswith("tensorboard/")] == ["eval/scores.json", "model.bin"]
+    assert any(r.startswith("tensorboard/events.out.tfevents.") for r in rows), rows
     assert "293 KiB" in pg.locator("#output-rows tr[data-path='model.bin']").inner_text()
     with pg.expect_download() as download:
         link.click()
@@ -431,7 +433,7 @@ def test_resources_show_the_holder_and_the_waiting_reason_and_cancel_by_keyboard
 
 
 PAGES = ["#/", "#/jobs/{job}", "#/sweeps", "#/sweeps/{sweep}", "#/compare?jobs={job},{trial}",
-         "#/resources", "#/submit"]
+         "#/resources", "#/teams", "#/submit"]
 
 
 def test_every_page_fits_a_phone(server, pruned_sweep, outputs_job, browser) -> None:  # type: ignore[no-untyped-def]

@@ -80,7 +80,7 @@ def _job_with_points(api: TestClient, points_per_rank: int, ranks: int = 2) -> i
         return job.id
 
 
-def test_series_route_downsamples_a_100k_point_job_quickly(api: TestClient) -> None:
+def test_series_route_downsamples_a_100k_point_job(api: TestClient) -> None:
     job_id = _job_with_points(api, N // 2)  # 2 ranks × 50k epochs = 100k points
     started = time.perf_counter()
     r = api.get(f"/jobs/{job_id}/series", params={"name": "loss", "max_points": 1000})
@@ -96,8 +96,8 @@ def test_series_route_downsamples_a_100k_point_job_quickly(api: TestClient) -> N
     assert body["mean"]["points"] == N // 2 and len(body["mean"]["x"]) <= 1002
     assert body["last_seq"] == N and body["names"] == ["loss"]
     assert body["attempts"] == [{"number": 1, "first_x": 1}]
+    # How fast is bench/'s question (docs/benchmarks.md), not a timed test's: printed only.
     print(f"series of 100k points: {elapsed * 1000:.0f} ms, {len(r.content)} bytes")
-    assert elapsed < 10, f"series took {elapsed:.1f} s"
 
     progress = api.get("/progress", params={"job_id": [job_id, 999]}).json()["items"]
     assert progress[0] == {"job_id": job_id, "last_seq": N, "epoch": N // 2}

@@ -26,7 +26,6 @@ from service.domain.webhooks.delivery import Dispatcher
 from service.settings import Settings
 from service.store import outbox
 from service.store import repository as repo
-from service.store.db import make_engine, make_session_factory, upgrade
 from service.store.tables import WebhookDelivery
 from tests.conftest import both_stores
 from torchyard_contract.spec import JobSpec
@@ -123,15 +122,6 @@ class Trickle:
     def stop(self) -> None:
         self._stop.set()
         self.sock.close()
-
-
-@pytest.fixture
-def sessions(tmp_path: Path, database_url: str | None) -> Iterator[sessionmaker[Session]]:
-    url = database_url or f"sqlite:///{tmp_path / 'store.db'}"
-    upgrade(url)
-    engine = make_engine(url)
-    yield make_session_factory(engine)
-    engine.dispose()
 
 
 @pytest.fixture

@@ -26,7 +26,6 @@ from service.domain.webhooks.delivery import Outgoing, build_request
 from service.settings.webhookfile import Endpoint
 from service.store import outbox
 from service.store import repository as repo
-from service.store.db import make_engine, make_session_factory, upgrade
 from service.store.tables import Job, WebhookDelivery
 from tests.conftest import ADOPTS_ONLY, LiveServer, both_stores, leader_and_standby, reserve_port
 from torchyard_contract.spec import JobSpec
@@ -238,15 +237,6 @@ def test_a_receiver_down_across_a_server_restart_gets_every_event(
 
 
 # --- the outbox in the store (no server) ---------------------------------------------------------
-
-
-@pytest.fixture
-def sessions(tmp_path: Path, database_url: str | None) -> Iterator[sessionmaker[Session]]:
-    url = database_url or f"sqlite:///{tmp_path / 'store.db'}"
-    upgrade(url)
-    engine = make_engine(url)
-    yield make_session_factory(engine)
-    engine.dispose()
 
 
 def _outbox(factory: sessionmaker[Session], job_id: int) -> list[tuple[str, str]]:

@@ -5,15 +5,12 @@ character boundary."""
 
 import json
 import os
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
@@ -22,6 +19,7 @@ from service.domain.loop.finisher import Finisher
 from service.settings import Settings
 from service.settings.tokens import new_token
 from service.store import repository as repo
+from tests.fixtures.threadserver import serve_in_thread
 from torchyard_contract.rundir import RunDir
 from worker.env import WorkerEnv
 from worker.reporter import Reporter
@@ -92,20 +90,8 @@ def served(tmp_path: Path) -> Iterator[tuple[str, FastAPI]]:
     """The real app under uvicorn in a thread (supervisor off)."""
     app = create_app(Settings(home=tmp_path / "home", gpus="none", cpu_slots=2),
                      run_supervisor=False)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        assert thread.is_alive()
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}", app
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
-        sock.close()
+    with serve_in_thread(app) as running:
+        yield running.url, app
 
 
 def test_the_reporter_acks_and_the_server_rereads_only_the_rest(

@@ -17,6 +17,7 @@ HEADLINE = {
     "ingest": "records/s",
     "polling": "concurrent: errors",
     "scheduling": "one scheduling pass (supervisor)",
+    "fairshare": "policy (standing + plan), CPU: teams / no teams (median of pairs)",
     "slurm": "local: submit → first metric (server)",
     "stores": "sqlite, 1 API process(es): ingest records/s",
     "stacks": "2 ranks on demand: wall (median)",  # 8 in the full run

@@ -1,49 +1,16 @@
-"""What the identity tests share: a real uvicorn server in a thread (the supervisor loop off:
-nothing runs), and a cast of teams, users and personal tokens made through the API itself."""
+"""What the identity tests share: a cast of teams, users and personal tokens made through the API
+itself, on a server in a thread (``tests.fixtures.threadserver``)."""
 
-import socket
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import httpx
-import uvicorn
 from fastapi import FastAPI
 
-from tests.conftest import LOOPBACK_TLS
+from tests.fixtures.threadserver import ThreadServer, serve_in_thread  # noqa: F401 (re-export)
 
 BOOTSTRAP = "bootstrap-token-for-identity-tests-0123"
 
 
-@dataclass
-class ThreadServer:
-    app: FastAPI
-    url: str
-
-    def client(self, token: str | None = None) -> httpx.Client:
-        headers = {"authorization": f"Bearer {token}"} if token else {}
-        return httpx.Client(base_url=self.url, timeout=10, headers=headers, verify=LOOPBACK_TLS)
-
-
-@contextmanager
-def serve_in_thread(app: FastAPI) -> Iterator[ThreadServer]:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.05)
-    try:
-        yield ThreadServer(app, f"http://127.0.0.1:{sock.getsockname()[1]}")
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
-        sock.close()
 
 
 @dataclass(frozen=True)

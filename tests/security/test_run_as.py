@@ -31,7 +31,7 @@ from service.executor.local import LocalExecutor
 from service.executor.warmpool import WarmPool
 from service.settings import Settings
 from tests.conftest import gone
-from tests.unixusers import python_for_users, reachable, read_as, unix_users, why_not
+from tests.unixusers import python_for_users, reachable, read_as, skip_or_fail, users_or_skip
 from torchyard_contract.launch import LaunchConfig, RunAs
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.safefile import read_bytes, read_tail
@@ -73,17 +73,9 @@ time.sleep(600)
 """
 
 
-def _skip(why: str) -> None:
-    if os.environ.get("CI") == "true":
-        pytest.fail(why)
-    pytest.skip(why)
-
-
 @pytest.fixture(scope="module")
 def users() -> Iterator[tuple[RunAs, RunAs]]:
-    if (why := why_not()) is not None:
-        _skip(why)
-    with unix_users("a", "b") as (a, b):
+    with users_or_skip("a", "b") as (a, b):
         yield a, b
 
 
@@ -92,7 +84,7 @@ def python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The interpreter of the jobs (and of the server's side of them: attempt loop, warm server)."""
     found = python_for_users(tmp_path_factory.mktemp("python"))
     if found is None:
-        _skip(f"no Python the test users can run ({sys.executable} is not theirs to run, and "
+        skip_or_fail(f"no Python the test users can run ({sys.executable} is not theirs to run, and "
               "no system Python of the same version)")
     return found
 

@@ -9,7 +9,6 @@ executor level in ``test_run_as.py``; this file checks that a team's ``unix_user
 
 import io
 import json
-import os
 import tarfile
 import time
 from collections.abc import Callable, Iterator
@@ -20,7 +19,7 @@ import pytest
 
 from tests.conftest import LiveServer
 from tests.security.people import new_token
-from tests.unixusers import python_for_users, reachable, unix_users, why_not
+from tests.unixusers import python_for_users, reachable, skip_or_fail, users_or_skip
 from torchyard_contract.launch import RunAs
 
 BOOTSTRAP = "run-as-teams-bootstrap"
@@ -50,17 +49,9 @@ with open(os.path.join(os.environ["TORCHYARD_OUTPUT_DIR"], "seen.json"), "w") as
 """
 
 
-def _skip(why: str) -> None:
-    if os.environ.get("CI") == "true":
-        pytest.fail(why)
-    pytest.skip(why)
-
-
 @pytest.fixture(scope="module")
 def users() -> Iterator[tuple[RunAs, RunAs]]:
-    if (why := why_not()) is not None:
-        _skip(why)
-    with unix_users("ta", "tb") as (a, b):
+    with users_or_skip("ta", "tb") as (a, b):
         yield a, b
 
 
@@ -105,7 +96,7 @@ def test_a_teams_jobs_run_as_its_unix_user_and_another_team_reads_none_of_them(
     a, b = users
     python = python_for_users(tmp_path_factory.mktemp("python"))
     if python is None:
-        _skip("no Python the test users can run")
+        skip_or_fail("no Python the test users can run")
     reachable(tmp_path)  # a run-as job's run directory sits below; its users must pass through
     secrets = tmp_path / "secrets.json"
     secrets.write_text(json.dumps({"s": SECRET}))

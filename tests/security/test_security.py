@@ -7,21 +7,16 @@ such as SSE are opened and closed after the status line), so a route added later
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
 import fastapi.routing
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from starlette.routing import Mount, Route
@@ -34,6 +29,7 @@ from service.settings import Settings
 from service.settings.tokens import new_token
 from service.store import repository as repo
 from tests.conftest import LOOPBACK_TLS, REPO_ROOT, LiveServer, both_stores, free_port
+from tests.security.people import ThreadServer, serve_in_thread
 from torchyard_contract.childenv import environ_for_children
 from torchyard_contract.spec import JobSpec
 from torchyard_contract.state import JobState
@@ -74,32 +70,6 @@ def secured(tmp_path: Path, database_url: str | None) -> Iterator[TestClient]:
 
 # --- the auth matrix, against a real uvicorn server ----------------------------------------------
 
-@dataclass
-class InProcessServer:
-    app: FastAPI
-    url: str
-
-
-@contextmanager
-def _serve(app: FastAPI) -> Iterator[InProcessServer]:
-    """uvicorn in a thread (the supervisor loop off: nothing is launched)."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.05)
-    try:
-        yield InProcessServer(app, f"http://127.0.0.1:{sock.getsockname()[1]}")
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
-        sock.close()
-
-
 def _operations(app: FastAPI) -> list[tuple[str, str]]:
     """(method, path template) for every route and mount of the app, as it is now."""
     # FastAPI >= 0.16x keeps included routers lazily; iter_route_contexts flattens them.
@@ -125,7 +95,7 @@ def _status(client: httpx.Client, method: str, path: str, token: str | None, bod
         return response.status_code
 
 
-def _matrix(server: InProcessServer, api_tokens: bool) -> list[str]:
+def _matrix(server: ThreadServer, api_tokens: bool) -> list[str]:
     """Every operation × {none, wrong, other job's token, job token, API token}; the failures."""
     app = server.app
     with httpx.Client(base_url=server.url, timeout=10, headers=BEARER) as c:
@@ -170,13 +140,13 @@ def _matrix(server: InProcessServer, api_tokens: bool) -> list[str]:
 def test_auth_matrix_with_api_tokens(tmp_path: Path, database_url: str | None) -> None:
     settings = _settings(tmp_path, api_tokens=API_TOKEN, database_url=database_url)
     app = create_app(settings, run_supervisor=False)
-    with _serve(app) as server:
+    with serve_in_thread(app) as server:
         assert _matrix(server, api_tokens=True) == []
 
 
 def test_auth_matrix_without_api_tokens(tmp_path: Path) -> None:
     app = create_app(_settings(tmp_path), run_supervisor=False)
-    with _serve(app) as server:
+    with serve_in_thread(app) as server:
         assert _matrix(server, api_tokens=False) == []
 
 

@@ -20,7 +20,7 @@ from service.executor.slurm import SlurmExecutor
 from service.executor.slurmcli import SlurmCli
 from service.settings import Settings
 from tests.slurmcluster import SlurmCluster
-from tests.unixusers import python_for_users, reachable, read_as, unix_users, why_not
+from tests.unixusers import python_for_users, reachable, read_as, skip_or_fail, users_or_skip
 from torchyard_contract.childenv import environ_for_children
 from torchyard_contract.launch import RunAs
 from torchyard_contract.rundir import RunDir
@@ -43,17 +43,9 @@ time.sleep(600)
 """
 
 
-def _skip(why: str) -> None:
-    if os.environ.get("CI") == "true":
-        pytest.fail(why)
-    pytest.skip(why)
-
-
 @pytest.fixture(scope="module")
 def users() -> Iterator[tuple[RunAs, RunAs]]:
-    if (why := why_not()) is not None:
-        _skip(why)
-    with unix_users("a", "b") as (a, b):
+    with users_or_skip("a", "b") as (a, b):
         yield a, b
 
 
@@ -63,7 +55,7 @@ def test_a_slurm_job_runs_as_its_user_on_every_node(
     a, b = users
     python = python_for_users(tmp_path / "python")
     if python is None:
-        _skip("no Python the test users can run")
+        skip_or_fail("no Python the test users can run")
     slurm.cancel_all()
     reachable(tmp_path)
     reachable(slurm.conf.parent)  # the users' srun reads slurm.conf and reaches munge's socket

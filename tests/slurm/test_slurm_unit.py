@@ -315,3 +315,27 @@ def test_rank_log_maps_global_rank_to_node_and_refuses_symlinks_out(tmp_path: Pa
     (run.logs_dir / "attempt-1" / "node-1" / "node").unlink()
     (run.logs_dir / "attempt-1" / "node-1" / "node").symlink_to(secret)
     assert executor.rank_log(run, 1, 3, "stderr") == RankLog(rank=3, node=None, path=None)
+
+
+def test_the_teams_account_and_qos_are_used_where_the_spec_names_none(tmp_path: Path) -> None:
+    """A team's ``slurm_account``/``slurm_qos`` travel with the submission (``Submission``);
+    the spec's own win (an admin's choice; a member may name no other, 422 at submit), then
+    the server's defaults (``TORCHYARD_SLURM_ACCOUNT``)."""
+    from service.executor.base import Submission
+    from service.executor.slurm import SlurmDefaults
+
+    run = RunDir.for_job(tmp_path / "runs", 7)
+    run.root.mkdir(parents=True)
+    executor = SlurmExecutor(SlurmCli(env={}), python="python", server_env={}, stop_grace_s=1,
+                             defaults=SlurmDefaults(account="default-acct"))
+
+    def request(spec: dict, **team: str):  # type: ignore[no-untyped-def]
+        run.spec_file.write_text(json.dumps({"device": "cpu", **spec}))
+        return executor.batch_request(Submission(7, run, {}, 1, **team))
+
+    teams = request({}, account="vision-acct", qos="high")
+    assert (teams.account, teams.qos) == ("vision-acct", "high")
+    assert "#SBATCH --account=vision-acct" in build_batch_script(teams).splitlines()
+    assert "#SBATCH --qos=high" in build_batch_script(teams).splitlines()
+    assert request({"account": "own"}, account="vision-acct").account == "own"
+    assert (request({}).account, request({}).qos) == ("default-acct", None)

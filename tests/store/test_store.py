@@ -90,7 +90,7 @@ def test_scheduling_pass_reads_spec_fields_from_the_database(factories) -> None:
     b = _job(writer)
     with reader() as s:
         queue = sorted(repo.queued_for_scheduling(s))
-    assert queue == [(a, 4, "cpu", 3, 12.5), (b, 0, "auto", 1, None)]
+    assert queue == [(a, 4, "cpu", 3, 12.5, None, False), (b, 0, "auto", 1, None, None, False)]
 
 
 def _race(writer: sessionmaker[Session], job_id: int, targets: list[JobState]) -> list[JobState]:
@@ -213,9 +213,14 @@ def test_the_reader_refuses_writes_and_reads_the_last_commit(factories) -> None:
     job_id = _job(writer)
     with reader() as s:
         assert repo.job_state(s, job_id) == "queued"
-        # (PostgreSQL's COPY runs on the driver's cursor: psycopg's own error, not wrapped.)
-        with pytest.raises(Exception, match="(?i)read.?only"):
+        # (PostgreSQL's reader runs in autocommit: the COPY's savepoint fails before the write
+        # would, outside a transaction block; a plain write fails as read-only.)
+        with pytest.raises(Exception, match="(?i)read.?only|transaction block"):
             recordstore.insert_records(s, job_id, [_record(1)])
+    with reader() as s, pytest.raises(Exception, match="(?i)read.?only"):
+        repo.request_stop(s, job_id, "a write on the reader")
+    with writer() as s:
+        assert recordstore.read_records(s, job_id, after=0, limit=10) == []
     with reader.kw["bind"].connect() as conn:  # a plain connection, as the metrics route uses
         assert repo.job_state(conn, job_id) == "queued"
         assert recordstore.read_records(conn, job_id, after=0, limit=10) == []

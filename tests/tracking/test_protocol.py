@@ -28,7 +28,6 @@ from service.settings import Settings
 from service.store import records as recordstore
 from service.store import repository as repo
 from service.store import tracking as store
-from service.store.db import make_engine, make_session_factory, upgrade
 from service.store.records import RecordIn
 from tests.conftest import both_stores
 from torchyard_contract.spec import JobSpec
@@ -132,16 +131,6 @@ def test_the_mean_is_the_dashboards_and_batching_does_not_change_the_points() ->
     assert Counter(p.step for p in points if p.key == "loss") == {1: 1, 2: 2, 3: 1}
     # Every record is a point of its rank's series, the same in any batching.
     assert [rank_point(r) for r in rows] == [rank_point(r) for r in rows[::-1]][::-1]
-
-
-@pytest.fixture
-def sessions(tmp_path: Path, database_url: str | None) -> Any:
-    """Sessions on a migrated database: SQLite, or a new PostgreSQL one (``both_stores``)."""
-    url = database_url or f"sqlite:///{tmp_path / 'a.db'}"
-    upgrade(url)
-    engine = make_engine(url)
-    yield make_session_factory(engine)
-    engine.dispose()
 
 
 @both_stores

@@ -25,13 +25,21 @@ Tokens are compared as SHA-256 digests (bootstrap ones with ``hmac.compare_diges
 ones by an indexed lookup of the digest); only digests are kept. A personal token's
 ``last_used_at`` is written at most once a minute, off the request. The caller is put in
 ``request.state.principal`` (``PrincipalDep``).
+
+A job token that passed is remembered for ``JOB_TOKEN_TTL_S`` (``JobTokens``), so a rank's next
+batches pass without a read of the job and a hop to the thread pool (a tenth of the server's
+CPU per batch, docs/benchmarks.md §7). That memory only spares the early read: the records
+route checks the token again against the job row it reads in its write transaction
+(``job_token_refusal``), so a token is refused there the moment its job is over (past the
+grace) or its launch got a new token, whatever was remembered.
 """
 
 import hmac
 import re
+import time
 from collections.abc import Iterable
-from datetime import timedelta
-from typing import Annotated
+from datetime import datetime, timedelta
+from typing import Annotated, Protocol
 
 from fastapi import Depends, Path, Request
 from fastapi.responses import JSONResponse
@@ -59,6 +67,12 @@ PUBLIC_PREFIXES = ("/static/",)
 WORKER_METHOD = "POST"
 WORKER_PATH = re.compile(r"^/jobs/(?P<job_id>[0-9]{1,30})/records$")
 JOB_ID_MAX = 2**63 - 1
+# How long a job token that passed is taken again without reading its job, and how many are
+# remembered per process (the oldest is forgotten first).
+JOB_TOKEN_TTL_S = 10.0
+JOB_TOKENS_MAX = 4096
+# ``scope["state"]`` key of the digest of a worker route's token, for the route's own check.
+JOB_TOKEN_DIGEST = "job_token_digest"
 REALM = 'Bearer realm="torchyard"'
 INVALID = f'{REALM}, error="invalid_token"'
 
@@ -85,6 +99,57 @@ def bearer_token(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
     return None
 
 
+class JobFacts(Protocol):
+    """The job columns a job token is checked against (the ORM ``Job`` or a plain row)."""
+
+    @property
+    def state(self) -> str: ...
+    @property
+    def token_hash(self) -> str | None: ...
+    @property
+    def ended_at(self) -> datetime | None: ...
+
+
+def job_token_refusal(
+    job_id: int, job: JobFacts | None, digest: str, now: datetime, grace: timedelta
+) -> str | None:
+    """Why the token whose SHA-256 is ``digest`` may not post for ``job_id`` now, given the
+    job as read (None: no such job); None when it may: the job's own token, while the job is
+    active and for ``grace`` after it ended."""
+    generic = f"a valid job token for job {job_id} is required"
+    if job is None or not job.token_hash or not hmac.compare_digest(digest, job.token_hash):
+        return generic
+    if JobState(job.state) in ACTIVE_STATES:
+        return None
+    if job.ended_at is not None and now - job.ended_at <= grace:
+        return None
+    return f"job {job_id} is {job.state}; its token expired"
+
+
+class JobTokens:
+    """Job tokens that passed lately, per process; used on the event loop only (no lock)."""
+
+    def __init__(self, ttl_s: float = JOB_TOKEN_TTL_S, most: int = JOB_TOKENS_MAX) -> None:
+        self.ttl_s, self.most = ttl_s, most
+        self._passed: dict[int, tuple[str, float]] = {}  # job id → (digest, monotonic expiry)
+
+    def passed(self, job_id: int, digest: str) -> bool:
+        """``digest`` is the token that passed for ``job_id`` within the last ``ttl_s``."""
+        entry = self._passed.get(job_id)
+        if entry is None:
+            return False
+        if time.monotonic() >= entry[1]:
+            del self._passed[job_id]
+            return False
+        return hmac.compare_digest(digest, entry[0])
+
+    def remember(self, job_id: int, digest: str) -> None:
+        self._passed.pop(job_id, None)
+        while len(self._passed) >= self.most:
+            del self._passed[next(iter(self._passed))]  # the oldest
+        self._passed[job_id] = (digest, time.monotonic() + self.ttl_s)
+
+
 class AuthMiddleware:
     """Pure ASGI (streams such as SSE pass through untouched); see the module docstring."""
 
@@ -94,6 +159,7 @@ class AuthMiddleware:
     ) -> None:
         self.app, self.signin, self.session_factory = app, signin, session_factory
         self.grace = timedelta(seconds=grace_s)
+        self.job_tokens = JobTokens()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket") or is_public(scope["path"]):
@@ -106,10 +172,14 @@ class AuthMiddleware:
                         f"this route needs 'Authorization: Bearer <job {job_id} token>'", REALM)
             return
         if job_id is not None:
-            refusal = await run_in_threadpool(self._worker_refusal, job_id, token)
-            if refusal:
-                await _deny(scope, send, 403, "forbidden", refusal)
-                return
+            digest = hash_token(token)  # type: ignore[arg-type]  # (None: answered 401 above)
+            if not self.job_tokens.passed(job_id, digest):
+                refusal = await run_in_threadpool(self._worker_refusal, job_id, digest)
+                if refusal:
+                    await _deny(scope, send, 403, "forbidden", refusal)
+                    return
+                self.job_tokens.remember(job_id, digest)
+            scope.setdefault("state", {})[JOB_TOKEN_DIGEST] = digest
             principal: Principal | Refusal = Principal(Via.job, job_id=job_id)
         elif not await self._closed():
             principal = OPEN
@@ -134,22 +204,13 @@ class AuthMiddleware:
         known = self.signin.closed_known()
         return known if known is not None else await run_in_threadpool(self.signin.check_closed)
 
-    def _worker_refusal(self, job_id: int, token: str | None) -> str | None:
-        """Why ``token`` may not post for ``job_id`` now; None when it may."""
-        generic = f"a valid job token for job {job_id} is required"
-        if token is None or job_id > JOB_ID_MAX:  # (no token: answered 401 before this)
-            return generic
+    def _worker_refusal(self, job_id: int, digest: str) -> str | None:
+        """Why the token of ``digest`` may not post for ``job_id`` now; None when it may."""
+        if job_id > JOB_ID_MAX:
+            return f"a valid job token for job {job_id} is required"
         with self.session_factory() as session:
             job = repo.get_job(session, job_id)
-            if job is None or not job.token_hash:
-                return generic
-            if not hmac.compare_digest(hash_token(token), job.token_hash):
-                return generic
-            if JobState(job.state) in ACTIVE_STATES:
-                return None
-            if job.ended_at is not None and repo.utcnow() - job.ended_at <= self.grace:
-                return None
-            return f"job {job_id} is {job.state}; its token expired"
+            return job_token_refusal(job_id, job, digest, repo.utcnow(), self.grace)
 
 
 async def _deny(
@@ -173,17 +234,29 @@ def get_principal(request: Request) -> Principal:
     return request.scope.get("state", {}).get("principal", NOBODY)
 
 
-PrincipalDep = Annotated[Principal, Depends(get_principal)]
+async def _principal(request: Request) -> Principal:
+    # ``async``: a plain function as a dependency would cost every request a hop to the
+    # thread pool.
+    return get_principal(request)
 
 
-def require_worker(
+PrincipalDep = Annotated[Principal, Depends(_principal)]
+
+
+async def require_worker(
     job_id: Annotated[int, Path(ge=1, le=JOB_ID_MAX, description="the job's id")],
     principal: PrincipalDep,
 ) -> int:
-    """Defence in depth for worker routes: the middleware let only this job's token through."""
+    """Defence in depth for worker routes: the middleware let only this job's token through.
+    (``async``: it only looks at the request, so it costs no hop to the thread pool.)"""
     if principal.via is not Via.job or principal.job_id != job_id:
         raise ApiError(403, "forbidden", f"a valid job token for job {job_id} is required")
     return job_id
+
+
+def job_token_digest(request: Request) -> str:
+    """The SHA-256 of the worker route's token, as the middleware computed it."""
+    return request.scope.get("state", {}).get(JOB_TOKEN_DIGEST, "")
 
 
 WorkerJobDep = Annotated[int, Depends(require_worker)]

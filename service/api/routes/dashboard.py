@@ -21,6 +21,7 @@ ASSETS = {
     "app.js": "text/javascript", "style.css": "text/css", "docs.js": "text/javascript",
     "widgets.js": "text/javascript", "sweeps.js": "text/javascript", "compare.js": "text/javascript",
     "resources.js": "text/javascript", "jobextras.js": "text/javascript",
+    "teams.js": "text/javascript",
     "pages.css": "text/css", "favicon.svg": "image/svg+xml",
 }
 PLOTLY_JS = "plotly.min.js"

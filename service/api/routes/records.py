@@ -12,19 +12,22 @@ that cannot get its lock (SQLite's write lock, the job's record lock on PostgreS
 reporter's retry lands it once.
 """
 
+from datetime import timedelta
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
 
-from service.api.deps import SessionDep
 from service.api.errors import ERROR_RESPONSES, RETRY_LATER, ApiError
-from service.api.middleware.auth import WorkerJobDep
-from service.api.middleware.writegate import WriteSlotDep
+from service.api.middleware.auth import WorkerJobDep, job_token_digest, job_token_refusal
+from service.api.middleware.writegate import WriteGate
 from service.api.schemas import IngestResult, RecordBatch, parse_record_batch
 from service.domain.records.ingest import RecordsRefused, accept_records
-from service.store import repository as repo
+from service.store import records as recordstore
+from service.store.clock import utcnow
 from service.store.records import RecordIn
 
 router = APIRouter(prefix="/jobs", tags=["workers"])
@@ -71,10 +74,9 @@ BatchDep = Annotated[list[RecordIn], Depends(_record_batch)]
         }
     },
 )
-def post_records(
-    job_id: WorkerJobDep, records: BatchDep, _write: WriteSlotDep, session: SessionDep,
-    request: Request,
-) -> IngestResult:
+async def post_records(
+    job_id: WorkerJobDep, records: BatchDep, request: Request,
+) -> Response:
     """Store a batch in one transaction; replays of (attempt, rank, epoch, step, name) are ignored.
 
     Only the job's own token (``Authorization: Bearer``; ``service.api.auth``), and only while
@@ -83,20 +85,42 @@ def post_records(
     why). Nothing a rank reported is lost by this: the server ingests every rank's spool before
     a job that ended by itself turns terminal (docs/metrics.md).
     """
-    # Read inside this write transaction: writer sessions hold the write lock from their first
-    # statement on SQLite (service.store.db), so the state read here cannot turn terminal before this
-    # batch commits.
-    job = repo.get_job(session, job_id)
-    if job is None:
-        raise ApiError(404, "not_found", f"job {job_id} not found")
+    # ``async`` with the database part in one call on the thread pool: the body was parsed on
+    # the event loop, and the sync route with a session dependency cost three more hops. The
+    # write slot is taken once the body is read (service.api.middleware.writegate).
+    state = request.app.state
+    grace = timedelta(seconds=state.settings.worker_token_grace_s)
+    gate: WriteGate = state.record_gate
+    await gate.acquire()
     try:
-        added = accept_records(session, job, records, refuse_whole=True)
-    except RecordsRefused as exc:
-        refused = exc.refusal
-        headers = {"Retry-After": "1"} if refused.status == 503 else None
-        error = {409: "conflict", 503: "unavailable"}.get(refused.status, "invalid_request")
-        message = f"{refused.field}: {refused.message}" if refused.field else refused.message
-        raise ApiError(refused.status, error, message, headers) from None
-    session.commit()
-    request.app.state.telemetry.records_ingested.inc(added)
-    return IngestResult(accepted=added, duplicates=len(records) - added)
+        added = await run_in_threadpool(_store_batch, state.session_factory, job_id,
+                                        job_token_digest(request), grace, records)
+    finally:
+        gate.release()
+    state.telemetry.records_ingested.inc(added)
+    result = IngestResult(accepted=added, duplicates=len(records) - added)
+    return Response(result.model_dump_json(), media_type="application/json")
+
+
+def _store_batch(factory: sessionmaker[Session], job_id: int, digest: str, grace: timedelta,
+                 records: list[RecordIn]) -> int:
+    """The batch stored in one write transaction; how many records were new."""
+    with factory() as session:
+        # Read inside this write transaction: writer sessions hold the write lock from their
+        # first statement on SQLite (service.store.db), so the state read here cannot turn
+        # terminal before this batch commits. The token is checked again on this row: the
+        # middleware may have let it through on its memory of an earlier batch.
+        job = recordstore.job_for_records(session, job_id)
+        refused_token = job_token_refusal(job_id, job, digest, utcnow(), grace)
+        if refused_token is not None or job is None:
+            raise ApiError(403, "forbidden", refused_token or "")
+        try:
+            added = accept_records(session, job, records, refuse_whole=True)
+        except RecordsRefused as exc:
+            refused = exc.refusal
+            headers = {"Retry-After": "1"} if refused.status == 503 else None
+            error = {409: "conflict", 503: "unavailable"}.get(refused.status, "invalid_request")
+            message = f"{refused.field}: {refused.message}" if refused.field else refused.message
+            raise ApiError(refused.status, error, message, headers) from None
+        session.commit()
+    return added

@@ -102,9 +102,14 @@ class Accounts:
         return team
 
     def update_team(self, name: str, fields: dict[str, object]) -> Team:
+        """Change the fields given; ``quota`` merges as a JSON merge patch (RFC 7396): its
+        fields given change, ``null`` clears one, and ``"quota": null`` clears them all."""
         self._check_team_fields(fields)
         with self.sessions() as session:
-            self._team(session, name)
+            team = self._team(session, name)
+            quota = fields.get("quota")
+            if isinstance(quota, dict):
+                fields = {**fields, "quota": {**(team.quota or {}), **quota}}
             store.update_team(session, name, fields)
             session.commit()
             return self._team(session, name)

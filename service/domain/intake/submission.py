@@ -36,6 +36,7 @@ from service.domain.intake.scriptpath import (
 from service.domain.intake.secretstore import SecretRefused
 from service.domain.queue.inventory import Inventory
 from service.domain.queue.placement import capacity_shortfall, resource_kind
+from service.domain.queue.quota import TeamRules
 from service.domain.tracking import enrolment as tracking
 from service.settings import Settings
 from service.settings import webhookfile as webhookconf
@@ -91,6 +92,9 @@ class Intake:
     # then refused by it); False: this host's limits are checked here.
     executor_queues_jobs: bool
     queued: Callable[[], None]  # wakes the loop
+    # Read-only sessions (no write lock on SQLite): what a check reads that may run inside a
+    # writer's open transaction (a sweep's trial is made in the driver's) reads through these.
+    read_sessions: sessionmaker[Session] | None = None
 
     def submit(
         self, spec: JobSpec, idempotency_key: str | None = None, caller: Caller = ADMIN,
@@ -145,7 +149,7 @@ class Intake:
             raise SubmitRejected("insufficient_storage", str(exc), status=507) from exc
 
     def _vet_admitted(self, session: Session, spec: JobSpec, caller: Caller) -> Vetted:
-        self.check_priority(spec, caller)
+        self.check_team(spec, caller)
         self.check_runnable(spec, caller)
         try:  # names only; URLs and secrets are read when each delivery is sent
             webhooks = webhookconf.subscriptions(spec.notify, self.settings.webhooks_file)
@@ -167,9 +171,36 @@ class Intake:
         tracking.enrol_job(session, self.settings, job, vetted.spec)  # its export, if any
         return job
 
-    def check_priority(self, spec: JobSpec, caller: Caller) -> None:
-        """The hook of issue 47 ("Fair shares"): a member may not submit above their team's
-        ``max_priority``. Teams have none yet: every priority the spec allows is taken."""
+    def check_team(self, spec: JobSpec, caller: Caller) -> None:
+        """What the caller's team allows (docs/scheduling.md, "Teams"): a member submits at most
+        at its ``max_priority`` (admins at any); on this host a job that is not preemptible
+        needs at most its ``max_slots`` (a preemptible one may run on borrowed slots); a member
+        charges its ``slurm_account`` and ``slurm_qos``, not another. 422 naming the field.
+        Reads the team through the read-only sessions: it may run inside a writer's open
+        transaction (a sweep's trial), where a second writer session would wait on the first."""
+        if caller.team is None:
+            return
+        with (self.read_sessions or self.sessions)() as session:
+            team = identitystore.get_team(session, caller.team)
+        if team is None:
+            return
+        if not caller.admin and spec.priority > team.max_priority:
+            raise SubmitRejected("invalid_request", f"priority: {spec.priority} is above team "
+                                 f"{team.name}'s max_priority {team.max_priority}")
+        rules = TeamRules.of(team.name, team.quota, team.share)
+        slots = spec.nproc_per_node * spec.nnodes
+        if (not self.executor_queues_jobs and rules.max_slots is not None and not spec.preemptible
+                and slots > rules.max_slots):
+            raise SubmitRejected("unschedulable", f"nproc_per_node: needs {slots} slots; team "
+                                 f"{team.name}'s quota is max_slots {rules.max_slots} (a "
+                                 "preemptible job may borrow idle slots past it)")
+        if caller.admin:
+            return
+        for field, own in (("account", team.slurm_account), ("qos", team.slurm_qos)):
+            asked = getattr(spec, field)
+            if own is not None and asked is not None and asked != own:
+                raise SubmitRejected("invalid_request", f"{field}: team {team.name}'s jobs are "
+                                     f"charged to slurm_{field} {own}, not {asked}")
 
     def check_runnable(self, spec: JobSpec, caller: Caller = ADMIN) -> None:
         """Raise ``SubmitRejected`` for an admitted spec this server could never run for

@@ -88,6 +88,9 @@ class Finisher:
     # The executor's ``excludes_nodes``: a ``requeue`` outcome queues the job again (Slurm);
     # False: no attempt loop of this executor writes one, so a job's that does fails.
     excludes_nodes: bool = False
+    # A job seen started only here (an executor's job that ended before a pass saw it run):
+    # its usage run opens (``reaping.open_executor_run``), closed as it ends.
+    opened: Callable[[Session, int], None] = lambda _session, _job_id: None
     _queue: queue.Queue[Ended | int] = field(default_factory=queue.Queue)
     _pending: set[int] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -158,7 +161,8 @@ class Finisher:
                 return
             # It ended before a tick saw it start (a Slurm job, fast or purged meanwhile): a
             # queued job becomes starting first, so its spools are stored and it may end.
-            repo.transition(session, job_id, JobState.starting, started_at=repo.utcnow())
+            if repo.transition(session, job_id, JobState.starting, started_at=repo.utcnow()):
+                self.opened(session, job_id)  # its run is as short as what was seen of it
             spec = dict(job.spec or {})
             ranks = spec_world_size(spec)
             # Named by a guard's stop already here: a reader between this commit and ``_end``

@@ -144,29 +144,33 @@ def rank_env(
 class RunStarter:
     ctx: LoopContext
 
-    def run_as_of(self, team: str | None) -> RunAs | None:
-        """The Unix user the processes of ``team``'s jobs run as: its ``unix_user`` when this
-        server runs as root (``service.domain.identity.runas``), else None (the server's own
-        user). Raises ``RunAsRefused`` for a ``unix_user`` gone from the host since it was set:
-        the job fails, naming it, rather than run as the server."""
+    def _team_launch(self, team: str | None) -> tuple[RunAs | None, str | None, str | None]:
+        """(run as, Slurm account, Slurm QOS) of ``team``'s jobs. Run as: the team's
+        ``unix_user`` when this server runs as root (``service.domain.identity.runas``), else
+        None (the server's own user); raises ``RunAsRefused`` for a ``unix_user`` gone from the
+        host since it was set: the job fails, naming it, rather than run as the server."""
         if team is None:
-            return None
+            return None, None, None
         with self.ctx.read_sessions() as session:
             row = identitystore.get_team(session, team)
-        return resolve_run_as(row.unix_user if row is not None else None, os.getuid())
+        if row is None:
+            return resolve_run_as(None, os.getuid()), None, None
+        return resolve_run_as(row.unix_user, os.getuid()), row.slurm_account, row.slurm_qos
 
     def start_team_run(
         self, job_id: int, token: str, spec: JobSpec, placement: Placement | None,
         params: dict | None = None, exclude_nodes: Sequence[str] = (), team: str | None = None,
     ) -> str:
-        """:meth:`start_run` as ``team``'s Unix user (:meth:`run_as_of`), with its secrets."""
+        """:meth:`start_run` as ``team``'s Unix user (:meth:`_team_launch`), with its secrets,
+        charged to its Slurm account and QOS."""
+        run_as, account, qos = self._team_launch(team)
         return self.start_run(job_id, token, spec, placement, params, exclude_nodes, team,
-                              run_as=self.run_as_of(team))
+                              run_as=run_as, account=account, qos=qos)
 
     def start_run(
         self, job_id: int, token: str, spec: JobSpec, placement: Placement | None,
         params: dict | None = None, exclude_nodes: Sequence[str] = (), team: str | None = None,
-        run_as: RunAs | None = None,
+        run_as: RunAs | None = None, account: str | None = None, qos: str | None = None,
     ) -> str:
         """Write the run directory and submit the job's attempt loop; its reference, or raises
         (``ScriptRefused``: the script went away or out of bounds since submit;
@@ -174,7 +178,8 @@ class RunStarter:
         ``exclude_nodes``: the job's ``exclude_nodes`` (retry_elsewhere; Slurm only); ``team``:
         the job's, whose secrets it may use. ``run_as``: the Unix user every process of the job
         runs as, who then owns its run directory (``service.domain.files.runowner``); None =
-        this server's user."""
+        this server's user. ``account``, ``qos``: the team's Slurm account and QOS, used where
+        the spec names none."""
         settings = self.ctx.settings
         run = RunDir.for_job(settings.runs_dir, job_id)
         prepare_run_dir(run, run_as)
@@ -199,7 +204,7 @@ class RunStarter:
         return self.ctx.executor.submit(Submission(
             job_id=job_id, run=run, env=env, nproc_per_node=spec.nproc_per_node,
             nnodes=spec.nnodes, exclude_nodes=tuple(str(n) for n in exclude_nodes),
-            run_as=run_as,
+            run_as=run_as, account=account, qos=qos,
         ))
 
     def launch(self, session: Session, job: Job, spec: JobSpec, placement: Placement) -> None:

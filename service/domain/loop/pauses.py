@@ -3,7 +3,7 @@
 The database decides first (compare-and-set, ``torchyard_contract.state``): a queued job becomes
 ``paused`` at once; a starting or running one becomes ``pausing``, and the loop's
 :meth:`Pauses.tell_pausing` then writes its ``RUN_DIR/pause.json``, which the job's attempt loop
-acts on (``service.run.pausing``: SIGTERM to the ranks, ``pause_grace_s``, then a stop). When the
+acts on (``service.run.pausesignal``: SIGTERM to the ranks, ``pause_grace_s``, then a stop). When the
 loop ends with the outcome ``paused``, the finisher makes the job ``paused`` and its resources are
 free. A queued job the executor already holds (pending in Slurm's queue) is withdrawn from it
 (``service.domain.loop.stops``) and submitted again when resumed. ``resume`` makes a paused job
@@ -82,11 +82,13 @@ class Pauses:
             self.ctx.queue_changed()
         return job
 
-    def preempt(self, session: Session, job_id: int, by: int) -> bool:
+    def preempt(self, session: Session, job_id: int, by: int, why: str | None = None) -> bool:
         """running/starting → pausing to make room for job ``by`` (a scheduling pass, in its
-        session, under the lease's fence); True if it won. Counted in ``preemptions``."""
+        session, under the lease's fence); True if it won. Counted in ``preemptions``. ``why``:
+        the reason it is paused and then waits (default ``preempted by job <by>``; a reclaim
+        says which team gets its slots back)."""
         return repo.transition(session, job_id, JobState.pausing,
-                               reason=f"preempted by job {by}", preempted_by=by,
+                               reason=why or f"preempted by job {by}", preempted_by=by,
                                preemptions=Job.preemptions + 1)
 
     def resume_preempted(self) -> None:

@@ -20,12 +20,22 @@ from service.domain.queue import scheduler
 from service.domain.records.scope import job_attempts
 from service.executor.base import Phase, Status
 from service.store import repository as repo
+from service.store import usage
 from service.store.db import is_busy
 from service.store.tables import Job
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.state import JobState
 
 logger = logging.getLogger(__name__)
+
+
+def open_executor_run(session: Session, job_id: int) -> None:
+    """A job the executor placed (Slurm) holds its slots from now: its usage run opens, with
+    one slot per rank (``nproc_per_node × nnodes``); the release that ends it closes it."""
+    job = repo.get_job(session, job_id)
+    spec = (job.spec or {}) if job is not None else {}
+    slots = int(spec.get("nproc_per_node") or 1) * int(spec.get("nnodes") or 1)
+    usage.open_run(session, job_id, slots, time.time())
 
 
 @dataclass
@@ -78,7 +88,9 @@ class Reaper:
                 if not ctx.lease.fence(session):
                     return
                 for job_id in started:
-                    repo.transition(session, job_id, JobState.starting, started_at=repo.utcnow())
+                    if repo.transition(session, job_id, JobState.starting,
+                                       started_at=repo.utcnow()):
+                        open_executor_run(session, job_id)
                 session.commit()
             ctx.watched.seen_started.update(started)
         ctx.set_waiting(waiting)

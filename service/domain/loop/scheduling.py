@@ -3,9 +3,12 @@
 Two strategies behind one method, chosen by the executor's capability (``queues_jobs``):
 
 * :class:`HostScheduling` — the supervisor places jobs on this host's inventory
-  (``service.domain.queue.scheduler``: priority, FIFO, gang allocation, backfill behind a
-  reservation) and launches them (``service.domain.loop.launch``); a more urgent job that cannot
-  start may preempt preemptible ones (``service.domain.queue.preemption``).
+  (``service.domain.queue.scheduler``: fair share between teams, then priority, FIFO, gang
+  allocation, backfill behind a reservation; teams' quotas and budgets from
+  ``service.domain.queue.standing``) and launches them (``service.domain.loop.launch``); a job
+  of a team within its quota that cannot start takes borrowed slots back
+  (``service.domain.queue.reclaim``), else a more urgent one may preempt its own team's
+  preemptible ones (``service.domain.queue.preemption``).
 * :class:`ExecutorQueueing` — the executor queues and places jobs itself (Slurm): every queued
   job is handed to it at once, each on a submit thread (``service.domain.loop.submits``), and stays
   ``queued`` until the executor starts it (``service.domain.loop.reaping``).
@@ -13,6 +16,7 @@ Two strategies behind one method, chosen by the executor's capability (``queues_
 
 import logging
 import math
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import UTC
@@ -28,8 +32,10 @@ from service.domain.loop.context import LoopContext
 from service.domain.loop.launch import RunStarter
 from service.domain.loop.pauses import Pauses
 from service.domain.loop.submits import Submits
-from service.domain.queue import preemption, scheduler
+from service.domain.queue import preemption, reclaim, scheduler
+from service.domain.queue.fairshare import HOUR_S
 from service.domain.queue.placement import capacity_shortfall, placement_for, resource_kind
+from service.domain.queue.standing import Standings
 from service.executor.base import ExecutorError
 from service.settings.tokens import new_token
 from service.store import repository as repo
@@ -65,6 +71,11 @@ class HostScheduling:
     ctx: LoopContext
     starter: RunStarter
     pauses: Pauses
+    # Teams' usage, factors and budgets (service.domain.queue.standing), kept by this process.
+    standings: Standings = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.standings = Standings(self.ctx.settings.usage_half_life_h * HOUR_S)
 
     def run_pass(self, now: float) -> None:
         ctx = self.ctx
@@ -72,12 +83,16 @@ class HostScheduling:
         # until it launches (the launch itself is compare-and-set, so a job cancelled meanwhile
         # is skipped, and the allocation's unique key would refuse a double booking anyway).
         with ctx.read_sessions() as reader:
+            kinds: dict[str, str] = {}  # device → kind: a few distinct ones among 10,000 jobs
             queue = [
                 scheduler.QueuedJob(
-                    id=job_id, priority=priority, kind=resource_kind(device, ctx.inventory),
-                    count=count, max_runtime_s=max_runtime_s,
+                    id=job_id, priority=priority,
+                    kind=kinds.get(device) or kinds.setdefault(
+                        device, resource_kind(device, ctx.inventory)),
+                    count=count, max_runtime_s=max_runtime_s, team=team,
+                    preemptible=bool(preemptible),
                 )
-                for job_id, priority, device, count, max_runtime_s
+                for job_id, priority, device, count, max_runtime_s, team, preemptible
                 in repo.queued_for_scheduling(reader)
             ]
             if not queue:
@@ -85,14 +100,20 @@ class HostScheduling:
                 return
             held = repo.allocated_resources(reader)
             running, active = self._running_jobs(reader, held)
+            teams = self.standings.book(reader, now, held_by_team(active))
         # Checked at submit, but a restart with fewer GPUs or slots can leave a job that never
         # fits: it would hold the head of its kind's queue forever, so it fails instead.
-        queue = [job for job in queue if not self._fail_if_never_fits(job)]
+        never = {(kind, count) for kind, count in {(j.kind, j.count) for j in queue}
+                 if capacity_shortfall(kind, count, ctx.inventory) is not None}
+        if never:
+            queue = [job for job in queue
+                     if (job.kind, job.count) not in never or not self._fail_if_never_fits(job)]
         free = {
             kind: [r for r in ctx.inventory.resource_names(kind) if r not in held]
             for kind in (scheduler.GPU, scheduler.CPU)
         }
-        decision = scheduler.plan(queue, free, running, now)
+        max_slots = dict(teams.max_slots) if teams is not None else {}
+        decision = scheduler.plan(queue, free, running, now, teams)
         with ctx.loop_sessions() as session:
             for launch in decision.launches:
                 job = repo.get_job(session, launch.job_id)
@@ -103,25 +124,40 @@ class HostScheduling:
         ctx.set_waiting(decision.waiting)
         launched = {r for launch in decision.launches for r in launch.resources}
         left = {kind: len([r for r in names if r not in launched]) for kind, names in free.items()}
-        self._preempt([j for j in queue if j.id in decision.waiting], left, active, now)
+        self._preempt(list(decision.heads.values()), left, active, max_slots, now)
 
     def _preempt(
-        self, waiting: list[scheduler.QueuedJob], free: dict[str, int],
-        active: list[preemption.ActiveJob], now: float,
+        self, heads: list[scheduler.QueuedJob], free: dict[str, int],
+        active: list[preemption.ActiveJob], max_slots: dict[str, int], now: float,
     ) -> None:
-        """Pause preemptible jobs of lower priority for a waiting urgent one (see
-        ``service.domain.queue.preemption``); it starts on a later pass, once they are paused."""
+        """Pause borrowed jobs for a waiting job of a team within its quota
+        (``service.domain.queue.reclaim``), else preemptible jobs of lower priority of its own
+        team (``service.domain.queue.preemption``); it starts on a later pass, once they are
+        paused."""
         ctx = self.ctx
-        chosen = preemption.choose(waiting, free, active, ctx.settings.preempt_min_run_s, now)
+        min_run_s = ctx.settings.preempt_min_run_s
+        chosen: list[tuple[preemption.Preemption, scheduler.QueuedJob | None]] = []
+        for head in heads:
+            taken = reclaim.choose(head, free.get(head.kind, 0), active, max_slots, min_run_s,
+                                   now) if max_slots else None
+            if taken is not None:
+                chosen.append((taken, head))
+                continue
+            chosen += [(p, None) for p in preemption.choose(
+                [head], free, active, min_run_s, now)]
         if not chosen:
             return
+        counts = {a.id: a.count for a in active}
         with ctx.loop_sessions() as session:
             if not ctx.lease.fence(session):
                 return
-            for decision in chosen:
+            for decision, returned_to in chosen:
                 for victim in decision.victims:
-                    if self.pauses.preempt(session, victim, decision.for_job):
-                        logger.info("job %s: preempted by job %s", victim, decision.for_job)
+                    why = None if returned_to is None else reclaim_reason(
+                        counts.get(victim, 0), returned_to.team, returned_to.id)
+                    if self.pauses.preempt(session, victim, decision.for_job, why):
+                        logger.info("job %s: %s", victim, why or f"preempted by job "
+                                    f"{decision.for_job}")
             session.commit()
 
     def close(self) -> None:
@@ -143,7 +179,7 @@ class HostScheduling:
         self, session: Session, held: dict[str, int]
     ) -> tuple[list[scheduler.RunningJob], list[preemption.ActiveJob]]:
         """Jobs holding resources, with the time by which their deadline ends them, and what
-        preemption needs to know of them."""
+        preemption and reclaim need to know of them."""
         by_job: dict[int, list[str]] = {}
         for resource, job_id in held.items():
             by_job.setdefault(job_id, []).append(resource)
@@ -160,12 +196,28 @@ class HostScheduling:
             )
             kind = scheduler.GPU if resources[0].startswith("gpu:") else scheduler.CPU
             running.append(scheduler.RunningJob(job_id, kind, len(resources), ends_by))
-            if job is not None and started is not None:
+            if job is not None:
                 active.append(preemption.ActiveJob(
                     job_id, job.priority, kind, len(resources),
-                    started.replace(tzinfo=UTC).timestamp(), bool(job.preemptible),
-                    job.state == JobState.pausing.value, bool(job.preemptions)))
+                    started.replace(tzinfo=UTC).timestamp() if started is not None else time.time(),
+                    bool(job.preemptible) and started is not None,
+                    job.state == JobState.pausing.value, bool(job.preemptions), job.team))
         return running, active
+
+
+def held_by_team(active: list[preemption.ActiveJob]) -> dict[str | None, int]:
+    """Slots each team's jobs hold (pausing ones too: they hold them until they are paused)."""
+    held: dict[str | None, int] = {}
+    for job in active:
+        held[job.team] = held.get(job.team, 0) + job.count
+    return held
+
+
+def reclaim_reason(slots: int, team: str | None, job_id: int) -> str:
+    """``paused to return 2 slots to team nlp`` (``to job 12`` for a job of no team)."""
+    unit = "slot" if slots == 1 else "slots"
+    to = f"team {team}" if team is not None else f"job {job_id}"
+    return f"paused to return {slots} {unit} to {to}"
 
 
 @dataclass

@@ -42,7 +42,7 @@ from service.domain.loop.context import LoopContext
 from service.domain.loop.finisher import Finisher
 from service.domain.loop.launch import RunStarter
 from service.domain.loop.pauses import Pauses
-from service.domain.loop.reaping import Reaper
+from service.domain.loop.reaping import Reaper, open_executor_run
 from service.domain.loop.recovery import Recovery
 from service.domain.loop.scheduling import ExecutorQueueing, HostScheduling, Scheduling
 from service.domain.loop.stops import Stops
@@ -132,9 +132,11 @@ class Supervisor:
             on_finished=self._queue_changed,
             fence=self.lease.fence,
             excludes_nodes=self.executor.excludes_nodes,
+            opened=open_executor_run,
         )
         self.intake = Intake(self.settings, self.session_factory, self.inventory,
-                             self.executor.queues_jobs, self._queue_changed)
+                             self.executor.queues_jobs, self._queue_changed,
+                             read_sessions=self.ctx.read_sessions)
         starter = RunStarter(self.ctx)
         self.pauses = Pauses(self.ctx)
         self.scheduling: Scheduling = (
@@ -214,6 +216,11 @@ class Supervisor:
             logger.info("job %s: cancelled", job_id)
             self._queue_changed()  # the loop stops the group (service.domain.loop.stops)
         return job
+
+    def queue_changed(self) -> None:
+        """Something the queue depends on changed (a team's quota, budget or share): the next
+        pass runs at once (in this process; another process's supervisor within ``REPLAN_S``)."""
+        self._queue_changed()
 
     def pause(self, job_id: int) -> Job | None:
         """See :meth:`service.domain.loop.pauses.Pauses.pause`."""

@@ -3,7 +3,8 @@
 After a scheduling pass (``service.domain.queue.scheduler``), the first waiting job of each
 resource kind in queue order may preempt. It does when its resources will not come free by
 themselves soon (free now plus what jobs already pausing hold is too little) and pausing
-preemptible jobs of strictly lower priority makes enough room. A job preempted before is safe
+preemptible jobs of strictly lower priority of its own team makes enough room (priority orders
+a team's own jobs; between teams, slots go back only by reclaim: ``service.domain.queue.reclaim``). A job preempted before is safe
 for ``min_run_s`` after each start (no thrashing: it makes progress between preemptions). Those are taken lowest priority first, then the most recently
 started first, until there is room; none are taken when all of them would not make enough.
 The supervisor then pauses them (``service.domain.loop.pauses``) and resumes them on its own once
@@ -28,6 +29,12 @@ class ActiveJob:
     preemptible: bool
     pausing: bool  # being paused already: its resources come free soon
     preempted_before: bool = False  # then safe for min_run_s after each start
+    team: str | None = None
+
+    def may_be_preempted(self, min_run_s: float, now: float) -> bool:
+        """Preemptible, not pausing already, and not inside its minimum run time."""
+        return self.preemptible and not self.pausing and (
+            not self.preempted_before or now - self.started_at >= min_run_s)
 
 
 @dataclass(frozen=True)
@@ -54,9 +61,8 @@ def choose(
             continue  # room is coming: a pause under way, or a job ending
         eligible = sorted(
             (a for a in active
-             if a.kind == job.kind and a.preemptible and not a.pausing
-             and a.priority < job.priority
-             and (not a.preempted_before or now - a.started_at >= min_run_s)),
+             if a.kind == job.kind and a.team == job.team and a.priority < job.priority
+             and a.may_be_preempted(min_run_s, now)),
             key=lambda a: (a.priority, -a.started_at),
         )
         victims: list[int] = []

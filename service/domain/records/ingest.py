@@ -10,10 +10,9 @@ epoch, step, name) are ignored), the job's first-metric time is set, and the los
 from sqlalchemy.orm import Session
 
 from service.domain.records import lossguard as guard
-from service.domain.records.scope import RecordScope, Refusal
+from service.domain.records.scope import JobFacts, RecordScope, Refusal
 from service.store import records as recordstore
 from service.store.records import RecordIn
-from service.store.tables import Job
 
 
 class RecordsRefused(Exception):  # noqa: N818 — a refusal, not a failure of ours
@@ -25,9 +24,11 @@ class RecordsRefused(Exception):  # noqa: N818 — a refusal, not a failure of o
 
 
 def accept_records(
-    session: Session, job: Job, records: list[RecordIn], *, refuse_whole: bool
+    session: Session, job: JobFacts, records: list[RecordIn], *, refuse_whole: bool
 ) -> int:
     """Store ``records`` of ``job`` in the caller's transaction; returns how many were new.
+    ``job``: the ORM ``Job`` or ``service.store.records.job_for_records``'s row, read in this
+    transaction.
 
     ``refuse_whole`` (a rank's POST): one record outside the job's scope refuses the batch
     (:class:`RecordsRefused`, nothing stored), so the rank learns of it. Otherwise (spool files,
@@ -47,6 +48,6 @@ def accept_records(
         records = [r for r in records if scope.refusal(r.rank, r.attempt) is None]
     added = recordstore.insert_records(session, job.id, records)
     if added:
-        recordstore.mark_first_metric(session, job.id, records)
+        recordstore.mark_first_metric(session, job.id, records, job.first_metric_at)
         guard.check(session, job.id, job.spec, records)  # a loss gone bad stops the job
     return added

@@ -8,8 +8,9 @@ is over (docs/metrics.md: no record is stored once a job is terminal).
 """
 
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
 
-from service.store.tables import Job
 from torchyard_contract.attempts import AttemptBudget, spec_world_size
 from torchyard_contract.rundir import RunDir
 from torchyard_contract.runfiles import read_attempts
@@ -21,6 +22,22 @@ def job_attempts(run: RunDir, spec: dict | None, pauses: int = 0) -> list[dict]:
     restart budget, ``torchyard_contract.attempts``; ranks)."""
     return read_attempts(run, AttemptBudget.of_spec(spec, pauses).attempts_max,
                          spec_world_size(spec))
+
+
+class JobFacts(Protocol):
+    """What the record rules read of a job: the ORM ``Job``, or the plain row of
+    ``service.store.records.job_for_records`` (cheaper, on the hot path)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def spec(self) -> Any: ...
+    @property
+    def attempts(self) -> Any: ...
+    @property
+    def first_metric_at(self) -> datetime | None: ...
 
 
 @dataclass(frozen=True)
@@ -43,7 +60,7 @@ class RecordScope:
     active: bool
 
     @classmethod
-    def of(cls, job: Job) -> "RecordScope":
+    def of(cls, job: JobFacts) -> "RecordScope":
         recorded: dict[int, dict] = {}
         for a in job.attempts or []:
             if isinstance(a, dict) and isinstance(a.get("number"), int):

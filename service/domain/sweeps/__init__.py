@@ -5,6 +5,6 @@ Decides: what a sweep request is and each trial's spec (``spec``), a grid's size
 routes see them and their record of deleted trials (``manage``: create, cancel, read, settle),
 and the driver the acting supervisor steps (``driver``: make trials, prune them, end the sweep).
 May import: the contract, ``service.settings``, ``service.store``, ``domain.lease``,
-``domain.intake`` and ``domain.records``; never ``domain.loop``, which steps the driver
+``domain.intake``, ``domain.queue`` (a team's quota) and ``domain.records``; never ``domain.loop``, which steps the driver
 (``driver.SweepLoop`` says what it uses of it).
 """

@@ -22,7 +22,8 @@ Each step, per running sweep, in one transaction:
    failed or cancelled as failed);
 3. fail the sweep once ``max_failures`` trials failed (its live trials are cancelled); end it
    once ``max_trials`` trials were made and none is live (succeeded when one completed);
-4. make new trials while fewer than ``parallel`` are live. Each trial's job goes through the
+4. make new trials while fewer than ``parallel`` are live — capped, unless the trials are
+   preemptible, by how many fit in the team's ``max_slots`` at once. Each trial's job goes through the
    front door of ``POST /jobs`` (``Intake.make``: every check, then the insert). Below the disk
    floor no trial is made until space is freed (the sweep waits); any other refusal fails the
    sweep with the trial's number and the reason (its live trials are cancelled).
@@ -45,9 +46,11 @@ from service.domain.identity.caller import acting_for
 from service.domain.intake.admission import AdmissionRefused
 from service.domain.intake.submission import Intake, SubmitRejected
 from service.domain.lease import Lease
+from service.domain.queue.quota import TeamRules
 from service.domain.sweeps.outcome import outcome, trial_epochs
 from service.domain.sweeps.spec import SweepSpec
 from service.domain.sweeps.study import Study
+from service.store import identity as identitystore
 from service.store import repository as repo
 from service.store import sweeps as store
 from service.store.db import is_busy
@@ -235,10 +238,11 @@ class SweepDriver:
             store.end_sweep(session, sweep.id, state, why)
             logger.info("sweep %s: %s after %d trials", sweep.id, state, made)
             return True
-        if made >= spec.trials_total or len(live) >= spec.parallel or self._held(sweep, st):
+        parallel = self._parallel(session, sweep, spec)
+        if made >= spec.trials_total or len(live) >= parallel or self._held(sweep, st):
             return False
         changed = False
-        while made < spec.trials_total and len(live) < spec.parallel:
+        while made < spec.trials_total and len(live) < parallel:
             number = made + 1
             trial = st.ask(number, spec.grid_params(made) if spec.method == "grid" else None)
             params = dict(trial.params)
@@ -264,6 +268,19 @@ class SweepDriver:
             self._fail(session, sweep, live, why)
             return True
         return changed
+
+    @staticmethod
+    def _parallel(session: Session, sweep: Sweep, spec: SweepSpec) -> int:
+        """``parallel``, capped by the trials that fit in the team's ``max_slots`` at once
+        (at least one), unless the trials are preemptible: those may borrow idle slots."""
+        if sweep.team is None or spec.spec.preemptible:
+            return spec.parallel
+        team = identitystore.get_team(session, sweep.team)
+        cap = TeamRules.of(team.name, team.quota, team.share).max_slots if team else None
+        if cap is None:
+            return spec.parallel
+        per_trial = spec.spec.nproc_per_node * spec.spec.nnodes
+        return min(spec.parallel, max(1, cap // per_trial))
 
     def _held(self, sweep: Sweep, st: Study) -> bool:
         """True while the disk floor refuses new jobs: the sweep waits (said once) rather than

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.domain.identity.caller import ADMIN, Caller
+from service.domain.identity.caller import ADMIN, Caller, acting_for
 from service.domain.intake.admission import AdmissionRefused
 from service.domain.intake.submission import Intake, SubmitRejected
 from service.domain.sweeps.outcome import final_value, outcome, trial_epochs
@@ -129,7 +129,10 @@ class Sweeps:
             raise SweepRejected("invalid_request", why, field="space")
         with self.sessions() as session:
             try:
-                base = self.intake.vet(session, spec.spec, caller).spec  # every check of POST /jobs
+                # its team's limits as its trials will meet them (made as a member), then every
+                # check of POST /jobs
+                self.intake.check_team(spec.spec, acting_for(caller.user, caller.team))
+                base = self.intake.vet(session, spec.spec, caller).spec
                 for key, dim in spec.space.items():  # every spec field set, at its bounds
                     if spec.sets_field(key):
                         for value in extremes(dim):

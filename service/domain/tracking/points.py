@@ -26,9 +26,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from service.store.records import EPOCH_STEP  # the stored step of a per-epoch record
 from torchyard_contract.records import decode_value
-
-EPOCH_STEP = -1  # the stored step of a per-epoch record (service.store.records)
 
 
 @dataclass(frozen=True)
