@@ -129,8 +129,7 @@ def serve(
 @db_app.command("upgrade")
 def db_upgrade(revision: str = typer.Argument("head")) -> None:
     """Create or upgrade the schema to ``revision``."""
-    from service.store.db import upgrade
-    from service.store.urlmask import masked_url
+    from service.store.db import masked_url, upgrade
 
     settings = Settings()
     upgrade(settings.resolved_database_url, revision)

@@ -19,6 +19,7 @@ from pydantic import (
 from torchyard_contract.retryrules import BACKOFF_MAX_S, RULES_MAX, FailureRule
 from torchyard_contract.spec_types import (
     ARGS_MAX,
+    BUILTIN_ONLY_FIELDS,
     ENTRYPOINT_MAX,
     ENTRYPOINT_PATTERN,
     ENV_MAX,
@@ -314,11 +315,8 @@ class JobSpec(BaseModel):
     @field_validator("env", "secret_env")
     @classmethod
     def _env_not_reserved(cls, value: dict[str, str]) -> dict[str, str]:
-        reserved = sorted(n for n in value if env_name_reserved(n))
-        if reserved:
-            raise ValueError(
-                f"{', '.join(reserved)} cannot be set; reserved: {RESERVED_ENV_TEXT}"
-            )
+        if reserved := sorted(n for n in value if env_name_reserved(n)):
+            raise ValueError(f"{', '.join(reserved)} cannot be set; reserved: {RESERVED_ENV_TEXT}")
         return value
 
     @classmethod
@@ -394,12 +392,6 @@ class JobSpec(BaseModel):
         return self
 
 
-# Fields only the built-in trainer reads; a script job (``entrypoint``) may not set them.
-BUILTIN_ONLY_FIELDS = frozenset({
-    "model", "dataset", "epochs", "batch_size", "lr", "optimizer", "momentum", "weight_decay",
-    "seed", "dataset_root", "download", "synthetic_samples", "checkpoint_every",
-    "keep_checkpoints",
-})
 NUMBER_FIELDS = frozenset(
     name for name, field in JobSpec.model_fields.items()
     if {int, float} & {field.annotation, *getattr(field.annotation, "__args__", ())}

@@ -159,3 +159,10 @@ def env_name_reserved(name: str) -> bool:
     if name in ALLOWED_PYTHON_ENV:
         return False
     return name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES)
+
+# Fields only the built-in trainer reads; a script job (``entrypoint``) may not set them.
+BUILTIN_ONLY_FIELDS = frozenset({
+    "model", "dataset", "epochs", "batch_size", "lr", "optimizer", "momentum", "weight_decay",
+    "seed", "dataset_root", "download", "synthetic_samples", "checkpoint_every",
+    "keep_checkpoints",
+})

@@ -38,7 +38,6 @@ from service.api.openapi import ServedDocument
 from service.api.routes import (
     apidocs,
     artifacts,
-    audit,
     dashboard,
     deliveries,
     events,
@@ -51,10 +50,8 @@ from service.api.routes import (
     stacks,
     summary,
     sweeps,
-    teams,
-    usage,
-    users,
 )
+from service.api.routes.accounts import audit, teams, usage, users
 from service.api.routes.prometheus import RequestTimer, Telemetry
 from service.api.routes.prometheus import router as prometheus_router
 from service.api.stacksgate import StacksGate

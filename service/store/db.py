@@ -16,6 +16,7 @@ so a paused holder's locks are freed. Sessions of an engine from ``with_lock_tim
 less: the supervisor's loop never waits long behind a request (docs/operations.md).
 """
 
+import re
 import sqlite3
 import sys
 import threading
@@ -23,7 +24,8 @@ import time
 from pathlib import Path
 
 from sqlalchemy import Connection, Engine, create_engine, event
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.store.changefeed import ChangeFeed, attach
@@ -312,3 +314,20 @@ def upgrade(url: str, revision: str = "head") -> None:
     from alembic import command
 
     command.upgrade(alembic_config(url), revision)
+
+
+# URLs as they may be printed or logged: without the password a database URL (or any URL with
+# ``user:password@``) carries.
+MASK = "***"
+# user:password@ after the scheme's //, for what SQLAlchemy cannot parse.
+_USERINFO = re.compile(r"(//[^/?#@:]*:)[^/?#@]*@")
+
+
+def masked_url(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (``postgresql+psycopg://u:***@db/x``);
+    a URL without one is unchanged."""
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):
+        return _USERINFO.sub(rf"\g<1>{MASK}@", url)
+    return parsed.render_as_string(hide_password=True) if parsed.password else url

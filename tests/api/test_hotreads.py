@@ -132,13 +132,13 @@ def test_no_more_reads_run_at_once_than_the_bound(limit: int) -> None:
 
 
 def test_a_page_written_without_models_is_the_page_the_models_write() -> None:
-    # The hot reads serialize plain dicts (schemas.metric_item) instead of a MetricRead per
+    # The hot reads serialize plain dicts (recordschemas.metric_item) instead of a MetricRead per
     # record: the bytes must be those of MetricsPage, for every kind of record.
     from types import SimpleNamespace
 
     from pydantic_core import to_json
 
-    from service.api.schemas import MetricRead, MetricsPage, metric_item
+    from service.api.recordschemas import MetricRead, MetricsPage, metric_item
     from service.store.records import EPOCH_STEP
 
     rows = [

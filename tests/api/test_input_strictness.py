@@ -11,8 +11,8 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
+from service.api.recordschemas import RecordBatch, parse_record_batch
 from service.api.routes.logs import LOG_OFFSET_MAX
-from service.api.schemas import RecordBatch, parse_record_batch
 from service.client.specfile import load_spec_file, yaml_value
 from torchyard_contract.rundir import RunDir
 

@@ -20,3 +20,26 @@ def test_every_import_contract_is_kept() -> None:
     )
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
     assert "0 broken" in run.stdout
+
+
+# Sizes the layout keeps (issue 45): a folder a reader takes in at a glance, a module read in one
+# sitting. A folder or module past them is a concern to split, not a number to raise.
+DOMAIN_FOLDER_MAX = 12
+FOLDER_MAX = 16
+MODULE_LINES_MAX = 400
+
+
+def test_folders_and_modules_stay_small() -> None:
+    too_many, too_long = [], []
+    for folder in [REPO_ROOT / "service", *(REPO_ROOT / "service").rglob("*/")]:
+        if not folder.is_dir() or folder.name == "__pycache__" or "node_modules" in folder.parts:
+            continue
+        modules = [p for p in folder.glob("*.py") if p.name != "__init__.py"]
+        limit = DOMAIN_FOLDER_MAX if "domain" in folder.relative_to(REPO_ROOT).parts else FOLDER_MAX
+        if len(modules) > limit:
+            too_many.append(f"{folder.relative_to(REPO_ROOT)}: {len(modules)} modules > {limit}")
+    for top in ("service", "torchyard_contract", "worker"):
+        for path in (REPO_ROOT / top).rglob("*.py"):
+            if (lines := len(path.read_text().splitlines())) > MODULE_LINES_MAX:
+                too_long.append(f"{path.relative_to(REPO_ROOT)}: {lines} lines")
+    assert not too_many and not too_long, too_many + too_long

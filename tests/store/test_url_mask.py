@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from service.store.urlmask import masked_url
+from service.store.db import masked_url
 from tests import pgserver
 from tests.conftest import REPO_ROOT
 

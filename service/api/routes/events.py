@@ -44,7 +44,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.api.deps import JobDep, get_changes, get_session_factory
 from service.api.drain import draining
 from service.api.hotreads import HotReads
-from service.api.schemas import JobRead, metric_item
+from service.api.recordschemas import metric_item
+from service.api.schemas import JobRead
 from service.store import records as recordstore
 from service.store import repository as repo
 from torchyard_contract.state import TERMINAL_STATES

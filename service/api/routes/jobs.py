@@ -27,14 +27,8 @@ from service.api.errors import ERROR_RESPONSES, ApiError
 from service.api.hotreads import HotReads
 from service.api.middleware.auth import get_principal
 from service.api.middleware.writegate import WriteSlotDep
-from service.api.schemas import (
-    AttemptRead,
-    JobList,
-    JobRead,
-    MetricsPage,
-    MlflowExportRead,
-    metric_item,
-)
+from service.api.recordschemas import MetricsPage, metric_item
+from service.api.schemas import AttemptRead, JobList, JobRead, MlflowExportRead
 from service.domain.files.cleanup import JobLive, JobNotFound
 from service.domain.intake.submission import SubmitRejected
 from service.domain.loop.pauses import PauseRefused
@@ -299,7 +293,7 @@ def _metrics_page(
         rows = recordstore.read_records(conn, job_id, after, limit, rank, name)
     # A MetricsPage, serialized here: returning the model would make FastAPI dump it,
     # validate it again against response_model and then serialize (3 passes over up to 10,000
-    # items); the items as plain dicts, without a model each (schemas.metric_item).
+    # items); the items as plain dicts, without a model each (recordschemas.metric_item).
     return to_json({
         "job_id": job_id, "state": JobState(state).value,
         "items": [metric_item(r) for r in rows],  # type: ignore[arg-type]

@@ -24,7 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from service.api.errors import ERROR_RESPONSES, RETRY_LATER, ApiError
 from service.api.middleware.auth import WorkerJobDep, job_token_digest, job_token_refusal
 from service.api.middleware.writegate import WriteGate
-from service.api.schemas import IngestResult, RecordBatch, parse_record_batch
+from service.api.recordschemas import IngestResult, RecordBatch, parse_record_batch
 from service.domain.records.ingest import RecordsRefused, accept_records
 from service.store import records as recordstore
 from service.store.clock import utcnow

@@ -6,10 +6,9 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from service.api.deps import JOB_ID_MAX, CallerDep, JobDep, SessionDep
-from service.api.schemas import MetricValue
 from service.store import repository as repo
 from service.store import series
-from torchyard_contract.records import decode_value, to_wire
+from torchyard_contract.records import MetricValue, decode_value, to_wire
 from torchyard_contract.state import JobState
 
 if TYPE_CHECKING:

@@ -9,10 +9,9 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from service.api.deps import JobDep, SessionDep
-from service.api.schemas import MetricValue
 from service.domain.records.summary import DEFAULT_THRESHOLD, EpochValue, summarize
 from service.store import series
-from torchyard_contract.records import decode_value, to_wire
+from torchyard_contract.records import MetricValue, decode_value, to_wire
 
 router = APIRouter(prefix="/jobs", tags=["metrics"])
 

@@ -23,7 +23,7 @@ import httpx
 
 from service import __version__
 from service.domain.tracking.points import Point
-from service.store.urlmask import masked_url
+from service.store.db import masked_url
 
 MAX_METRICS, MAX_PARAMS, MAX_TAGS, MAX_ITEMS = 1000, 100, 100, 1000
 HISTORY_PAGE = 25_000

@@ -19,7 +19,7 @@ from service.api.identityschemas import (
     UserRead,
 )
 from service.api.middleware.auth import PrincipalDep
-from service.api.routes.teams import accounts, refused
+from service.api.routes.accounts.teams import accounts, refused
 from service.domain.identity.accounts import AccountRefused
 
 router = APIRouter(tags=["identity"])
