@@ -23,7 +23,7 @@ import uuid
 from typing import Any
 
 from torchyard_contract.rundir import RunDir
-from torchyard_contract.safefile import read_bytes
+from torchyard_contract.safefile import read_json_object
 
 ABANDONED = "abandoned_by"
 CLAIM_MAX_BYTES = 64 * 1024  # a claim is a few fields; the job can write where it lies
@@ -46,14 +46,7 @@ def claim(run: RunDir, content: dict[str, Any]) -> dict[str, Any] | None:
 def read_claim(run: RunDir) -> dict[str, Any] | None:
     """The claim, read as every file a job can write is (``torchyard_contract.safefile``);
     None when there is none, or it is not a regular file, too large, or not a JSON object."""
-    raw = read_bytes(run.claim_file, CLAIM_MAX_BYTES)
-    if raw is None:
-        return None
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
+    return read_json_object(run.claim_file, CLAIM_MAX_BYTES)
 
 
 def is_abandoned(content: dict[str, Any]) -> bool:

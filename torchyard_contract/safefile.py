@@ -18,6 +18,7 @@ another user's is refused, as are files of anyone else left there.
 """
 
 import errno
+import json
 import os
 import stat
 from pathlib import Path
@@ -140,6 +141,19 @@ def read_bytes(path: Path, max_bytes: int) -> bytes | None:
     except OSError:
         return None
     return data if len(data) <= max_bytes else None
+
+
+def read_json_object(path: Path, max_bytes: int) -> dict | None:
+    """The file as a JSON object (``read_bytes``'s rules), or None when it is not one: a file a
+    job can write is untrusted, and a malformed one reads as absent, never as an error."""
+    raw = read_bytes(path, max_bytes)
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def read_tail(path: Path, max_bytes: int = TAIL_READ_BYTES) -> str:

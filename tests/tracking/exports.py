@@ -14,6 +14,14 @@ EXPORT_TIMEOUT_S = 150.0
 FLOAT32_REL = 1e-6
 
 
+def submit(server: LiveServer, spec: dict) -> int:
+    """Submit ``spec``; its job's id (201 asserted)."""
+    with server.client() as c:
+        answer = c.post("/jobs", json=spec)
+    assert answer.status_code == 201, answer.text
+    return answer.json()["id"]
+
+
 def wait_export(server: LiveServer, job_id: int, state: str = "exported",
                 timeout_s: float = EXPORT_TIMEOUT_S, terminal: bool = True) -> dict:
     """Until ``GET /jobs/{id}`` says the MLflow export is ``state`` (and, with ``terminal``, the

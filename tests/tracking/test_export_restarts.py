@@ -7,19 +7,12 @@ import time
 from collections.abc import Callable
 
 from tests.conftest import ADOPTS_ONLY, LiveServer, every_record, hooks
-from tests.tracking.exports import assert_every_point_once, wait_export
+from tests.tracking.exports import assert_every_point_once, submit, wait_export
 from tests.tracking.mlflowserver import MlflowReader, MlflowServer
 
 QUICK = {"dataset": "synthetic", "synthetic_samples": 64, "batch_size": 32, "device": "cpu",
          "checkpoint_every": 0, "nproc_per_node": 2}
 PAUSE_LINE = "tracking test pause: records through"
-
-
-def submit(server: LiveServer, spec: dict) -> int:
-    with server.client() as c:
-        answer = c.post("/jobs", json=spec)
-    assert answer.status_code == 201, answer.text
-    return answer.json()["id"]
 
 
 def test_mlflow_down_mid_job_gets_every_point_once_when_it_returns(

@@ -26,6 +26,7 @@ from tests.tracking.exports import (
     assert_event_files_hold,
     assert_every_point_once,
     run_of,
+    submit,
     wait_export,
 )
 from tests.tracking.mlflowserver import MlflowReader, MlflowServer, params, tags
@@ -89,13 +90,6 @@ def server(tmp_path_factory: pytest.TempPathFactory, _migrated_sqlite: Path,
     yield live
     _stop_server(live)
     _kill_left_behind(root)
-
-
-def submit(server: LiveServer, spec: dict) -> int:
-    with server.client() as c:
-        answer = c.post("/jobs", json=spec)
-    assert answer.status_code == 201, answer.text
-    return answer.json()["id"]
 
 
 def test_a_two_rank_job_is_one_run_with_every_point_once(

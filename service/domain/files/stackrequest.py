@@ -13,7 +13,6 @@ awaited on the event loop, each look at the files a short hop to the thread pool
 may wait at once is the API's bound (``service.api.stacksgate``).
 """
 
-import json
 import secrets
 import time
 from collections.abc import Callable
@@ -24,7 +23,7 @@ import anyio.to_thread
 
 from torchyard_contract import runwrite
 from torchyard_contract.rundir import RunDir
-from torchyard_contract.safefile import read_bytes
+from torchyard_contract.safefile import read_json_object
 
 STACKS_WAIT_S = 15.0  # the attempt loop polls every 0.2 s; py-spy takes tens of ms per rank
 STACKS_POLL_S = 0.1
@@ -36,14 +35,7 @@ class StacksTimeout(Exception):
 
 
 def _read(path: Path) -> dict | None:
-    raw = read_bytes(path, STACKS_FILE_MAX_BYTES)
-    if raw is None:
-        return None
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
+    return read_json_object(path, STACKS_FILE_MAX_BYTES)
 
 
 class _Request:
