@@ -8,7 +8,14 @@ and ``max_priority`` is docs/scheduling.md, "Teams: quotas, fair share and budge
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
 
 from service.api.schemas import UtcDatetime
 from service.api.usageschemas import (
@@ -22,7 +29,7 @@ from service.domain.identity.caller import Role
 from service.domain.queue.quota import DEFAULT_MAX_PRIORITY
 from service.domain.queue.standing import Standing
 from service.store.tables import ApiToken, AuditEntry, Team, User
-from torchyard_contract.spec_types import PRIORITY_MAX, PRIORITY_MIN, SlurmName
+from torchyard_contract.spec_types import PRIORITY_MAX, PRIORITY_MIN, SlurmName, refuse_coercion
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
@@ -45,7 +52,7 @@ class TeamFields(BaseModel):
                          description="fair-share weight: its factor is its recent usage "
                          "divided by this (2 = it may use twice as much as a team of 1)")
     max_priority: int = Field(default=DEFAULT_MAX_PRIORITY, ge=PRIORITY_MIN, le=PRIORITY_MAX,
-                              strict=True, description="the highest priority its members may "
+                              description="the highest priority its members may "
                               "submit (422 above it); admins submit at any")
     slurm_account: SlurmName | None = Field(
         default=None, description="Slurm executor: the account its jobs are charged to "
@@ -53,6 +60,12 @@ class TeamFields(BaseModel):
     slurm_qos: SlurmName | None = Field(
         default=None, description="Slurm executor: its jobs' QOS (sbatch --qos) unless the spec "
         "names one; members may name no other")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _numbers_are_numbers(cls, data: object) -> object:
+        refuse_coercion(data, frozenset({"share", "max_priority"}))  # 5.0 is 5, "5" is refused
+        return data
 
 
 class TeamCreate(TeamFields):

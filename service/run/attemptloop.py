@@ -321,9 +321,9 @@ def main() -> None:
     run = RunDir(root.resolve())
     try:
         config = LaunchConfig.read(run)
-    except FileNotFoundError:
-        # A server that died before writing launch.json gave the launch up on its recovery (it
-        # claimed it): a late start runs nothing, and says so.
+    except ValueError:
+        # No launch.json: a server that died before writing it gave the launch up on its
+        # recovery (it claimed it), so a late start runs nothing, and says so.
         if (other := runclaim.read_claim(run)) is not None:
             print(f"attempt loop: not running job: the launch was claimed already: {other}",
                   file=sys.stderr)

@@ -56,7 +56,7 @@ def test_finished_two_rank_job_shows_one_curve_per_rank_and_the_mean(server, pag
     assert page.locator("#cancel-button").is_hidden()
     phases = page.locator("#phases").inner_text()
     assert "queued" in phases and "rendezvous done" in phases and "ended" in phases
-    page.wait_for_function("() => document.getElementById('log-note').textContent !== ''")
+    page.wait_for_function("() => (document.getElementById('log-note')?.textContent ?? '') !== ''")
     _shot(page, "finished-job")
 
     page.goto(f"{server.url}/#/?state=succeeded")
@@ -99,7 +99,7 @@ def test_cancel_button_cancels_the_job(server, page) -> None:  # type: ignore[no
     page.locator("#cancel-button").click()
     job = server.wait_for(job_id, {"cancelled"}, timeout_s=30)
     assert job["state"] == "cancelled"
-    page.wait_for_function("() => document.getElementById('job-state').innerText === 'cancelled'")
+    page.wait_for_function("() => document.getElementById('job-state')?.innerText === 'cancelled'")
     page.locator("#cancel-button").wait_for(state="hidden")
     _shot(page, "cancelled-job")
 
@@ -113,7 +113,7 @@ def test_pause_and_resume_buttons(server, page) -> None:  # type: ignore[no-unty
             page.locator("#pause-button").click()
             server.wait_for(job_id, {"paused"}, timeout_s=60, allowed={"running", "pausing"})
             page.wait_for_function(
-                "() => document.getElementById('job-state').innerText === 'paused'")
+                "() => document.getElementById('job-state')?.innerText === 'paused'")
             page.locator("#pause-button").wait_for(state="hidden")
             _shot(page, "paused-job")
             page.locator("#resume-button").click()
@@ -121,7 +121,7 @@ def test_pause_and_resume_buttons(server, page) -> None:  # type: ignore[no-unty
                                   allowed={"paused", "queued", "starting"})
             assert job["pauses"] == 1 and job["attempts"][0]["paused"] is True
             page.wait_for_function(
-                "() => document.getElementById('job-state').innerText === 'running'")
+                "() => document.getElementById('job-state')?.innerText === 'running'")
             page.locator("#resume-button").wait_for(state="hidden")
             assert page.locator("#pause-button").is_visible()
         finally:
@@ -150,16 +150,16 @@ def test_nan_stopped_job_shows_why_it_stopped(server, page) -> None:  # type: ig
                                        "epochs": 1000}).json()["id"]
     server.wait_for(job_id, {"failed"}, timeout_s=180)
     page.goto(f"{server.url}/#/jobs/{job_id}")
-    page.wait_for_function("() => document.getElementById('job-state').innerText === 'failed'")
+    page.wait_for_function("() => document.getElementById('job-state')?.innerText === 'failed'")
     reason = "rank 0 reported loss NaN at epoch 1"
     page.wait_for_function(
-        "(r) => document.getElementById('job-reason').innerText === r", arg=reason)
+        "(r) => document.getElementById('job-reason')?.innerText === r", arg=reason)
     page.wait_for_function(
-        "() => document.getElementById('chart-note').textContent.includes('NaN at epoch 1')")
+        "() => document.getElementById('chart-note')?.textContent.includes('NaN at epoch 1')")
     assert page.locator("#cancel-button").is_hidden()
     # Once the group is stopped, the attempt says why it ended too.
     page.wait_for_function(
-        "(r) => document.getElementById('attempts').innerText.includes(r)", arg=reason)
+        "(r) => document.getElementById('attempts')?.innerText.includes(r)", arg=reason)
     _shot(page, "nan-stopped-job")
 
 
@@ -186,10 +186,10 @@ def test_script_job_output_shows_prints_and_logs_live_in_order(script_server, pa
         page.goto(f"{script_server.url}/#/jobs/{job_id}")
         page.evaluate("() => { window.sameDocument = true; }")
         page.wait_for_function(
-            "() => document.getElementById('log-text').textContent.includes('Epoch 2,')")
+            "() => (document.getElementById('log-text')?.textContent ?? '').includes('Epoch 2,')")
         assert page.locator("#job-state").inner_text() == "running"
         page.wait_for_function(  # live: more lines arrive without a reload
-            "() => document.getElementById('log-text').textContent.includes('Epoch 4,')")
+            "() => (document.getElementById('log-text')?.textContent ?? '').includes('Epoch 4,')")
         assert page.evaluate("() => window.sameDocument") is True
         text = page.locator("#log-text").text_content()
         for epoch in (1, 2, 3):
@@ -200,7 +200,7 @@ def test_script_job_output_shows_prints_and_logs_live_in_order(script_server, pa
 
         page.select_option("#log-stream", "stdout")
         page.wait_for_function(
-            "() => document.getElementById('log-text').textContent.includes('Epoch 1,')")
+            "() => (document.getElementById('log-text')?.textContent ?? '').includes('Epoch 1,')")
         only = page.locator("#log-text").text_content()
         assert "Rank 0, Epoch 1, Loss:" in only and "INFO" not in only
     finally:

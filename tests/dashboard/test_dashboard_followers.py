@@ -75,7 +75,7 @@ def test_per_step_only_job_is_charted_and_log_starts_at_the_tail(seeded, page) -
     assert "No \"loss\" records" not in page.locator("#chart-note").inner_text()
 
     page.wait_for_function(
-        "() => document.getElementById('log-text').textContent.includes('THE-END')")
+        "() => document.getElementById('log-text')?.textContent.includes('THE-END')")
     shown = page.locator("#log-text").inner_text()
     assert "line 00000" not in shown, "the follower starts at the tail, not at offset 0"
     earlier = page.locator("#log-earlier")
@@ -99,5 +99,5 @@ def test_excluded_nodes_are_shown_only_when_the_job_has_some(seeded, page) -> No
         plain = c.post("/jobs", json={"dataset": "digits", "epochs": 1}).json()["id"]
     page.goto(f"{url}/#/jobs/{plain}")
     page.wait_for_function(
-        "() => document.getElementById('job-state').textContent.includes('queued')")
+        "() => document.getElementById('job-state')?.textContent.includes('queued')")
     assert page.locator("#job-excluded").is_hidden()

@@ -272,10 +272,10 @@ def test_a_running_sweep_updates_live_and_is_cancelled_from_its_page(
         done = _wait_sweep(server, sweep_id, lambda s: s["state"] != "running")
         assert done["state"] == "cancelled"
         pg.wait_for_function(
-            "() => document.getElementById('sweep-state-badge').innerText === 'cancelled'")
+            "() => document.getElementById('sweep-state-badge')?.innerText === 'cancelled'")
         pg.locator("#sweep-cancel").wait_for(state="hidden")
         pg.wait_for_function(
-            "() => !document.getElementById('trials-table').innerText.includes('running')")
+            "() => !document.getElementById('trials-table')?.innerText.includes('running')")
     finally:
         with server.client() as c:
             c.post(f"/sweeps/{sweep_id}/cancel")
@@ -304,7 +304,7 @@ def test_outputs_download_byte_for_byte_and_the_spec_shows_secret_names_only(
     assert Path(download.value.path()).read_text() == '{"accuracy": 0.5}'
 
     package = outputs_job["package"]
-    pg.wait_for_function("() => document.getElementById('job-package').innerText.includes('files')")
+    pg.wait_for_function("() => document.getElementById('job-package')?.innerText.includes('files')")
     text = pg.locator("#job-package").inner_text()
     assert package["digest"] in text and "1 files" in text
 
@@ -425,7 +425,7 @@ def test_resources_show_the_holder_and_the_waiting_reason_and_cancel_by_keyboard
             pg.keyboard.press("Enter")
             assert server.wait_for(holder, {"cancelled"}, timeout_s=60)["state"] == "cancelled"
             pg.wait_for_function(
-                "() => document.getElementById('job-state').innerText === 'cancelled'")
+                "() => document.getElementById('job-state')?.innerText === 'cancelled'")
         finally:
             for job_id in (holder, locals().get("waiter")):
                 if job_id:

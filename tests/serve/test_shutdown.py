@@ -14,7 +14,7 @@ import httpx
 from httpx_sse import connect_sse
 
 from service.api.drain import SHUTDOWN_GRACE_S
-from service.run.torchrun import ProcessGroupHandle
+from service.run.proctree import ProcessGroupHandle
 from tests.conftest import LiveServer
 from tests.fixtures.connections import await_requests_read
 

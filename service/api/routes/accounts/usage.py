@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Response
+from pydantic import BeforeValidator
 
 from service.api.deps import CallerDep, SessionDep
 from service.api.errors import ApiError
@@ -20,6 +21,22 @@ CSV_FIELDS = ("team", "user", "job_id", "slot_seconds", "jobs", "attempts")
 _CSV = {200: {"content": {"text/csv": {"schema": {"type": "string"}}},
               "description": "the report; as CSV (one header line, then one line per row, "
               f"columns {', '.join(CSV_FIELDS)}) when Accept names text/csv"}}
+
+
+def _not_a_number(value: object) -> object:
+    # pydantic reads "1700000000" or "0.5" as a Unix time; the schema promises an RFC 3339
+    # date-time (or a date), so a number is refused rather than read as 1970.
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            return value
+        raise ValueError("must be a date-time such as 2026-12-01T00:00Z or a date, not a number")
+    return value
+
+
+# A window's end: RFC 3339 (UTC unless it says) or a date, never a Unix time.
+When = Annotated[datetime, BeforeValidator(_not_a_number)]
 
 
 def _seconds(at: datetime | None) -> float | None:
@@ -34,9 +51,10 @@ def read_usage(
     caller: CallerDep,
     group_by: Annotated[Literal["team", "user", "job"], Query(
         description="one row per team, per (team, user) or per job")] = "team",
-    since: Annotated[datetime | None, Query(
-        description="from (UTC unless it says; a date is its midnight); default: the start")] = None,
-    until: Annotated[datetime | None, Query(
+    since: Annotated[When | None, Query(
+        description="from (UTC unless it says; a date is its midnight), before until; "
+        "default: the start")] = None,
+    until: Annotated[When | None, Query(
         description="to (UTC unless it says); default: now. Runs still holding slots count "
         "up to it")] = None,
     accept: Annotated[str | None, Header(include_in_schema=False)] = None,
