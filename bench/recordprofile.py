@@ -26,29 +26,23 @@ from bench.server import BENCH_RANKS, Server, insert_running_job, migrate
 
 RATE_HZ = 200
 WRITERS, BATCH = 4, 500
-# The package a sample's innermost frame is in, by a part of its file's path; first match wins.
+# What a sample's innermost Python frame was doing, by a part of the frame; first match wins.
+SQLITE_CALLS = ("do_executemany", "do_execute ", "do_commit", "do_rollback", "_begin_immediate",
+                "_release", "fetchall")
 BUCKETS = (
-    ("pydantic", "pydantic (validation, serialization)"),
-    ("sqlalchemy", "SQLAlchemy, and the driver's C calls below it"),
-    ("psycopg", "SQLAlchemy, and the driver's C calls below it"),
-    ("uvicorn", "HTTP server (uvicorn, httptools)"),
-    ("httptools", "HTTP server (uvicorn, httptools)"),
-    ("h11", "HTTP server (uvicorn, httptools)"),
-    ("starlette", "routing and middleware (Starlette, FastAPI)"),
-    ("fastapi", "routing and middleware (Starlette, FastAPI)"),
-    ("/service/", "torchyard's own code"),
-    ("/torchyard_contract/", "torchyard's own code"),
-    ("anyio", "event loop, thread pool hand-offs"),
-    ("asyncio", "event loop, thread pool hand-offs"),
-    ("concurrent", "event loop, thread pool hand-offs"),
-    ("threading", "event loop, thread pool hand-offs"),
-    ("selectors", "event loop, thread pool hand-offs"),
-    ("json", "json (stdlib)"),
+    (SQLITE_CALLS, "the database's own work (the driver's C calls: executemany, BEGIN, commit)"),
+    (("sqlalchemy", "psycopg"), "SQLAlchemy (Python)"),
+    (("pydantic",), "pydantic (validation, serialization)"),
+    (("(service/", "(torchyard_contract/", "(<string>"), "torchyard's own Python"),
+    (("uvicorn", "httptools", "h11", "starlette", "fastapi"), "HTTP server, routing, middleware"),
+    (("asyncio/runners.py",), "the event loop's C (sockets, HTTP parsing)"),
+    (("threading.py", "concurrent", "anyio", "asyncio"), "thread pool hand-offs"),
+    (("json",), "json (stdlib)"),
 )
 
 
 def _bucket(frame: str) -> str:
-    return next((name for part, name in BUCKETS if part in frame), "other")
+    return next((name for parts, name in BUCKETS if any(p in frame for p in parts)), "other")
 
 
 def _short(frame: str) -> str:
@@ -104,7 +98,12 @@ def profile(batches: int, raw_out: Path | None) -> None:
             sys.exit(f"py-spy wrote nothing: {err.decode()[-2000:]}")
         buckets, own, total = summarize(raw)
     print(f"{m['records']:,} records, {m['records_per_server_cpu_s']:,.0f} per server CPU-second "
-          f"(under py-spy, {RATE_HZ} Hz); {total:,} samples; code at {os.getcwd()}\n")
+          f"(under py-spy, {RATE_HZ} Hz); code at {os.getcwd()}\n")
+    print_tables(buckets, own, total)
+
+
+def print_tables(buckets: collections.Counter, own: collections.Counter, total: int) -> None:
+    print(f"{total:,} samples\n")
     print("| where the samples were | share |\n|---|---:|")
     for name, n in buckets.most_common():
         print(f"| {name} | {n / total:.0%} |")
@@ -117,8 +116,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.recordprofile")
     parser.add_argument("--batches", type=int, default=100, help="per writer (default 100)")
     parser.add_argument("--raw", type=Path, help="keep py-spy's collapsed stacks here")
+    parser.add_argument("--summarize", type=Path, help="only print the tables of a kept --raw")
     args = parser.parse_args()
-    profile(args.batches, args.raw)
+    if args.summarize:
+        print_tables(*summarize(args.summarize))
+    else:
+        profile(args.batches, args.raw)
 
 
 if __name__ == "__main__":
