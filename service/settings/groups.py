@@ -176,12 +176,6 @@ class TrackingSettings(BaseModel):
         "directory (RUN_DIR/tensorboard, served as GET /jobs/{id}/artifacts/tensorboard/...) "
         "while it runs; false turns it off (docs/tracking.md)",
     )
-    test_tracking_pause_s: float = Field(
-        default=0.0, ge=0, le=600,
-        description="tests only: seconds the MLflow exporter waits after a batch of metrics was "
-        "sent and before it records that MLflow acknowledged it, so a test can kill the server "
-        "inside that window; 0 = never",
-    )
 
     @field_validator("mlflow_tracking_uri")
     @classmethod

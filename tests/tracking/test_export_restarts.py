@@ -1,18 +1,20 @@
 """At least once, and no point twice: the MLflow server stopped mid-job and started again, and
-the torchyard server SIGKILLed between sending a batch and recording MLflow's answer (the
-``TORCHYARD_TEST_TRACKING_PAUSE_S`` window) and started again on the same home. Each time the
+the torchyard server SIGKILLed between sending a batch and recording MLflow's answer (a proxy in
+front of MLflow stores the batch and holds its answer: ``tests/tracking/holdproxy.py``) and
+started again on the same home. Each time the
 run ends up with every record once."""
 
 import time
 from collections.abc import Callable
 
 from tests.conftest import ADOPTS_ONLY, LiveServer, every_record, hooks
+from tests.fixtures.threadserver import serve_in_thread
 from tests.tracking.exports import assert_every_point_once, submit, wait_export
+from tests.tracking.holdproxy import HoldProxy
 from tests.tracking.mlflowserver import MlflowReader, MlflowServer
 
 QUICK = {"dataset": "synthetic", "synthetic_samples": 64, "batch_size": 32, "device": "cpu",
          "checkpoint_every": 0, "nproc_per_node": 2}
-PAUSE_LINE = "tracking test pause: records through"
 
 
 def test_mlflow_down_mid_job_gets_every_point_once_when_it_returns(
@@ -45,15 +47,16 @@ def test_a_server_killed_between_sending_and_recording_sends_no_point_twice(
     mlflow: MlflowReader,
 ) -> None:
     env = {"TORCHYARD_MLFLOW_TRACKING_URI": mlflow_server.url}
-    server = live_server_factory(TORCHYARD_TEST_TRACKING_PAUSE_S="300", **env)
-    job_id = submit(server, {**QUICK, "epochs": 2})
-    deadline = time.monotonic() + 120
-    while PAUSE_LINE not in server.log.read_text():
-        assert server.proc.poll() is None, server.log.read_text()[-3000:]
-        assert time.monotonic() < deadline, "the exporter never sent a batch"
-        time.sleep(0.1)
-    server.proc.kill()  # the batch is in MLflow; that it is was never recorded
-    server.proc.wait()
+    proxy = HoldProxy(mlflow_server.url)
+    with serve_in_thread(proxy.app()) as front:  # type: ignore[arg-type]
+        try:
+            server = live_server_factory(TORCHYARD_MLFLOW_TRACKING_URI=front.url)
+            job_id = submit(server, {**QUICK, "epochs": 2})
+            assert proxy.held.wait(120), "the exporter never sent a batch"
+            server.proc.kill()  # the batch is in MLflow; that it is was never recorded
+            server.proc.wait()
+        finally:
+            proxy.release()
     restarted = live_server_factory(server.home, server.port, **env, **ADOPTS_ONLY)
     job = wait_export(restarted, job_id)
     assert job["state"] == "succeeded", job["reason"]

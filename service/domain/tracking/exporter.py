@@ -102,7 +102,7 @@ class Exporter:
             token = self.settings.mlflow_token
             client = MlflowClient(uri, self._http, token.get_secret_value() if token else None)
             self.runs = RunExporter(self.settings, client, self.sessions, self.read_sessions,
-                                    self.lease, self.best_trial, stopping=self._stop)
+                                    self.lease, self.best_trial)
 
     @property
     def enabled(self) -> bool:

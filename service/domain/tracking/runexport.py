@@ -14,7 +14,6 @@ nothing, and the next holder goes on from what was stored.
 """
 
 import logging
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -61,8 +60,6 @@ class RunExporter:
     lease: Lease
     # The best trial of an ended sweep (its job id), decided by the sweeps' own rule.
     best_trial: Callable[[Session, Sweep], int | None]
-    # Set when the exporter stops: a test pause (``test_tracking_pause_s``) ends at once.
-    stopping: threading.Event = field(default_factory=threading.Event)
     # Each row's mean fold at its ``acked_seq`` (export id → (acked_seq, fold)); a fold that
     # might be ahead of what MLflow acknowledged is dropped and folded again from the store.
     _folds: dict[int, tuple[int, MeanFold]] = field(default_factory=dict)
@@ -177,11 +174,6 @@ class RunExporter:
         self._acknowledged(row, job, row.sent_seq, fold)
 
     def _acknowledged(self, row: TrackingExport, job: Job, last: int, fold: MeanFold) -> None:
-        pause = self.settings.test_tracking_pause_s
-        if pause:
-            logger.warning("job %s: tracking test pause: records through %s sent, not yet "
-                           "acknowledged", job.id, last)
-            self.stopping.wait(pause)
         self._write(row.id, acked_seq=last, sent_seq=last, error=None, failures=0)
         self._folds[row.id] = (last, fold)
 
