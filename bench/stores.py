@@ -7,14 +7,14 @@ For each store:
   one idempotent ``executemany`` per body into the same migrated table, one commit per batch
   (PostgreSQL: ``INSERT … ON CONFLICT DO NOTHING`` executemany, and ``COPY``), in records per
   CPU-second; median of ``REPEATS``;
-* **ingestion** with 1 and 2 workers: 4 writers × ``batches`` × 500-record batches (a rank's
+* **ingestion** with 1 and 2 API processes: 4 writers × ``batches`` × 500-record batches (a rank's
   batch, ``worker.reporter.BATCH_MAX``), records per server CPU-second (the torchyard
   processes; PostgreSQL's backends are not counted, as in the bare loop), median of
   ``REPEATS``, and its ratio to the bare loop (goal ≥ 0.5);
-* **commit → SSE event** on 1 worker: one ``/events`` stream, then 100 on another job, while a
+* **commit → SSE event** on 1 API process: one ``/events`` stream, then 100 on another job, while a
   writer posts one record every 50 ms (``bench.streams``); the 100 streams' p99 beside the one
   stream's;
-* **200 pollers** every 0.5 s with a writer, on 2 workers, beside one poller (every 0.1 s, for
+* **200 pollers** every 0.5 s with a writer, on 2 API processes, beside one poller (every 0.1 s, for
   samples) with the same writer;
 * **a caught-up poll** (10 new records per poll) on a job of 1,000,000 records, beside the same
   poll on a job of 1,000.
@@ -135,7 +135,7 @@ def _ingest(store: str, workers: int, server: Server, job_id: int, token: str, b
         nets.append(m["records"] / record_path_cpu if record_path_cpu > 0 else float("nan"))
     per_cpu = statistics.median(m["records_per_server_cpu_s"] for m in runs)
     net = statistics.median(nets)
-    label = f"{store}, {workers} worker{'s' if workers > 1 else ''}"
+    label = f"{store}, {workers} API process{'es' if workers > 1 else ''}"
     return [
         Row("stores", f"{label}: records per server CPU-s", per_cpu, "rec/cpu-s", "",
             f"{WRITERS} writers x {batches} x {BATCH}, median of {repeats}: "
@@ -182,16 +182,16 @@ def _pollers(store: str, server: Server, home: Path, url: str | None, job_id: in
         _max_seq(home, url, job_id), together=True,
     ))
     return [
-        Row("stores", f"{store}, 2 workers: 1 poller p99", one["p99_ms"], "ms", "",
+        Row("stores", f"{store}, 2 API processes: 1 poller p99", one["p99_ms"], "ms", "",
             f"every {BASE_POLL_INTERVAL_S} s, {duration_s:g} s, same writer; p50 "
             f"{one['p50_ms']:.1f} ms; {one['errors']} errors"),
-        Row("stores", f"{store}, 2 workers: {pollers} pollers p99", paced["p99_ms"], "ms",
+        Row("stores", f"{store}, 2 API processes: {pollers} pollers p99", paced["p99_ms"], "ms",
             POLL_GOAL, f"every {POLL_INTERVAL_S} s, {duration_s:g} s, writer "
             f"{paced['written_per_s']:.0f} rec/s; p50 {paced['p50_ms']:.1f} ms"),
-        Row("stores", f"{store}, 2 workers: {pollers} pollers errors", paced["errors"], "", "0"),
-        Row("stores", f"{store}, 2 workers: {pollers} pollers / 1 poller, p99",
+        Row("stores", f"{store}, 2 API processes: {pollers} pollers errors", paced["errors"], "", "0"),
+        Row("stores", f"{store}, 2 API processes: {pollers} pollers / 1 poller, p99",
             _ratio(paced["p99_ms"], one["p99_ms"]), "x", ""),
-        Row("stores", f"{store}, 2 workers: {pollers} pollers starting together p99",
+        Row("stores", f"{store}, 2 API processes: {pollers} pollers starting together p99",
             burst["p99_ms"], "ms", "", f"{duration_s / 2:g} s; p50 {burst['p50_ms']:.1f} ms; "
             f"{burst['errors']} errors; the first burst queues"),
     ]

@@ -19,7 +19,7 @@ HEADLINE = {
     "scheduling": "one scheduling pass (supervisor)",
     "fairshare": "policy (standing + plan), CPU: teams / no teams (median of pairs)",
     "slurm": "local: submit → first metric (server)",
-    "stores": "sqlite, 1 API process(es): ingest records/s",
+    "stores": "sqlite, 1 API process: ratio to the bare loop",
     "stacks": "2 ranks on demand: wall (median)",  # 8 in the full run
     "pause": "pause → slots free (p50)",
     "idle": "what one idle server takes",
