@@ -22,7 +22,7 @@ SCREENSHOTS = Path(os.environ.get("TORCHYARD_TEST_ARTIFACTS") or REPO_ROOT / "te
 UI_TIMEOUT_MS = 60_000
 
 # The chart element is plotly's graph div: gd.data holds the traces, each tagged with meta.
-TRACES_JS = """() => (document.getElementById('chart').data || []).map(
+TRACES_JS = """() => (document.getElementById('chart')?.data || []).map(
     t => ({name: t.name, kind: t.meta.kind, rank: t.meta.rank ?? null, n: t.x.length}))"""
 
 

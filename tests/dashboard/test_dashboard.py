@@ -44,7 +44,7 @@ def test_finished_two_rank_job_shows_one_curve_per_rank_and_the_mean(server, pag
 
     page.goto(f"{server.url}/#/jobs/{job_id}")
     page.wait_for_function(
-        "() => (document.getElementById('chart').data || []).some(t => t.meta.kind === 'mean')")
+        "() => (document.getElementById('chart')?.data || []).some(t => t.meta.kind === 'mean')")
     traces = chart_traces(page)
     ranks = [t for t in traces if t["kind"] == "rank"]
     assert sorted(t["rank"] for t in ranks) == [0, 1], traces
@@ -74,11 +74,11 @@ def test_running_job_chart_grows_without_reload(server, page) -> None:  # type: 
             page.goto(f"{server.url}/#/jobs/{job_id}")
             page.evaluate("() => { window.sameDocument = true; }")  # gone if the page reloads
             page.wait_for_function(
-                "() => (document.getElementById('chart').data || [])"
+                "() => (document.getElementById('chart')?.data || [])"
                 ".filter(t => t.meta.kind === 'rank' && t.x.length >= 1).length === 2")
             before = min(t["n"] for t in chart_traces(page) if t["kind"] == "rank")
             page.wait_for_function(
-                "(n) => (document.getElementById('chart').data || [])"
+                "(n) => (document.getElementById('chart')?.data || [])"
                 ".filter(t => t.meta.kind === 'rank' && t.x.length >= n).length === 2",
                 arg=before + 2)
             after = min(t["n"] for t in chart_traces(page) if t["kind"] == "rank")

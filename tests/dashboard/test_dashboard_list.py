@@ -130,7 +130,7 @@ def test_a_sweep_of_many_trials_draws_them_grouped_and_names_each(served, watche
     pg, _ = watched
     pg.goto(f"{url}/#/sweeps/{sweep_id}")
     pg.wait_for_function("() => document.querySelectorAll('#trials-table tbody tr').length === 25")
-    pg.wait_for_function("() => !!document.getElementById('sweep-scatter').dataset.updates")
+    pg.wait_for_function("() => !!document.getElementById('sweep-scatter')?.dataset.updates")
     groups = pg.evaluate("""() => document.getElementById('sweep-chart').data.map(t => t.meta)""")
     assert [g["group"] for g in groups[:-1]] == ["completed", "pruned"], groups
     assert groups[-1]["kind"] == "trial" and groups[-1]["job_id"] == done[0], "the best: lowest loss"
@@ -146,4 +146,4 @@ def test_a_sweep_of_many_trials_draws_them_grouped_and_names_each(served, watche
     assert pg.evaluate("() => document.getElementById('sweep-scatter').layout.xaxis.type") == "log"
     pg.select_option("#scatter-param", "model")
     pg.wait_for_function(
-        "() => document.getElementById('sweep-scatter').layout.xaxis.type === 'category'")
+        "() => document.getElementById('sweep-scatter')?.layout?.xaxis?.type === 'category'")

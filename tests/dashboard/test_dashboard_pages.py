@@ -185,7 +185,7 @@ def test_sweep_list_and_page_show_trials_the_pruned_one_the_best_and_charts(
     pg.wait_for_url(f"**/#/sweeps/{sweep['id']}")
     pg.locator("#trials-table tbody tr").nth(2).wait_for()
     # The charts once plotly.js is loaded (the last of the three drawn: every one is).
-    pg.wait_for_function("() => !!document.getElementById('sweep-scatter').dataset.updates")
+    pg.wait_for_function("() => !!document.getElementById('sweep-scatter')?.dataset.updates")
     rows = pg.locator("#trials-table tbody tr")
     assert rows.count() == 3
     headers = pg.locator("#trials-table thead th").all_inner_texts()
@@ -260,7 +260,7 @@ def test_a_running_sweep_updates_live_and_is_cancelled_from_its_page(
     try:
         _open(pg, server, f"#/sweeps/{sweep_id}")
         pg.evaluate("() => { window.sameDocument = true; }")
-        grown = ("(n) => (document.getElementById('sweep-chart').data || [])"
+        grown = ("(n) => (document.getElementById('sweep-chart')?.data || [])"
                  ".some(t => t.x.length >= n)")
         pg.wait_for_function(grown, arg=1, timeout=120_000)
         pg.wait_for_function(grown, arg=3)  # more epochs arrive without a reload
@@ -314,7 +314,7 @@ def test_outputs_download_byte_for_byte_and_the_spec_shows_secret_names_only(
     assert "HF_TOKEN" in pg.locator("#job-secrets").inner_text()
     assert SECRET_VALUE not in pg.content()
     pg.wait_for_function(
-        "() => (document.getElementById('chart').data || []).some(t => t.meta.kind === 'mean')")
+        "() => (document.getElementById('chart')?.data || []).some(t => t.meta.kind === 'mean')")
     _shot(pg, "job")
     pg.evaluate("() => window.scrollTo(0, 0)")  # the downloads scrolled to the outputs
     _shot(pg, "job-top", full_page=False)  # the README's first screen
@@ -322,7 +322,7 @@ def test_outputs_download_byte_for_byte_and_the_spec_shows_secret_names_only(
     # "Submit a copy": the form pre-filled with the spec; submitted, it is the same job again.
     pg.locator("#copy-button").click()
     pg.wait_for_url(f"**/#/submit?copy={job_id}")
-    pg.wait_for_function("() => document.getElementById('spec-json').value.includes('outputs.py')")
+    pg.wait_for_function("() => (document.getElementById('spec-json')?.value ?? '').includes('outputs.py')")
     assert json.loads(pg.locator("#spec-json").input_value()) == outputs_job["spec"]
     assert pg.locator("h1").inner_text() == f"Submit a copy of job {job_id}"
     _shot(pg, "submit-copy")

@@ -42,7 +42,7 @@ def test_a_viewer_sees_no_cancel_pause_or_submit(world, page) -> None:  # type: 
     server, cast, job_id = world
     _sign_in(page, server, cast.viewer, f"#/jobs/{job_id}")
     page.wait_for_function("() => document.getElementById('job-state')?.textContent === 'queued'")
-    page.wait_for_function("() => !document.getElementById('whoami').hidden")
+    page.wait_for_function("() => document.getElementById('whoami')?.hidden === false")
     assert page.locator("#whoami").inner_text() == "vic · viewer · a"
     page.wait_for_timeout(1500)  # a poll or two: the buttons stay hidden
     assert page.locator("#cancel-button").is_hidden()

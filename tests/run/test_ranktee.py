@@ -45,7 +45,7 @@ def test_a_signal_reaches_the_program_and_its_death_is_passed_on(tmp_path: Path)
     proc = _start(run, code, tmp_path / "o", tmp_path / "e")
     combined = run.rank_output(2, 3)
     deadline = time.monotonic() + 60
-    while not (combined.exists() and "ready" in combined.read_text()):
+    while not (combined.exists() and "ready\n" in combined.read_text()):
         assert time.monotonic() < deadline, "the program did not start"
         time.sleep(0.1)
     (child,) = psutil.Process(proc.pid).children()
