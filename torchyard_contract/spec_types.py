@@ -8,7 +8,7 @@ the settings, the records model).
 from enum import Enum
 from typing import Annotated
 
-from pydantic import StringConstraints
+from pydantic import BeforeValidator, StringConstraints
 
 
 class ModelName(str, Enum):
@@ -53,6 +53,18 @@ NNODES_MAX = 1024
 # Fields that only the Slurm executor reads; left out of a stored spec while unset, so a spec
 # that does not use them looks (and validates) as it did before they existed.
 SLURM_FIELDS = ("partition", "account", "qos", "constraint")
+
+
+def _a_number(value: object) -> object:
+    if isinstance(value, bool | str | bytes):
+        # ValueError, not TypeError: pydantic reports only the former as a validation error.
+        raise ValueError(f"must be a number, not {type(value).__name__} {value!r:.40}")  # noqa: TRY004
+    return value
+
+
+# A field's number as refuse_coercion takes it (5.0 is 5; true and "5" are refused), for models
+# that mark the field rather than list it: ``Annotated[int, NUMBER_ONLY]``.
+NUMBER_ONLY = BeforeValidator(_a_number)
 
 
 def refuse_coercion(data: object, numbers: frozenset[str]) -> None:

@@ -14,7 +14,6 @@ from pydantic import (
     Field,
     StringConstraints,
     ValidationError,
-    model_validator,
 )
 
 from service.api.schemas import UtcDatetime
@@ -29,7 +28,7 @@ from service.domain.identity.caller import Role
 from service.domain.queue.quota import DEFAULT_MAX_PRIORITY
 from service.domain.queue.standing import Standing
 from service.store.tables import ApiToken, AuditEntry, Team, User
-from torchyard_contract.spec_types import PRIORITY_MAX, PRIORITY_MIN, SlurmName, refuse_coercion
+from torchyard_contract.spec_types import NUMBER_ONLY, PRIORITY_MAX, PRIORITY_MIN, SlurmName
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
@@ -48,24 +47,20 @@ class TeamFields(BaseModel):
                                 "per period; null = unlimited. PATCH merges it: the quota's "
                                 "fields sent change, null clears one")
     # Left out: unchanged (PATCH) or the default (POST); never null.
-    share: float = Field(default=1.0, gt=0, le=SHARE_MAX, allow_inf_nan=False,
-                         description="fair-share weight: its factor is its recent usage "
-                         "divided by this (2 = it may use twice as much as a team of 1)")
-    max_priority: int = Field(default=DEFAULT_MAX_PRIORITY, ge=PRIORITY_MIN, le=PRIORITY_MAX,
-                              description="the highest priority its members may "
-                              "submit (422 above it); admins submit at any")
+    share: Annotated[float, NUMBER_ONLY] = Field(
+        default=1.0, gt=0, le=SHARE_MAX, allow_inf_nan=False,
+        description="fair-share weight: its factor is its recent usage divided by this (2 = it "
+        "may use twice as much as a team of 1)")
+    max_priority: Annotated[int, NUMBER_ONLY] = Field(
+        default=DEFAULT_MAX_PRIORITY, ge=PRIORITY_MIN, le=PRIORITY_MAX,
+        description="the highest priority its members may submit (422 above it); admins "
+        "submit at any")
     slurm_account: SlurmName | None = Field(
         default=None, description="Slurm executor: the account its jobs are charged to "
         "(sbatch --account) unless the spec names one; members may name no other")
     slurm_qos: SlurmName | None = Field(
         default=None, description="Slurm executor: its jobs' QOS (sbatch --qos) unless the spec "
         "names one; members may name no other")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _numbers_are_numbers(cls, data: object) -> object:
-        refuse_coercion(data, frozenset({"share", "max_priority"}))  # 5.0 is 5, "5" is refused
-        return data
 
 
 class TeamCreate(TeamFields):

@@ -2,15 +2,15 @@
 (``GET /usage``): docs/scheduling.md, "Teams: quotas, fair share and budgets"."""
 
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from service.api.schemas import UtcDatetime
 from service.domain.queue.budget import Period
 from service.domain.queue.standing import Standing
 from service.store.usage import UsageTotal
-from torchyard_contract.spec_types import refuse_coercion
+from torchyard_contract.spec_types import NUMBER_ONLY
 
 MAX_SLOTS_MAX = 1_000_000
 SLOT_HOURS_MAX = 1e9
@@ -22,25 +22,21 @@ class Quota(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_slots: int | None = Field(
-        default=None, ge=0, le=MAX_SLOTS_MAX,
+    max_slots: Annotated[int, Field(ge=0, le=MAX_SLOTS_MAX), NUMBER_ONLY] | None = Field(
+        default=None,
         description="slots (GPUs, or CPU slots: one per rank) its running jobs hold at most; "
         "only preemptible jobs start past it, on idle slots (borrowed, taken back when another "
         "team within its quota needs them); a job that is not preemptible and needs more is "
         "refused at submit (422). Local executor (on Slurm: the account's GrpTRES)")
-    slot_hours: float | None = Field(
-        default=None, ge=0, le=SLOT_HOURS_MAX, allow_inf_nan=False,
+    slot_hours: Annotated[
+        float, Field(ge=0, le=SLOT_HOURS_MAX, allow_inf_nan=False), NUMBER_ONLY
+    ] | None = Field(
+        default=None,
         description="slot-hours it may use per period; past it, its queued jobs wait (running "
         "ones are not stopped) until the period resets or an admin raises it. Local executor")
     period: Period = Field(
         default=Period.month, description="what slot_hours counts over: 'month' (the calendar "
         "month in UTC) or 'rolling_30d' (the last 30 days)")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _numbers_are_numbers(cls, data: object) -> object:
-        refuse_coercion(data, frozenset({"max_slots", "slot_hours"}))  # 5.0 is 5, "5" is refused
-        return data
 
 
 def _utc(at: float | None) -> datetime | None:
