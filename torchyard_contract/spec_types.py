@@ -77,9 +77,10 @@ def refuse_coercion(data: object, numbers: frozenset[str]) -> None:
     for name in sorted(numbers & data.keys()):
         # A list of numbers (a retry rule's exit_codes) holds numbers too.
         for value in data[name] if isinstance(data[name], list) else [data[name]]:
-            if isinstance(value, bool | str | bytes):
-                # ValueError, not TypeError: pydantic reports only the former as a validation error.
-                raise ValueError(f"{name}: must be a number, not {type(value).__name__} {value!r:.40}")  # noqa: TRY004
+            try:
+                _a_number(value)
+            except ValueError as exc:
+                raise ValueError(f"{name}: {exc}") from None
 
 
 JobName = Annotated[
