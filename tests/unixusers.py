@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from service.executor.asuser import why_user_cannot_start
+from torchyard_contract.childenv import environ_for_children
 from torchyard_contract.launch import RunAs
 
 
@@ -75,10 +77,24 @@ def usable_by_others(path: Path) -> bool:
     return all(parent.stat().st_mode & 0o001 for parent in real.parents)
 
 
-def python_for_users(workdir: Path) -> Path | None:
+def python_for_users(workdir: Path, user: RunAs) -> Path:
     """An interpreter the test users can run, with this one's packages: this one when they can
     (CI); else a venv made in ``workdir`` from the system's Python of the same version, seeing
-    this environment's site-packages (a pyenv Python under a 0700 ``/root``); None without one."""
+    this environment's site-packages (a pyenv Python under a 0700 ``/root``). The test is
+    skipped (failed under CI) when there is none, or when ``user`` still cannot import the
+    attempt loop with it, for the reason the server itself would give
+    (``asuser.why_user_cannot_start``: e.g. a checkout below a 0700 ``mktemp -d`` directory)."""
+    python = _python_for_users(workdir)
+    if python is None:
+        skip_or_fail(f"no Python the test users can run ({sys.executable} is not theirs to "
+                     "run, and no system Python of the same version)")
+    why = why_user_cannot_start(str(python), user, environ_for_children(os.environ))
+    if why is not None:
+        skip_or_fail(f"the run-as tests need a checkout other users can read: {why}")
+    return python
+
+
+def _python_for_users(workdir: Path) -> Path | None:
     here = Path(sys.executable)
     if usable_by_others(here):
         return here

@@ -11,16 +11,19 @@ rank (its server drains), so an idle team holds no memory.
 """
 
 import os
+import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Protocol
 
+import service
 from service.run.warm import relay
 from torchyard_contract.launch import RunAs
 
 USER_POOL_IDLE_S = 900.0  # a user's warm server unused this long (and running nothing) drains
 USERS_DIR_MODE = 0o711  # everyone may pass through to their own directory; no one may list it
+START_CHECK_TIMEOUT_S = 60.0  # an import of the attempt loop on a loaded host, with room
 
 
 def credentials(run_as: RunAs | None) -> dict[str, object]:
@@ -31,6 +34,60 @@ def credentials(run_as: RunAs | None) -> dict[str, object]:
     if run_as is None:
         return {}
     return {"user": run_as.uid, "group": run_as.gid, "extra_groups": []}
+
+
+def why_user_cannot_start(python: str, run_as: RunAs, env: Mapping[str, str]) -> str | None:
+    """Why ``run_as`` could not start a job's attempt loop with ``python`` (None: it can): that
+    user imports ``service.run.attemptloop`` with ``env``, as the attempt loop would. This tells
+    what mode bits alone cannot: an interpreter, a venv's ``.pth`` files or an editable checkout
+    below a directory that user cannot enter (a 0700 home, a ``mktemp -d`` directory), where the
+    job would otherwise end with nothing but its attempt-loop.log to say why."""
+    try:
+        done = subprocess.run(
+            [python, "-c", "import service.run.attemptloop"], cwd="/", env=dict(env),
+            stdin=subprocess.DEVNULL, capture_output=True, timeout=START_CHECK_TIMEOUT_S,
+            **credentials(run_as),  # type: ignore[arg-type]
+        )
+    except subprocess.TimeoutExpired:
+        return (f"{run_as.user} could not import torchyard's attempt loop with {python} "
+                f"within {START_CHECK_TIMEOUT_S:.0f} s")
+    except OSError as exc:
+        return f"{run_as.user} cannot run {python}: {exc.strerror}{_closed_to_others(python)}"
+    if done.returncode == 0:
+        return None
+    lines = done.stderr.decode(errors="replace").strip().splitlines() or [f"exit {done.returncode}"]
+    return (f"{run_as.user} cannot import torchyard's attempt loop with {python}: "
+            f"{lines[-1][:300]}{_closed_to_others(python)}")
+
+
+def _closed_to_others(python: str) -> str:
+    closed = closed_ancestor([python, os.path.dirname(service.__file__)])
+    if closed is None:
+        return ""
+    try:
+        mode = oct(os.stat(closed).st_mode & 0o7777)[2:].zfill(4)
+    except OSError:
+        mode = "unknown"
+    return f"; {closed} (mode {mode}) is closed to other users"
+
+
+def closed_ancestor(paths: list[str]) -> str | None:
+    """The first directory above any of ``paths`` (as given, then resolved: a venv's
+    interpreter links elsewhere) that users other than its owner and group cannot pass through
+    (no ``o+x``); None when all are open."""
+    for path in paths:
+        for candidate in (os.path.abspath(path), os.path.realpath(path)):
+            parent = os.path.dirname(candidate)
+            while True:
+                try:
+                    if not os.stat(parent).st_mode & 0o001:
+                        return parent
+                except OSError:
+                    return parent
+                if parent == os.path.dirname(parent):
+                    break
+                parent = os.path.dirname(parent)
+    return None
 
 
 def user_warm_dir(home: Path, run_as: RunAs) -> Path:

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from service.executor.asuser import credentials
+from service.executor.asuser import credentials, why_user_cannot_start
 from service.executor.base import (
     DryRun,
     ExecutorError,
@@ -81,6 +81,7 @@ class LocalExecutor:
         # Attempt loops this process started (their exit codes can be read) or adopted, by reference.
         self._handles: dict[str, ProcessGroupHandle] = {}
         self._lock = threading.Lock()
+        self._users_who_can_start: set[int] = set()  # uids whose import check passed
         self._wake: Callable[[], None] | None = None
 
     def preflight(self, runs_dir: Path, api_url: str) -> None:
@@ -114,6 +115,7 @@ class LocalExecutor:
                 raise ExecutorError(f"cannot run job {sub.job_id} as {sub.run_as.user}: "
                                     "only a server running as root can")
             env.update(sub.run_as.login_env())
+            self._check_user_can_start(sub, env)
         if self.warm is not None:  # read (and removed) by the attempt loop
             warm_socket, why_cold = self.warm.socket_for_launch(sub.run_as)
             if warm_socket is not None:
@@ -150,6 +152,19 @@ class LocalExecutor:
             name=f"torchyard-wait-{sub.job_id}",
         ).start()
         return reference
+
+    def _check_user_can_start(self, sub: Submission, env: Mapping[str, str]) -> None:
+        """Raise ``ExecutorError`` (the job fails, saying why) when ``sub.run_as`` cannot import
+        the attempt loop with ``user_python`` (``asuser.why_user_cannot_start``); checked once per
+        user while it passes, so a fixed permission needs no restart."""
+        assert sub.run_as is not None
+        if sub.run_as.uid in self._users_who_can_start:
+            return
+        why = why_user_cannot_start(self.user_python, sub.run_as, env)
+        if why is not None:
+            raise ExecutorError(f"cannot run job {sub.job_id} as {sub.run_as.user}: {why}")
+        with self._lock:
+            self._users_who_can_start.add(sub.run_as.uid)
 
     def _wake_on_exit(self, popen: subprocess.Popen[bytes]) -> None:
         popen.wait()

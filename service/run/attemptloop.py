@@ -51,7 +51,12 @@ import time
 from pathlib import Path
 
 from service.run import ranktee, stackdump
-from service.run.exitreason import describe_exit, failed_rank_exit_codes
+from service.run.exitreason import (
+    describe_exit,
+    failed_rank_exit_codes,
+    log_sizes,
+    rendezvous_port_taken,
+)
 from service.run.launcher import LAUNCHERS, Launcher, LocalLauncher, launcher_for
 from service.run.pausesignal import PAUSED_REASON, PauseWatch
 from service.run.proctree import (
@@ -78,6 +83,7 @@ from torchyard_contract.runfiles import (
 
 POLL_S = 0.2
 STRAY_GRACE_S = 2.0  # SIGTERM → this → SIGKILL for processes a finished attempt left behind
+PORT_TAKEN_STARTS = 3  # starts of one attempt whose rendezvous port another process took
 DEADLINE_REASON = "deadline exceeded"
 CANCELLED_REASON = "cancelled by user"
 
@@ -127,29 +133,27 @@ class AttemptLoop:
         write_run_file(self.run.attempt_file(number), record)
         # Each rank under service.run.ranktee: both streams also in one file, in the order written.
         program = ranktee.wrap(self.run, number, self.launcher.rank_program(self.run, self.config))
-        handle = self.launcher.start(self.run, self.config, logs, program, env)
-        forced_reason: str | None = None
-        while (code := handle.poll()) is None:
-            stackdump.answer_requests(self.run, self.config, number, self.launcher)  # GET .../stacks
-            forced_reason = self._why_stop(number)
-            if forced_reason is None and self.pause.grace_over():
-                forced_reason = PAUSED_REASON  # the ranks had their grace; stop what is left
-            if forced_reason is not None:
-                handle.terminate(self.config.stop_grace_s)
-                code = handle.poll()
+        for start in range(1, PORT_TAKEN_STARTS + 1):
+            since = log_sizes(self.launcher.torchrun_logs(logs))
+            handle = self.launcher.start(self.run, self.config, logs, program, env)
+            code, forced_reason = self._wait(handle, number)
+            # torchrun is gone: whatever the job started and left (its own session, a daemon)
+            # goes too, before the next start, attempt or the outcome (service.run.proctree).
+            strays = stop_descendants(min(self.config.stop_grace_s, STRAY_GRACE_S))
+            if strays:
+                print(f"attempt {number}: stopped {len(strays)} leftover process(es) of the job",
+                      flush=True)
+            ready = all(
+                self.run.ready_marker(number, r).exists() for r in range(self.config.world_size)
+            )
+            # The rendezvous port taken between finding it free and torchrun binding it: not
+            # the job's failure, so the same attempt starts again on another port.
+            if (code == 0 or ready or forced_reason is not None or start == PORT_TAKEN_STARTS
+                    or not rendezvous_port_taken(self.launcher.torchrun_logs(logs), since)):
                 break
-            _wait_exit(handle, POLL_S)
-        code = code if code is not None else -signal.SIGKILL
+            print(f"attempt {number}: the rendezvous port was taken before torchrun bound it; "
+                  "starting again on another", flush=True)
         self.stopped_by_loop = forced_reason is not None  # retry rules: only for failures of the job
-        # torchrun is gone: whatever the job started and left (its own session, a daemon) goes
-        # too, before the next attempt or the outcome (service.run.proctree).
-        strays = stop_descendants(min(self.config.stop_grace_s, STRAY_GRACE_S))
-        if strays:
-            print(f"attempt {number}: stopped {len(strays)} leftover process(es) of the job",
-                  flush=True)
-        ready = all(
-            self.run.ready_marker(number, r).exists() for r in range(self.config.world_size)
-        )
         paused = self.pause.requested and not self.cancelled
         if paused:
             reason = PAUSED_REASON  # however the ranks ended: they were asked to stop
@@ -176,6 +180,22 @@ class AttemptLoop:
         })
         write_run_file(self.run.attempt_file(number), record)
         return code, reason, startup
+
+    def _wait(self, handle: ProcessGroupHandle, number: int) -> tuple[int, str | None]:
+        """Until torchrun exits, or the attempt loop stops it (the reason: cancel, deadline, a
+        hang, the pause's grace over); answers stacks requests meanwhile."""
+        forced_reason: str | None = None
+        while (code := handle.poll()) is None:
+            stackdump.answer_requests(self.run, self.config, number, self.launcher)  # GET .../stacks
+            forced_reason = self._why_stop(number)
+            if forced_reason is None and self.pause.grace_over():
+                forced_reason = PAUSED_REASON  # the ranks had their grace; stop what is left
+            if forced_reason is not None:
+                handle.terminate(self.config.stop_grace_s)
+                code = handle.poll()
+                break
+            _wait_exit(handle, POLL_S)
+        return (code if code is not None else -signal.SIGKILL), forced_reason
 
     def _past_deadline(self) -> bool:
         """The job has run longer than its ``max_runtime_s``."""

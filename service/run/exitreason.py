@@ -6,6 +6,7 @@ full text stays in the rank's log.
 """
 
 import json
+import os
 import re
 import signal
 from pathlib import Path
@@ -129,3 +130,40 @@ def describe_exit(
         return bounded_text(f"{rank_error} ({prefix})")
     tail = _tail(torchrun_log)
     return bounded_text(f"{prefix}; last output:\n{tail}" if tail else prefix)
+
+
+# torchrun's static rendezvous binds rank 0's store on a port the launcher found free a moment
+# earlier (``service.run.socketport``); another process on the host may take it in between.
+PORT_TAKEN = re.compile(rb"server socket has failed to listen.*EADDRINUSE", re.IGNORECASE)
+PORT_TAKEN_TAIL_BYTES = 64 * 1024
+
+
+def log_sizes(logs: list[Path]) -> dict[Path, int]:
+    """Each log's size now (0 for one not yet written): where a later start's output begins."""
+    sizes = {}
+    for log in logs:
+        try:
+            sizes[log] = log.stat().st_size
+        except OSError:
+            sizes[log] = 0
+    return sizes
+
+
+def rendezvous_port_taken(logs: list[Path], since: dict[Path, int]) -> bool:
+    """Whether torchrun's output after ``since`` (:func:`log_sizes` at the start) says the
+    rendezvous store could not listen because its port was taken (EADDRINUSE). Reads at most
+    ``PORT_TAKEN_TAIL_BYTES`` of each log, from where this start's output begins."""
+    for log in logs:
+        f = open_regular(log)
+        if f is None:
+            continue
+        try:
+            with f:
+                size = os.fstat(f.fileno()).st_size
+                f.seek(max(since.get(log, 0), size - PORT_TAKEN_TAIL_BYTES))
+                new = f.read(PORT_TAKEN_TAIL_BYTES)
+        except OSError:
+            continue
+        if PORT_TAKEN.search(new.replace(b"\n", b" ")):
+            return True
+    return False

@@ -327,7 +327,7 @@ def _dashboard_shows_where_ranks_were(server: LiveServer, job_id: int) -> None:
             page.add_init_script(f"localStorage.setItem('torchyard.token', '{_token(server)}')")
             page.goto(f"{server.url}/#/jobs/{job_id}")
             page.wait_for_function(
-                "(r) => document.getElementById('attempts').innerText.includes(r)",
+                "(r) => document.getElementById('attempts')?.innerText?.includes(r)",
                 arg=f"rank 1: not in a collective, at hang.py:{HANG_LINE} in load_batch")
             assert "rank 0: waiting in all_reduce" in page.locator("#attempts").inner_text()
         finally:

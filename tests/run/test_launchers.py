@@ -102,3 +102,33 @@ def test_local_stacks_say_why_there_are_none(tmp_path: Path) -> None:
         [], "the stack sampler 'no-such-sampler' was not found")
     assert LocalLauncher().dump_stacks(run, _config(stack_sampler=None))[1] == (
         "stacks are turned off (TORCHYARD_STACK_SAMPLER is off)")
+
+
+def test_a_taken_rendezvous_port_is_told_from_torchruns_own_output(tmp_path: Path) -> None:
+    """The attempt loop starts an attempt again on another port when torchrun's rendezvous port
+    was taken between being found free and being bound (``exitreason.rendezvous_port_taken``):
+    told from a real torchrun's output on a port this test holds, and only from what was written
+    after the start (``log_sizes``), so an earlier start's clash never makes a later failure one."""
+    import socket
+
+    from service.run.exitreason import log_sizes, rendezvous_port_taken
+
+    log = tmp_path / "torchrun.log"
+    log.write_bytes(b"an earlier start's output\n")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        since = log_sizes([log, tmp_path / "not-yet.log"])
+        with open(log, "ab") as out:
+            done = subprocess.run(
+                [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=1",
+                 "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "never.started"],
+                stdout=out, stderr=subprocess.STDOUT, timeout=120, check=False)
+    assert done.returncode != 0
+    assert rendezvous_port_taken([log, tmp_path / "not-yet.log"], since), log.read_text()[-2000:]
+    assert not rendezvous_port_taken([log], log_sizes([log]))  # nothing written since
+    later = log_sizes([log])
+    with open(log, "ab") as out:  # a later start that fails for a reason of its own
+        out.write(b"ModuleNotFoundError: No module named 'never'\n")
+    assert not rendezvous_port_taken([log], later)

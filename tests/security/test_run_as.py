@@ -11,6 +11,7 @@ import hashlib
 import io
 import json
 import os
+import subprocess
 import sys
 import tarfile
 import time
@@ -80,13 +81,9 @@ def users() -> Iterator[tuple[RunAs, RunAs]]:
 
 
 @pytest.fixture(scope="module")
-def python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def python(tmp_path_factory: pytest.TempPathFactory, users: tuple[RunAs, RunAs]) -> Path:
     """The interpreter of the jobs (and of the server's side of them: attempt loop, warm server)."""
-    found = python_for_users(tmp_path_factory.mktemp("python"))
-    if found is None:
-        skip_or_fail(f"no Python the test users can run ({sys.executable} is not theirs to run, and "
-              "no system Python of the same version)")
-    return found
+    return python_for_users(tmp_path_factory.mktemp("python"), users[0])
 
 
 def _package(settings: Settings) -> str:
@@ -252,3 +249,37 @@ def test_a_server_that_is_not_root_runs_jobs_as_itself(users: tuple[RunAs, RunAs
             resolve_run_as(user, 0)
     with pytest.raises(RunAsRefused, match="server's own user"):
         resolve_run_as(a.user, a.uid)
+
+
+def test_a_user_who_cannot_import_the_attempt_loop_fails_the_launch_saying_why(
+    users: tuple[RunAs, RunAs], tmp_path: Path,
+) -> None:
+    """The local executor checks, as the job's user, that the attempt loop imports with the
+    interpreter it would run (``asuser.why_user_cannot_start``) before starting anything: a
+    venv that sees none of torchyard's packages, or one below a directory closed to that user,
+    fails the launch with the reason (the job's ``reason``), not a job that ends without one."""
+    from service.executor.asuser import closed_ancestor
+    from service.executor.base import ExecutorError, Submission
+
+    a, _b = users
+    system = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
+    if not system.exists():
+        skip_or_fail(f"{system} not found: the check needs an interpreter without torchyard")
+    reachable(tmp_path)
+    bare, closed = tmp_path / "bare", tmp_path / "closed"
+    closed.mkdir(mode=0o700)
+    for venv in (bare, closed / "venv"):
+        subprocess.run([str(system), "-m", "venv", "--without-pip", str(venv)], check=True,
+                       capture_output=True, timeout=120)
+    run = RunDir.for_job(tmp_path / "runs", 7)
+    run.root.mkdir(parents=True)
+    sub = Submission(job_id=7, run=run, env={}, nproc_per_node=1, run_as=a)
+    for user_python, says in ((bare / "bin" / "python", "No module named 'service'"),
+                              (closed / "venv" / "bin" / "python", "Permission denied")):
+        executor = LocalExecutor(user_python=str(user_python))
+        with pytest.raises(ExecutorError, match="cannot run job 7 as ") as refused:
+            executor.submit(sub)
+        assert says in str(refused.value), str(refused.value)
+        assert not run.attempt_loop_log.exists()  # nothing was started
+    assert closed_ancestor([str(closed / "venv" / "bin" / "python")]) == str(closed)
+    assert closed_ancestor([str(bare / "bin" / "python")]) is None

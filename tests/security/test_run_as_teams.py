@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import LiveServer
 from tests.security.people import new_token
-from tests.unixusers import python_for_users, reachable, skip_or_fail, users_or_skip
+from tests.unixusers import python_for_users, reachable, users_or_skip
 from torchyard_contract.launch import RunAs
 
 BOOTSTRAP = "run-as-teams-bootstrap"
@@ -94,9 +94,7 @@ def test_a_teams_jobs_run_as_its_unix_user_and_another_team_reads_none_of_them(
     tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     a, b = users
-    python = python_for_users(tmp_path_factory.mktemp("python"))
-    if python is None:
-        skip_or_fail("no Python the test users can run")
+    python = python_for_users(tmp_path_factory.mktemp("python"), a)
     reachable(tmp_path)  # a run-as job's run directory sits below; its users must pass through
     secrets = tmp_path / "secrets.json"
     secrets.write_text(json.dumps({"s": SECRET}))

@@ -20,7 +20,7 @@ from service.executor.slurm import SlurmExecutor
 from service.executor.slurmcli import SlurmCli
 from service.settings import Settings
 from tests.slurmcluster import SlurmCluster
-from tests.unixusers import python_for_users, reachable, read_as, skip_or_fail, users_or_skip
+from tests.unixusers import python_for_users, reachable, read_as, users_or_skip
 from torchyard_contract.childenv import environ_for_children
 from torchyard_contract.launch import RunAs
 from torchyard_contract.rundir import RunDir
@@ -53,9 +53,7 @@ def test_a_slurm_job_runs_as_its_user_on_every_node(
     users: tuple[RunAs, RunAs], slurm: SlurmCluster, tmp_path: Path,
 ) -> None:
     a, b = users
-    python = python_for_users(tmp_path / "python")
-    if python is None:
-        skip_or_fail("no Python the test users can run")
+    python = python_for_users(tmp_path / "python", a)
     slurm.cancel_all()
     reachable(tmp_path)
     reachable(slurm.conf.parent)  # the users' srun reads slurm.conf and reaches munge's socket

@@ -25,7 +25,7 @@ from service.domain.intake.scriptpath import RankProgram, ScriptRefused, rank_pr
 from service.domain.intake.secretstore import SecretRefused
 from service.domain.loop.context import LoopContext
 from service.domain.queue.placement import Placement
-from service.executor.base import Submission
+from service.executor.base import ExecutorError, Submission
 from service.settings import Settings
 from service.settings.tokens import new_token
 from service.store import identity as identitystore
@@ -226,7 +226,7 @@ class RunStarter:
             ref = self.start_team_run(job.id, token, spec, placement, job.params, team=job.team)
         except Exception as exc:  # whatever failed, the job must not stay starting, holding slots
             if not isinstance(exc, ScriptRefused | SecretRefused | OSError | PackageMissing
-                              | RunAsRefused):
+                              | RunAsRefused | ExecutorError):
                 logger.exception("job %s: launch failed", job.id)
             if ctx.lease.fence(session):  # else the next supervisor gives the launch up
                 repo.transition(session, job.id, JobState.failed, reason=f"could not start: {exc}")
