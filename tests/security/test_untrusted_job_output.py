@@ -337,8 +337,10 @@ def test_finishing_runs_off_the_supervisor_loop(api: TestClient) -> None:
         supervisor.tick()
         assert time.monotonic() - started < 2, "a tick does not wait for the spool"
         deadline = time.monotonic() + 60
-        while api.get(f"/jobs/{job_id}").json()["state"] != "succeeded":
-            assert time.monotonic() < deadline
+        while (job := api.get(f"/jobs/{job_id}").json())["state"] != "succeeded":
+            assert time.monotonic() < deadline, (
+                job["state"], job["reason"], supervisor.finisher.is_pending(job_id),
+                supervisor.finisher._thread and supervisor.finisher._thread.is_alive())
             time.sleep(0.1)
     finally:
         supervisor.finisher.stop()
