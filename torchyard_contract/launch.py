@@ -7,7 +7,9 @@ job's host; no secrets (those travel only in process environments).
 import json
 import os
 import pwd
+import stat
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from torchyard_contract import runwrite
 from torchyard_contract.attempts import AttemptBudget, world_size
@@ -36,6 +38,31 @@ class RunAs:
         except KeyError:
             home = "/"
         return {"HOME": home, "USER": self.user, "LOGNAME": self.user}
+
+    def cannot_enter(self, path: Path) -> str | None:
+        """Why this user could not reach ``path`` (a directory it must enter: the runs
+        directory, the interpreter's, torchyard's checkout), or None: every directory from ``/``
+        to ``path`` must be searchable by it (as its owner, its primary group, or others)."""
+        current = Path("/")
+        for part in (*Path(path).parts[1:], None):
+            try:
+                st = os.stat(current)
+            except OSError as exc:
+                return f"{current}: {exc.strerror}"
+            if st.st_uid == self.uid:
+                ok = st.st_mode & stat.S_IXUSR
+            elif st.st_gid == self.gid:
+                ok = st.st_mode & stat.S_IXGRP
+            else:
+                ok = st.st_mode & stat.S_IXOTH
+            if not ok:
+                return (f"user {self.user} cannot enter {current} (mode {stat.S_IMODE(st.st_mode):04o},"
+                        f" owner uid {st.st_uid}): make the directories above it searchable "
+                        "(chmod o+x; 0711 keeps them unlisted)")
+            if part is None:
+                return None
+            current = current / part
+        return None
 
 
 @dataclass(frozen=True)

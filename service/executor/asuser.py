@@ -52,42 +52,22 @@ def why_user_cannot_start(python: str, run_as: RunAs, env: Mapping[str, str]) ->
         return (f"{run_as.user} could not import torchyard's attempt loop with {python} "
                 f"within {START_CHECK_TIMEOUT_S:.0f} s")
     except OSError as exc:
-        return f"{run_as.user} cannot run {python}: {exc.strerror}{_closed_to_others(python)}"
+        return f"{run_as.user} cannot run {python}: {exc.strerror}{_closed_to(run_as, python)}"
     if done.returncode == 0:
         return None
     lines = done.stderr.decode(errors="replace").strip().splitlines() or [f"exit {done.returncode}"]
     return (f"{run_as.user} cannot import torchyard's attempt loop with {python}: "
-            f"{lines[-1][:300]}{_closed_to_others(python)}")
+            f"{lines[-1][:300]}{_closed_to(run_as, python)}")
 
 
-def _closed_to_others(python: str) -> str:
-    closed = closed_ancestor([python, os.path.dirname(service.__file__)])
-    if closed is None:
-        return ""
-    try:
-        mode = oct(os.stat(closed).st_mode & 0o7777)[2:].zfill(4)
-    except OSError:
-        mode = "unknown"
-    return f"; {closed} (mode {mode}) is closed to other users"
-
-
-def closed_ancestor(paths: list[str]) -> str | None:
-    """The first directory above any of ``paths`` (as given, then resolved: a venv's
-    interpreter links elsewhere) that users other than its owner and group cannot pass through
-    (no ``o+x``); None when all are open."""
-    for path in paths:
-        for candidate in (os.path.abspath(path), os.path.realpath(path)):
-            parent = os.path.dirname(candidate)
-            while True:
-                try:
-                    if not os.stat(parent).st_mode & 0o001:
-                        return parent
-                except OSError:
-                    return parent
-                if parent == os.path.dirname(parent):
-                    break
-                parent = os.path.dirname(parent)
-    return None
+def _closed_to(run_as: RunAs, python: str) -> str:
+    """``; why``: the first directory above the interpreter (as given, then resolved: a venv's
+    links elsewhere) or torchyard's checkout that ``run_as`` cannot enter; "" when none."""
+    for path in dict.fromkeys((os.path.abspath(python), os.path.realpath(python),
+                               os.path.dirname(service.__file__))):
+        if (why := run_as.cannot_enter(Path(path).parent)) is not None:
+            return f"; {why}"
+    return ""
 
 
 def user_warm_dir(home: Path, run_as: RunAs) -> Path:

@@ -10,14 +10,12 @@ user, or under another one — is refused rather than given over, since its file
 the old owner's (a job as root in a directory a team's user can change, or a user's job that
 cannot write its own logs).
 
-:func:`unreachable` says why the user could not enter the runs directory (a directory on the way
-it may not search), so the launch fails with that reason rather than the attempt loop's
-``Permission denied``.
+``RunAs.cannot_enter`` (``torchyard_contract.launch``) says why the user could not enter the runs directory (a
+directory on the way it may not search), so the launch fails with that reason rather than the
+attempt loop's ``Permission denied``.
 """
 
 import os
-import stat
-from pathlib import Path
 
 from torchyard_contract import runwrite
 from torchyard_contract.launch import RunAs
@@ -39,33 +37,7 @@ def prepare_run_dir(run: RunDir, run_as: RunAs | None) -> None:
             f"its run directory {run.root} belongs to uid {owner}, and this launch runs as {who}:"
             " the team's Unix user changed since the job was first launched; submit it again")
     if run_as is not None:
-        if (why := unreachable(run.root.parent, run_as)) is not None:
+        if (why := run_as.cannot_enter(run.root.parent)) is not None:
             raise PermissionError(why)
         runwrite.hand_over(run.root, run_as.uid, run_as.gid)
     run.prepare()
-
-
-def unreachable(path: Path, run_as: RunAs) -> str | None:
-    """Why ``run_as`` could not reach ``path`` (a directory it must enter: the runs directory),
-    or None: every directory from ``/`` to ``path`` must be searchable by the user (its owner,
-    its primary group, or others having ``x``)."""
-    current = Path("/")
-    for part in (*Path(path).parts[1:], None):
-        try:
-            st = os.stat(current)
-        except OSError as exc:
-            return f"{current}: {exc.strerror}"
-        if st.st_uid == run_as.uid:
-            ok = st.st_mode & stat.S_IXUSR
-        elif st.st_gid == run_as.gid:
-            ok = st.st_mode & stat.S_IXGRP
-        else:
-            ok = st.st_mode & stat.S_IXOTH
-        if not ok:
-            return (f"user {run_as.user} cannot enter {current} (mode {stat.S_IMODE(st.st_mode):04o},"
-                    f" owner uid {st.st_uid}): make the directories above the runs directory "
-                    "searchable (chmod o+x; 0711 keeps them unlisted)")
-        if part is None:
-            return None
-        current = current / part
-    return None
