@@ -209,7 +209,10 @@ def test_a_trickling_receiver_fails_at_the_deadline_and_starves_no_one(
     dispatcher_for(settings)
 
     healthy.wait_for((ok, "succeeded"), timeout_s=30)
-    assert trickle.open_at(healthy.at[(ok, "succeeded")]) == 2  # sent beside the slow tries
+    # Sent while slow tries are in flight: not starved behind them. One or both: the second
+    # slow try's connection may be accepted after it on a loaded host (failed so once in CI,
+    # 2026-12-08); that the slow endpoint never gets a third is asserted below.
+    assert trickle.open_at(healthy.at[(ok, "succeeded")]) >= 1
     _await(lambda: [d.state for d in _deliveries(sessions, ok)] == ["delivered"],
            timeout_s=30, what="not recorded as delivered")
 
